@@ -1,0 +1,51 @@
+"""draftcert: exact acceptance certificates for speculative decoding.
+
+Every deterministic verification rule rejects a drafted token exactly when it
+lies in a lower level set of the target distribution p.  ``radius`` gives the
+smallest divergence D(p, q) that can cause a rejection; ``D(p, q) < radius(p)``
+certifies acceptance.
+"""
+
+from .bounds import margin_bound, margin_bound_from_statistic, margin_statistic
+from .certificates import accepts, certified, certified_run_length, radii, radius
+from .criteria import (
+    Additive,
+    Criterion,
+    EntropyThreshold,
+    LevelSet,
+    MarginAware,
+    Multiplicative,
+    Strict,
+    TopM,
+    TreeCoverage,
+    parse_criterion,
+)
+from .divergences import DIVERGENCES, divergence
+from .summary import Summary, summarize
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "parse_criterion",
+    "Criterion",
+    "Strict",
+    "Additive",
+    "Multiplicative",
+    "TopM",
+    "EntropyThreshold",
+    "MarginAware",
+    "TreeCoverage",
+    "LevelSet",
+    "radius",
+    "radii",
+    "margin_bound",
+    "margin_statistic",
+    "margin_bound_from_statistic",
+    "divergence",
+    "accepts",
+    "certified",
+    "certified_run_length",
+    "summarize",
+    "Summary",
+    "DIVERGENCES",
+]

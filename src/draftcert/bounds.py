@@ -1,0 +1,159 @@
+"""Margin bounds: lower bounds on the radius that see p only through one number.
+
+Every bound here is the *two-token relaxation* of the radius problem: keep
+only the constraint q(y) >= q(1st) for the cheapest rejected token y (trees:
+q(y) >= q(a) for a token no likelier than the (m+1)-th), which gives
+
+    H_D(G, s):  p(1st) = (s + G)/2,  p(y) = (s - G)/2
+      forward  s * g(G/s),   g(x) = (1+x)/2 log(1+x) + (1-x)/2 log(1-x)
+      reverse  -log(1 - (sqrt(p(1st)) - sqrt(p(y)))^2)
+      tv       G / 2
+
+decreasing in the pooled mass s = p(1st) + p(y) and increasing in the gap
+G = p(1st) - p(y).  The margin statistic fixes G (or bounds it below), and
+each rule's rejection condition caps s at ``s_max(G)``; ``H_D(G, s_max(G))``
+is then a bound depending on p only through the statistic.  Statistics:
+
+==================  ====================================================  ========================================
+criterion           statistic G                                           s_max(G)
+==================  ====================================================  ========================================
+strict              p(1st) - p(2nd)                                       1  (sharp: the infimum over p)
+additive:DELTA      p(1st) - max_{y in R(p)} p(y)   ("rejection gap")     1  (sharp)
+multiplicative:A    rejection gap                                         min(1, G (1+A)/(1-A))  (sharp)
+topm:M              rejection gap                                         min(1, G + 2(1-G)/(M+1))  (sharp)
+entropy:E:D         rejection gap                                         min(1, 2E + G, G (1+D)/(1-D) if D < 1)
+mars:THETA          rejection gap                                         min(1, max(s_A, s_B)) (docs/theory.md)
+LevelSet (user)     rejection gap                                         1
+tree:M              p(1st) - p((M+1)-th)                                  min(1, (2 + (M-1) G)/(M+1))
+==================  ====================================================  ========================================
+
+Where no token can be rejected the statistic is undefined and the bound is
++inf, like the radius.  Proofs and measured gaps to the exact infimum:
+docs/theory.md, section 5.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._arrays import ArrayLike
+from .criteria import (
+    Additive,
+    Criterion,
+    EntropyThreshold,
+    LevelSet,
+    MarginAware,
+    Multiplicative,
+    Strict,
+    TopM,
+    TreeCoverage,
+    as_criterion,
+)
+from .certificates import _first_rejected
+from .divergences import check_divergence
+from .summary import DEFAULT_TOPK, Summary, summarize
+
+__all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic", "two_token_cost"]
+
+
+def two_token_cost(gap: torch.Tensor, mass: torch.Tensor, kind: str) -> torch.Tensor:
+    """H_D(G, s): cost of lifting p(y) = (s-G)/2 to p(1st) = (s+G)/2 with nothing else moving."""
+    G = gap.double()
+    s = torch.maximum(mass.double(), G)
+    if kind == "tv":
+        return G / 2
+    hi, lo = (s + G) / 2, (s - G) / 2
+    if kind == "forward":
+        return torch.special.xlogy(hi, 2 * hi / s) + torch.special.xlogy(lo, 2 * lo / s)
+    d = torch.sqrt(hi) - torch.sqrt(lo)
+    return -torch.log1p(-(d * d))
+
+
+def _mass_cap(crit: Criterion, G: torch.Tensor) -> torch.Tensor:
+    """s_max(G): the largest p(1st) + p(y) compatible with gap G under the rule."""
+    one = torch.ones_like(G)
+    if isinstance(crit, (Strict, Additive)) or type(crit) is LevelSet:
+        return one
+    if isinstance(crit, Multiplicative):
+        return one if crit.alpha >= 1 else torch.minimum(one, G * (1 + crit.alpha) / (1 - crit.alpha))
+    if isinstance(crit, TopM):
+        return torch.minimum(one, G + 2 * (1 - G) / (crit.m + 1))
+    if isinstance(crit, EntropyThreshold):
+        cap = torch.minimum(one, 2 * crit.epsilon + G)
+        if crit.delta < 1:
+            cap = torch.minimum(cap, G * (1 + crit.delta) / (1 - crit.delta))
+        return cap
+    if isinstance(crit, MarginAware):
+        a = math.exp(-crit.theta)
+        s_a = one if a >= 1 else G * (1 + a) / (1 - a)
+        s_b = torch.minimum((2 - a * G) / (2 + a), (2 + G) / 3)
+        return torch.minimum(one, torch.maximum(s_a, s_b))
+    if isinstance(crit, TreeCoverage):
+        return torch.minimum(one, (2 + (crit.m - 1) * G) / (crit.m + 1))
+    return one  # any other level-set rule: s <= 1 always holds
+
+
+def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike, divergence: str = "forward") -> ArrayLike:
+    """The bound as a function of the margin statistic alone (array in, array out)."""
+    crit = as_criterion(criterion)
+    check_divergence(divergence)
+    is_t = isinstance(statistic, torch.Tensor)
+    G = statistic.double() if is_t else torch.as_tensor(statistic, dtype=torch.float64)
+    if bool(((G < 0) | ((G > 1) & ~torch.isinf(G)) | torch.isnan(G)).any()):
+        raise ValueError("statistic: margins lie in [0, 1] (+inf meaning no rejectable token)")
+    inf = torch.isinf(G)
+    Gf = torch.where(inf, torch.zeros_like(G), G)
+    out = two_token_cost(Gf, _mass_cap(crit, Gf), divergence)
+    out = torch.where(inf, torch.full_like(out, torch.inf), out)
+    return out if is_t else out.numpy()
+
+
+def statistic_rows(crit: Criterion, summ: Summary) -> torch.Tensor:
+    top = summ.top_probs
+    if isinstance(crit, TreeCoverage):
+        if crit.m >= summ.vocab_size:
+            return torch.full_like(top[:, 0], torch.inf)
+        return top[:, 0] - top[:, crit.m]
+    if isinstance(crit, Strict):
+        return top[:, 0] - top[:, 1]
+    tau = crit.threshold_from_summary(summ)
+    r, found = _first_rejected(crit, top, tau)
+    gap = top[:, 0] - top.gather(1, r[:, None]).squeeze(1)
+    gap = torch.where(found, gap, torch.full_like(gap, torch.inf))
+    if not summ.complete:
+        deep = (~found).nonzero().squeeze(1)
+        if deep.numel():
+            full = summ.sorted_rows(deep)
+            r2, found2 = _first_rejected(crit, full, tau[deep])
+            g2 = full[:, 0] - full.gather(1, r2[:, None]).squeeze(1)
+            gap[deep] = torch.where(found2, g2, torch.full_like(g2, torch.inf))
+    return gap
+
+
+def margin_statistic(criterion: str | Criterion, probs: ArrayLike | None = None, *, logits: ArrayLike | None = None) -> ArrayLike:
+    """The margin statistic each criterion's bound depends on (table above), (..., V) -> (...)."""
+    crit = as_criterion(criterion)
+    summ = summarize(probs, logits=logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy)
+    return summ.out.wrap(statistic_rows(crit, summ))
+
+
+def margin_bound(
+    criterion: str | Criterion,
+    probs: ArrayLike | None = None,
+    divergence: str = "forward",
+    *,
+    logits: ArrayLike | None = None,
+) -> ArrayLike:
+    """Lower bound on ``radius(criterion, probs, divergence)`` through one margin statistic.
+
+    Never exceeds the radius; for ``strict`` it is sharp in all three divergences:
+    forward g(Δ), reverse -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd),
+    the infimum of the radius over all distributions with that margin.
+    """
+    crit = as_criterion(criterion)
+    check_divergence(divergence)
+    summ = summarize(probs, logits=logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy)
+    G = statistic_rows(crit, summ)
+    return summ.out.wrap(margin_bound_from_statistic(crit, G, divergence))

@@ -1,0 +1,148 @@
+"""Divergences between a target p and a drafter q, and the water-filling costs
+that give exact radii.
+
+Conventions: natural logarithms (nats); ``forward`` = KL(p||q) (target
+first), ``reverse`` = KL(q||p), ``tv`` = (1/2) sum |p - q|.
+
+The two water-filling kernels below are the whole of the exact theory
+(docs/theory.md, sections 2-4):
+
+* ``pool_above``  -- the cheapest q that lifts a token of probability b to a
+  common level with the tokens above it (single-token criteria).  The pool is
+  {y} + the j largest tokens, j chosen so that the level is the *largest*
+  mean of b with a prefix of the sorted top.
+* ``pool_below``  -- the cheapest q that brings the target's argmax down to a
+  common level with some of the m tokens below it (tree coverage).  The level
+  is the *smallest* mean of p(1st) with a suffix of p(2nd..m+1).
+
+For forward KL and TV the level is the arithmetic mean of the pooled
+probabilities, for reverse KL their geometric mean.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._arrays import ArrayLike, check_probs, output_spec, to_tensor
+
+DIVERGENCES = ("forward", "reverse", "tv")
+
+
+def check_divergence(kind: str) -> str:
+    if kind not in DIVERGENCES:
+        raise ValueError(f"divergence: expected one of {', '.join(DIVERGENCES)} (forward = KL(p||q)), got {kind!r}")
+    return kind
+
+
+def _bregman_kl(p: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
+    """p log(p/L) - p + L >= 0; summed over a pool whose mean is L it equals the KL term sum."""
+    return torch.special.xlogy(p, p / level) - p + level
+
+
+def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str) -> torch.Tensor:
+    """Minimal D(p, q) over q that make the token at sorted position r a maximiser of q.
+
+    s : (N, K) float64, rows sorted descending.  r : (N,) int64 positions (< K).
+    The pool may only use positions < r (every token above it); positions
+    >= r are <= s[r] and never need to move.
+    """
+    n, K = s.shape
+    b = s.gather(1, r[:, None]).squeeze(1)
+    j = torch.arange(K + 1, device=s.device)
+    valid = j[None, :] <= r[:, None]  # number of pooled top tokens j <= r
+    zero = torch.zeros(n, 1, dtype=s.dtype, device=s.device)
+    C = torch.cat([zero, s.cumsum(1)], 1)  # C_j = s_0 + ... + s_{j-1}
+    if kind == "reverse":
+        logs = torch.log(s)
+        logC = torch.cat([zero, logs.cumsum(1)], 1)
+        logG = ((torch.log(b)[:, None] + logC) / (j + 1)).masked_fill(~valid, -torch.inf)
+        logG_star, jstar = logG.max(1)
+        pooled = b + C.gather(1, jstar[:, None]).squeeze(1)
+        cost = -torch.log1p((jstar + 1) * torch.exp(logG_star) - pooled)
+        # b = 0: q(y) >= q(z) > 0 somewhere forces q(y) > 0 = p(y): KL(q||p) = inf.
+        return torch.where(b > 0, cost.clamp_min(0), torch.full_like(cost, torch.inf))
+    L = ((b[:, None] + C) / (j + 1)).masked_fill(~valid, -torch.inf)
+    L_star, jstar = L.max(1)
+    if kind == "tv":
+        return (L_star - b).clamp_min(0)
+    in_pool = torch.arange(K, device=s.device)[None, :] < jstar[:, None]
+    terms = torch.where(in_pool, _bregman_kl(s, L_star[:, None]), torch.zeros_like(s))
+    return terms.sum(1) + _bregman_kl(b, L_star)
+
+
+def pool_below(s: torch.Tensor, m: int, kind: str) -> torch.Tensor:
+    """Minimal D(p, q) over q with at least m tokens y != a having q(y) >= q(a).
+
+    s : (N, K) float64 sorted descending with K >= m + 1; s[:, 0] = p(a).
+    The cheapest such tokens are the next m (positions 1..m); the optimal q
+    pools a with the j smallest of them at a common level (minimum over j).
+    """
+    a = s[:, 0]
+    T = s[:, 1 : m + 1].flip(1)  # ascending: the smallest candidate first
+    j = torch.arange(1, m + 1, device=s.device)
+    C = T.cumsum(1)
+    if kind == "reverse":
+        logG = (torch.log(a)[:, None] + torch.log(T).cumsum(1)) / (j + 1)
+        logG_star, idx = logG.min(1)
+        jstar = idx + 1
+        pooled = a + C.gather(1, idx[:, None]).squeeze(1)
+        return (-torch.log1p((jstar + 1) * torch.exp(logG_star) - pooled)).clamp_min(0)
+    L = (a[:, None] + C) / (j + 1)
+    L_star, idx = L.min(1)
+    if kind == "tv":
+        return (a - L_star).clamp_min(0)
+    in_pool = torch.arange(m, device=s.device)[None, :] <= idx[:, None]
+    terms = torch.where(in_pool, _bregman_kl(T, L_star[:, None]), torch.zeros_like(T))
+    return terms.sum(1) + _bregman_kl(a, L_star)
+
+
+def divergence_rows(p: torch.Tensor, q: torch.Tensor, kind: str) -> torch.Tensor:
+    """(N, V) x (N, V) -> (N,) in the inputs' dtype (float64 recommended)."""
+    if kind == "forward":
+        return (torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).sum(-1)
+    if kind == "reverse":
+        return (torch.special.xlogy(q, q) - torch.special.xlogy(q, p)).sum(-1)
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def probs_from(arr: ArrayLike, is_logits: bool, name: str) -> tuple[torch.Tensor, bool]:
+    """Validated probabilities (same dtype) from probabilities or logits."""
+    t, is_numpy = to_tensor(arr, name)
+    if is_logits:
+        lse = torch.logsumexp(t, -1)
+        if not bool(torch.isfinite(lse).all()):
+            raise ValueError(f"{name}: logits contain NaN or +inf, or a row is entirely -inf")
+        return torch.exp(t - lse[..., None]), is_numpy
+    check_probs(t, name)
+    return t, is_numpy
+
+
+def divergence(
+    target_probs: ArrayLike | None = None,
+    draft_probs: ArrayLike | None = None,
+    kind: str = "forward",
+    *,
+    target_logits: ArrayLike | None = None,
+    draft_logits: ArrayLike | None = None,
+) -> ArrayLike:
+    """D(p, q) for target p and drafter q, shape (..., V) each (broadcasting) -> (...).
+
+    kind: ``forward`` = KL(p||q) = sum p log(p/q); ``reverse`` = KL(q||p);
+    ``tv`` = (1/2) sum |p - q|.  Infinite where the support condition fails.
+    """
+    check_divergence(kind)
+    if (target_probs is None) == (target_logits is None):
+        raise ValueError("pass exactly one of target_probs or target_logits=")
+    if (draft_probs is None) == (draft_logits is None):
+        raise ValueError("pass exactly one of draft_probs or draft_logits=")
+    p, p_np = probs_from(target_probs if target_logits is None else target_logits, target_logits is not None, "target_probs" if target_logits is None else "target_logits")
+    q, _ = probs_from(draft_probs if draft_logits is None else draft_logits, draft_logits is not None, "draft_probs" if draft_logits is None else "draft_logits")
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(f"draft_probs: vocabulary size {q.shape[-1]} differs from the target's {p.shape[-1]}")
+    try:
+        p, q = torch.broadcast_tensors(p, q.to(p.device))
+    except RuntimeError:
+        raise ValueError(f"draft_probs: shape {tuple(q.shape)} does not broadcast with target shape {tuple(p.shape)}") from None
+    out = output_spec(p if p.dtype == torch.float64 or q.dtype != torch.float64 else q, p_np)
+    d = divergence_rows(p.double(), q.double(), kind)
+    return out.wrap(d)
