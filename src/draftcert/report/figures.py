@@ -139,7 +139,8 @@ def certified_length(summary: dict, plot: dict, path: Path) -> None:
     ax.set_ylabel("mean certified run length (tokens)")
     ax.set_title("Certified acceptance length: consecutive steps with radius >= eps")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, title="criterion (dotted: run epsilons)", title_fontsize=8)
+    ax.legend(fontsize=8, title="criterion\n(dotted: run epsilons)", title_fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _save(fig, path)
 
 
@@ -169,10 +170,10 @@ def kl_vs_radius(summary: dict, plot: dict, path: Path) -> None:
         if k % cols == 0:
             ax.set_ylabel("actual KL(p||q) (nats)", fontsize=8)
         ax.grid(True, which="both", alpha=0.2)
-        ax.text(0.03, 0.97, "certified\n(below diagonal)", transform=ax.transAxes, va="top", fontsize=7, color="0.35")
+        ax.text(0.97, 0.03, "certified:\nKL < radius", transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
     for ax in list(axes.flat)[len(specs):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7, loc="lower right", markerscale=2)
+    axes.flat[0].legend(fontsize=7, loc="upper left", markerscale=2)
     n = len(next(iter(plot["scatter"].values()))["kl"]) if plot["scatter"] else 0
     fig.suptitle(f"Drafter forward KL against acceptance radius ({n} steps shown)\n"
                  "points below the diagonal are certified; red points there would be soundness violations", fontsize=10)

@@ -149,10 +149,13 @@ def print_terminal(summary: dict, paths: list[Path], notes: list[str]) -> None:
 
     console = Console()
     head, rows = table_rows(summary)
+    short = {"radius q05": "r q05", "radius median": "r median", "accept rate": "accept",
+             "certified rate": "certified", "soundness violations": "violations"}
+    head = [short.get(h, h.replace("certified frac", "cert frac").replace("certified length", "cert len")) for h in head]
     t = Table(title=f"draftcert report: {summary['steps']} steps, {summary['prompts']} prompts, "
               f"{summary['nonfinite_steps']} nonfinite (radii in nats)")
     for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right")
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
     for r in rows:
         style = "bold red" if len(r) > 7 and r[7] not in ("0", "n/a") else None
         t.add_row(*r, style=style)

@@ -148,15 +148,19 @@ def read_trace(shards: list[Path]) -> Trace:
 
     chunks: dict[str, list] = {c: [] for c in cols}
     for path in shards:
+        # pyarrow signals a truncated/corrupt file with ArrowInvalid (a ValueError subclass) or OSError
         try:
             f = pq.ParquetFile(path)
             have = set(f.schema_arrow.names)
-            lack = [c for c in cols if c not in have]
-            if lack:
-                raise ValueError(
-                    f"trace shard {path} lacks column(s) {', '.join(lack[:5])} that {shards[0].name} has; "
-                    f"all shards of one run must share criteria: delete the odd shard(s) and rerun `draftcert profile`"
-                )
+        except Exception as exc:
+            raise _bad_shard(path, exc) from None
+        lack = [c for c in cols if c not in have]
+        if lack:
+            raise ValueError(
+                f"trace shard {path} lacks column(s) {', '.join(lack[:5])} that {shards[0].name} has; "
+                f"all shards of one run must share criteria: delete the odd shard(s) and rerun `draftcert profile`"
+            )
+        try:
             for batch in f.iter_batches(columns=cols, batch_size=1 << 16):
                 for c in cols:
                     arr = batch.column(c)
@@ -164,8 +168,6 @@ def read_trace(shards: list[Path]) -> Trace:
                         chunks[c].append(arr.cast(pa.string()) if arr.type != pa.string() else arr)
                     else:
                         chunks[c].append(arr.to_numpy(zero_copy_only=False))
-        except ValueError:
-            raise
         except Exception as exc:
             raise _bad_shard(path, exc) from None
 
