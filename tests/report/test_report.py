@@ -250,3 +250,24 @@ def test_quantile_handles_inf():
     x = np.random.default_rng(0).exponential(size=101)
     for q in (0.05, 0.5, 0.93):
         assert quantile(x, q) == pytest.approx(np.quantile(x, q), rel=1e-14)
+
+
+def test_length_curve_is_exact(run_dir, steps):
+    """The figure's continuous-eps curve (window attribution) equals
+    certified_run_length's mean at every eps, including eps equal to a radius."""
+    from draftcert.report.summary import RunGrid, list_shards, read_trace
+
+    out, summary = run_dir
+    tr = read_trace(list_shards(out))
+    grid = RunGrid(tr)
+    for spec in tracegen.CRITERIA:
+        g = grid.grid(tr.radius["radius"][spec])
+        f = grid.length_curve(g)
+        r = tr.radius["radius"][spec]
+        r = r[np.isfinite(r) & (r > 0)]
+        eps = np.r_[np.logspace(-9, 1, 30), np.random.default_rng(0).choice(r, 15)]
+        got = f(eps)
+        for e, v in zip(eps, got):
+            assert v == pytest.approx(grid.mean_length(g, e), rel=1e-12)
+        assert got[0] == pytest.approx(brute_run_length(steps, spec, eps[0]), rel=1e-12)
+        assert f([0.3])[0] == pytest.approx(summary[spec]["certified_length"]["0.3"], rel=1e-12)
