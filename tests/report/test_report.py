@@ -155,8 +155,9 @@ def _rewrite_shard(path: Path, column: str, fn) -> None:
     pq.write_table(t, path)
 
 
-def test_forged_violation_is_counted(run_dir, tmp_path):
-    out, _ = run_dir
+def test_forged_violation_is_counted_via_cli(run_dir, tmp_path, capsys):
+    """A certified-but-rejected row is counted; also runs `draftcert report` and a missing run.json."""
+    out, summary = run_dir
     work = tmp_path / "forged"
     shutil.copytree(out / "trace", work / "trace")
     shard = sorted((work / "trace").glob("*.parquet"))[0]
@@ -170,12 +171,19 @@ def test_forged_violation_is_counted(run_dir, tmp_path):
         return acc
 
     _rewrite_shard(shard, "accepted/strict", forge)
-    s = write_report(work, verbose=False)
+    assert cli_main(["report", str(work)]) == 0
+    text = capsys.readouterr().out
+    assert "strict" in text and str(work / "summary.json") in text and "report.html" in text
+    assert "run.json not found" in text
+    s = json.loads((work / "summary.json").read_text())
     assert s["strict"]["soundness_violations"] == 1
     assert s["tree:4"]["soundness_violations"] == 0
+    for key in ("radius_q05", "radius_median", "certified_fraction", "certified_length", "certified_rate"):
+        assert s["strict"][key] == summary["strict"][key]
+    assert s["strict"]["accept_rate"] == pytest.approx(summary["strict"]["accept_rate"] - 1 / 113)
     assert "notes" in s and "run.json" in s["notes"][0]  # no run.json copied: defaults, and it says so
     assert s["epsilons"] == [0.05, 0.1, 0.3, 0.5] and s["command"] is None
-    assert "note" in (work / "report.md").read_text()
+    assert "| note |" in (work / "report.md").read_text()
 
 
 def test_no_drafter_and_custom_epsilons(tmp_path):
@@ -224,15 +232,7 @@ def test_errors(tmp_path, run_dir):
         write_report(bad, verbose=False)
 
 
-def test_cli(run_dir, tmp_path, capsys):
-    out, summary = run_dir
-    work = tmp_path / "cli"
-    shutil.copytree(out / "trace", work / "trace")
-    shutil.copy(out / "run.json", work / "run.json")
-    assert cli_main(["report", str(work)]) == 0
-    text = capsys.readouterr().out
-    assert "strict" in text and str(work / "summary.json") in text and "report.html" in text
-    assert json.loads((work / "summary.json").read_text())["strict"] == summary["strict"]
+def test_cli_errors_and_help(tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "missing")]) == 2
     assert "not a directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):

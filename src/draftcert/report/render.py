@@ -49,7 +49,7 @@ def fmt(x, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
-def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(summary: dict, digits: int = 4) -> tuple[list[str], list[list[str]]]:
     eps = table_epsilon(summary)
     drafter = any("accept_rate" in summary[s] for s in summary["criteria"])
     head = ["criterion", "radius q05", "radius median", f"certified frac @{eps}", f"certified length @{eps}"]
@@ -58,9 +58,10 @@ def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     rows = []
     for s in summary["criteria"]:
         d = summary[s]
-        row = [s, fmt(d["radius_q05"]), fmt(d["radius_median"]), fmt(d["certified_fraction"][eps]), fmt(d["certified_length"][eps])]
+        vals = [d["radius_q05"], d["radius_median"], d["certified_fraction"][eps], d["certified_length"][eps]]
         if drafter:
-            row += [fmt(d.get("accept_rate")), fmt(d.get("certified_rate")), fmt(d.get("soundness_violations"))]
+            vals += [d.get("accept_rate"), d.get("certified_rate"), d.get("soundness_violations")]
+        row = [s] + [fmt(v, digits) for v in vals]
         rows.append(row)
     return head, rows
 
@@ -148,10 +149,12 @@ def print_terminal(summary: dict, paths: list[Path], notes: list[str]) -> None:
     from rich.table import Table
 
     console = Console()
-    head, rows = table_rows(summary)
-    short = {"radius q05": "r q05", "radius median": "r median", "accept rate": "accept",
+    if not console.is_terminal:  # piped / logged: do not squeeze the table into 80 columns
+        console = Console(width=140)
+    head, rows = table_rows(summary, digits=3)
+    short = {"radius q05": "radius q05", "radius median": "radius median", "accept rate": "accept",
              "certified rate": "certified", "soundness violations": "violations"}
-    head = [short.get(h, h.replace("certified frac", "cert frac").replace("certified length", "cert len")) for h in head]
+    head = [short.get(h, h.replace("certified frac ", "cert frac").replace("certified length ", "cert len")) for h in head]
     t = Table(title=f"draftcert report: {summary['steps']} steps, {summary['prompts']} prompts, "
               f"{summary['nonfinite_steps']} nonfinite (radii in nats)")
     for i, h in enumerate(head):
