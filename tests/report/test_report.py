@@ -271,3 +271,13 @@ def test_length_curve_is_exact(run_dir, steps):
             assert v == pytest.approx(grid.mean_length(g, e), rel=1e-12)
         assert got[0] == pytest.approx(brute_run_length(steps, spec, eps[0]), rel=1e-12)
         assert f([0.3])[0] == pytest.approx(summary[spec]["certified_length"]["0.3"], rel=1e-12)
+
+
+def test_all_steps_nonfinite(tmp_path):
+    """Nothing finite to summarise: statistics are null, steps are still counted, files still written."""
+    steps = tracegen.make_steps(seed=4, lengths=(3,), drafter=False, nonfinite=((0, 0), (0, 1), (0, 2)))
+    tracegen.write_run(tmp_path, steps)
+    s = write_report(tmp_path, verbose=False)
+    assert s["steps"] == 3 and s["nonfinite_steps"] == 3 and s["finite_steps"] == 0
+    assert s["strict"]["radius_median"] is None and s["strict"]["certified_length"]["0.3"] is None
+    assert (tmp_path / "report.html").exists() and len(list((tmp_path / "figures").glob("*.png"))) == 3

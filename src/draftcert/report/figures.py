@@ -42,6 +42,11 @@ def _save(fig, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:  # nothing drawn (e.g. no finite steps): no empty legend
+        ax.legend(**kw)
+
+
 def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
     cols = min(n, max_cols)
     return math.ceil(n / cols), cols
@@ -79,7 +84,7 @@ def radius_cdf(summary: dict, plot: dict, path: Path) -> None:
     ax.set_ylabel("fraction of steps with radius <= x")
     ax.set_title("Radius distribution per criterion (empirical CDF)")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="upper left", title="criterion", title_fontsize=8)
+    _legend(ax, fontsize=8, loc="upper left", title="criterion", title_fontsize=8)
     if notes:
         ax.text(0.99, 0.02, "+inf radii (never rejected) reach the right edge  ▶",
                 transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5, color="0.3")
@@ -114,7 +119,7 @@ def certified_by_margin(summary: dict, path: Path) -> None:
             ax.set_ylabel("certified fraction\n(radius >= eps)")
     for ax in list(axes.flat)[len(eps_list):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7, loc="lower right", title="criterion", title_fontsize=7)
+    _legend(axes.flat[0], fontsize=7, loc="lower right", title="criterion", title_fontsize=7)
     steps = mb["steps"]
     fig.suptitle(f"Certified fraction by target-margin bin (steps per bin: {', '.join(map(str, steps))})", fontsize=10)
     fig.tight_layout()
@@ -139,7 +144,7 @@ def certified_length(summary: dict, plot: dict, path: Path) -> None:
     ax.set_ylabel("mean certified run length (tokens)")
     ax.set_title("Certified acceptance length: consecutive steps with radius >= eps")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, title="criterion\n(dotted: run epsilons)", title_fontsize=8,
+    _legend(ax, fontsize=8, title="criterion\n(dotted: run epsilons)", title_fontsize=8,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     _save(fig, path)
 
@@ -173,7 +178,7 @@ def kl_vs_radius(summary: dict, plot: dict, path: Path) -> None:
         ax.text(0.97, 0.03, "certified:\nKL < radius", transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="0.35")
     for ax in list(axes.flat)[len(specs):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7, loc="upper left", markerscale=2)
+    _legend(axes.flat[0], fontsize=7, loc="upper left", markerscale=2)
     n = len(next(iter(plot["scatter"].values()))["kl"]) if plot["scatter"] else 0
     fig.suptitle(f"Drafter forward KL against acceptance radius ({n} steps shown)\n"
                  "points below the diagonal are certified; red points there would be soundness violations", fontsize=10)
@@ -205,7 +210,7 @@ def rates_by_margin(summary: dict, path: Path) -> None:
             ax.set_ylabel("fraction of steps", fontsize=8)
     for ax in list(axes.flat)[len(specs):]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=7, loc="lower right")
+    _legend(axes.flat[0], fontsize=7, loc="lower right")
     fig.suptitle("Drafter acceptance rate and certified rate by target-margin bin", fontsize=10)
     fig.tight_layout()
     _save(fig, path)

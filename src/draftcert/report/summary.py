@@ -320,6 +320,14 @@ def _extent(x: np.ndarray, strict: bool) -> np.ndarray:
     return np.arange(T)[None, :] - cur
 
 
+def _first(run: dict, *keys: str):
+    """First present key of run.json (profile's field names, with a few aliases)."""
+    for k in keys:
+        if run.get(k) is not None:
+            return run[k]
+    return None
+
+
 def _margin_bin(margin: np.ndarray) -> np.ndarray:
     edges = np.asarray(MARGIN_EDGES)
     return np.clip(np.searchsorted(edges, margin, side="right") - 1, 0, len(edges) - 2)
@@ -390,7 +398,7 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
             "nonfinite_steps": int(tr.n - nvalid),
             "criteria": list(tr.specs),
             "epsilons": [float(e) for e in epsilons],
-            "models": {"target": run.get("target"), "drafter": run.get("drafter")},
+            "models": {"target": _first(run, "target", "target_spec", "model"), "drafter": _first(run, "drafter", "drafter_spec")},
             "versions": run.get("versions", {}),
             "command": run.get("command"),
             "margin_bins": {
