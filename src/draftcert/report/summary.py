@@ -42,6 +42,7 @@ MARGIN_EDGES = tuple(round(x, 2) for x in np.linspace(0.0, 1.0, 11))
 EPS_GRID = tuple(float(x) for x in np.logspace(-3, 1, 161))
 QUANTILES = {"q05": 0.05, "median": 0.5}
 SCATTER_POINTS = 6000  # subsample of (radius, KL) pairs kept for the scatter plot
+CDF_POINTS = 2000  # order statistics kept per radius CDF curve
 RADIUS_PREFIXES = ("radius/", "radius_reverse/", "radius_tv/")
 
 
@@ -146,12 +147,14 @@ def read_trace(shards: list[Path]) -> Trace:
     if has_drafter:
         cols += ["kl_forward"] + [f"{k}/{s}" for k in ("accepted", "certified") for s in specs if f"{k}/{s}" in names]
 
-    chunks: dict[str, list] = {c: [] for c in cols}
+    # Pass 1: validate every shard's footer and columns, count rows (metadata only).
+    n = 0
     for path in shards:
         # pyarrow signals a truncated/corrupt file with ArrowInvalid (a ValueError subclass) or OSError
         try:
             f = pq.ParquetFile(path)
             have = set(f.schema_arrow.names)
+            n += f.metadata.num_rows
         except Exception as exc:
             raise _bad_shard(path, exc) from None
         lack = [c for c in cols if c not in have]
@@ -160,29 +163,42 @@ def read_trace(shards: list[Path]) -> Trace:
                 f"trace shard {path} lacks column(s) {', '.join(lack[:5])} that {shards[0].name} has; "
                 f"all shards of one run must share criteria: delete the odd shard(s) and rerun `draftcert profile`"
             )
+    if n == 0:
+        raise ValueError(f"trace: the shards under {shards[0].parent} hold no rows; rerun `draftcert profile`")
+
+    # Pass 2: stream record batches into preallocated arrays (no concatenation copies).
+    dtypes = {"position": np.int64, "nonfinite": bool, "prompt_id": np.int64}
+    for c in cols:
+        dtypes.setdefault(c, bool if c.startswith(("accepted/", "certified/")) else np.float64)
+    data = {c: np.empty(n, dtypes[c]) for c in cols}
+    codes: dict[str, int] = {}  # prompt_id -> 0..P-1 in order of first appearance
+    at = 0
+    for path in shards:
         try:
-            for batch in f.iter_batches(columns=cols, batch_size=1 << 16):
+            for batch in pq.ParquetFile(path).iter_batches(columns=cols, batch_size=1 << 16):
+                m = batch.num_rows
                 for c in cols:
                     arr = batch.column(c)
                     if c == "prompt_id":
-                        chunks[c].append(arr.cast(pa.string()) if arr.type != pa.string() else arr)
+                        if arr.null_count:
+                            raise ValueError("prompt_id has null values")
+                        arr = arr.cast(pa.string())
+                        local = pc.unique(arr)
+                        lut = np.array([codes.setdefault(str(v), len(codes)) for v in local.to_pylist()], np.int64)
+                        data[c][at : at + m] = lut[pc.index_in(arr, value_set=local).to_numpy()]
                     else:
-                        chunks[c].append(arr.to_numpy(zero_copy_only=False))
+                        data[c][at : at + m] = arr.to_numpy(zero_copy_only=False)
+                at += m
         except Exception as exc:
             raise _bad_shard(path, exc) from None
+    if at != n:
+        raise ValueError(f"trace: read {at} rows but the shard footers declare {n}; delete the trace and rerun `draftcert profile`")
 
     def cat(c, dtype):
-        parts = chunks[c]
-        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        return data[c]
 
-    ids = pa.chunked_array(chunks["prompt_id"], type=pa.string())
-    n = len(ids)
-    if n == 0:
-        raise ValueError(f"trace: the shards under {shards[0].parent} hold no rows; rerun `draftcert profile`")
-    if ids.null_count:
-        raise ValueError("trace: prompt_id has null values; the trace is corrupt, delete it and rerun `draftcert profile`")
-    uniq = pc.unique(ids)
-    prompt = pc.index_in(ids, value_set=uniq).to_numpy().astype(np.int64)
+    prompt = data["prompt_id"]
+    prompt_names = list(codes)
     position = cat("position", np.int64)
     if (position < 0).any():
         raise ValueError("trace: negative positions; the trace is corrupt, delete it and rerun `draftcert profile`")
@@ -198,7 +214,7 @@ def read_trace(shards: list[Path]) -> Trace:
     tr = Trace(
         n=n,
         prompt=prompt,
-        prompt_names=[str(x) for x in uniq.to_pylist()],
+        prompt_names=prompt_names,
         position=position,
         margin=cat("target_margin", np.float64),
         nonfinite=nonfinite,
@@ -277,9 +293,14 @@ class RunGrid:
         """
         x = np.full(g.shape, -1.0)
         x.reshape(-1)[self.flat] = g.reshape(-1)[self.flat]
-        left = _extent(x, strict=False) + 1  # steps before i with r >= r_i, plus i
-        right = _extent(x[:, ::-1], strict=True)[:, ::-1] + 1  # steps after i with r > r_i, plus i
-        w = (left * right).reshape(-1)[self.flat].astype(np.float64)
+        w_grid = np.empty(g.shape, np.float64)
+        rows = max(1, (1 << 20) // self.T)  # bound the sparse table's memory: ~1M cells per block
+        for a in range(0, self.P, rows):
+            xb = x[a : a + rows]
+            left = _extent(xb, strict=False) + 1  # steps before i with r >= r_i, plus i
+            right = _extent(xb[:, ::-1], strict=True)[:, ::-1] + 1  # steps after i with r > r_i, plus i
+            w_grid[a : a + rows] = left * right
+        w = w_grid.reshape(-1)[self.flat]
         r = g.reshape(-1)[self.flat]
         order = np.argsort(-r, kind="stable")
         r_desc, tail = r[order], np.concatenate([[0.0], np.cumsum(w[order])])
@@ -318,6 +339,16 @@ def _extent(x: np.ndarray, strict: bool) -> np.ndarray:
         ok &= (blk > x) if strict else (blk >= x)
         cur = np.where(ok, start, cur)
     return np.arange(T)[None, :] - cur
+
+
+def _cdf_points(r: np.ndarray, points: int = CDF_POINTS) -> dict:
+    """Empirical CDF at <= ``points`` order statistics (exact values, sampled ranks)."""
+    n = r.size
+    if n == 0:
+        return {"x": np.zeros(0), "y": np.zeros(0), "n": 0, "n_inf": 0}
+    idx = np.unique(np.linspace(0, n - 1, min(n, points)).round().astype(np.int64))
+    x = np.sort(r) if n <= 4 * points else np.partition(r, idx)
+    return {"x": x[idx], "y": (idx + 1) / n, "n": n, "n_inf": int(np.isinf(r).sum())}
 
 
 def _first(run: dict, *keys: str):
@@ -372,7 +403,7 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
         g = grid.grid(r_all)
         d["certified_length"] = {eps_key(e): grid.mean_length(g, e) for e in epsilons}
         plot["curve"][spec] = grid.length_curve(g)(EPS_GRID)
-        plot["cdf"][spec] = np.sort(r)
+        plot["cdf"][spec] = _cdf_points(r)
         b = {"certified_fraction": {eps_key(e): _binned_mean(r >= e, bins, nb) for e in epsilons}}
         if tr.has_drafter and spec in tr.accepted and spec in tr.certified:
             acc, cert = tr.accepted[spec], tr.certified[spec]
