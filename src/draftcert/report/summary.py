@@ -194,20 +194,17 @@ def read_trace(shards: list[Path]) -> Trace:
     if at != n:
         raise ValueError(f"trace: read {at} rows but the shard footers declare {n}; delete the trace and rerun `draftcert profile`")
 
-    def cat(c, dtype):
-        return data[c]
-
     prompt = data["prompt_id"]
     prompt_names = list(codes)
-    position = cat("position", np.int64)
+    position = data["position"]
     if (position < 0).any():
         raise ValueError("trace: negative positions; the trace is corrupt, delete it and rerun `draftcert profile`")
 
     radius: dict[str, dict[str, np.ndarray]] = {}
     for c in radius_cols:
         prefix, spec = c.split("/", 1)
-        radius.setdefault(prefix, {})[spec] = cat(c, np.float64)
-    nonfinite = cat("nonfinite", bool) if "nonfinite" in cols else np.zeros(n, bool)
+        radius.setdefault(prefix, {})[spec] = data[c]
+    nonfinite = data["nonfinite"] if "nonfinite" in cols else np.zeros(n, bool)
     # A NaN radius is only legitimate on a nonfinite step; treat it as one either way.
     for r in radius["radius"].values():
         nonfinite = nonfinite | np.isnan(r)
@@ -216,15 +213,15 @@ def read_trace(shards: list[Path]) -> Trace:
         prompt=prompt,
         prompt_names=prompt_names,
         position=position,
-        margin=cat("target_margin", np.float64),
+        margin=data["target_margin"],
         nonfinite=nonfinite,
         specs=specs,
         radius=radius,
     )
     if has_drafter:
-        tr.kl = cat("kl_forward", np.float64)
-        tr.accepted = {s: cat(f"accepted/{s}", bool) for s in specs if f"accepted/{s}" in cols}
-        tr.certified = {s: cat(f"certified/{s}", bool) for s in specs if f"certified/{s}" in cols}
+        tr.kl = data["kl_forward"]
+        tr.accepted = {s: data[f"accepted/{s}"] for s in specs if f"accepted/{s}" in cols}
+        tr.certified = {s: data[f"certified/{s}"] for s in specs if f"certified/{s}" in cols}
     return tr
 
 
