@@ -248,28 +248,39 @@ def quantile(x: np.ndarray, q: float) -> float:
 
 
 class RunGrid:
-    """Steps laid out as a (prompts, max_position + 1) grid so that
-    ``certified_run_length`` runs along each prompt's positions in order.
+    """Steps laid out as a (prompts, columns) grid so that ``certified_run_length``
+    runs along each prompt's positions in ascending order.
 
-    Cells without a finite step (nonfinite steps, missing positions, padding
-    after a prompt's last step) hold radius 0, which is < every epsilon > 0,
-    so they end runs and are never counted themselves.
+    Column of a step = its rank within its prompt (sorted by position) plus the
+    number of position gaps before it; with the usual contiguous positions
+    0..n-1 that is the position itself, and a sparse or offset trace does not
+    blow up the grid.  Cells without a finite step (nonfinite steps, one cell
+    per gap, padding after a prompt's last step) hold radius 0, which is <
+    every epsilon > 0, so they end runs and are never counted themselves.
     """
 
     def __init__(self, tr: Trace):
         self.valid = ~tr.nonfinite
         self.P = len(tr.prompt_names)
-        self.T = int(tr.position.max()) + 1
-        flat = tr.prompt * self.T + tr.position
-        counts = np.bincount(flat, minlength=self.P * self.T)
-        if counts.max() > 1:
-            cell = int(np.argmax(counts))
+        order = np.lexsort((tr.position, tr.prompt))
+        pr, pos = tr.prompt[order], tr.position[order]
+        new_prompt = np.r_[True, pr[1:] != pr[:-1]]
+        dup = ~new_prompt & (pos == np.r_[-1, pos[:-1]])
+        if dup.any():
+            k = int(np.flatnonzero(dup)[0])
             raise ValueError(
-                f"trace: prompt {tr.prompt_names[cell // self.T]!r} position {cell % self.T} appears "
-                f"{counts.max()} times; a shard was written twice (e.g. two runs into one directory): "
-                f"delete the duplicate shard(s) under trace/ and rerun `draftcert profile`"
+                f"trace: prompt {tr.prompt_names[pr[k]]!r} position {pos[k]} appears more than once; a shard "
+                f"was written twice (e.g. two runs into one directory): delete the duplicate shard(s) under "
+                f"trace/ and rerun `draftcert profile`"
             )
-        self.flat = flat[self.valid]
+        # +1 column per step, +1 more after a gap (positions not consecutive); restart per prompt
+        step = np.where(new_prompt, 0, np.where(pos == np.r_[-1, pos[:-1]] + 1, 1, 2))
+        csum = np.cumsum(step)
+        col_sorted = csum - np.maximum.accumulate(np.where(new_prompt, csum, 0))
+        col = np.empty_like(col_sorted)
+        col[order] = col_sorted
+        self.T = int(col.max()) + 1
+        self.flat = (tr.prompt * self.T + col)[self.valid]
 
     def grid(self, r: np.ndarray) -> np.ndarray:
         g = np.zeros(self.P * self.T, np.float64)
