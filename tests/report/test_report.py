@@ -73,6 +73,7 @@ def test_summary_matches_independent_numpy(run_dir, steps):
     assert summary["steps"] == len(steps["position"])
     assert summary["prompts"] == 4
     assert summary["nonfinite_steps"] == 1
+    assert summary["draft_nonfinite_steps"] == 1 and summary["drafter_steps"] == summary["steps"] - 2
     assert summary["epsilons"] == list(EPS)
     assert summary["models"] == {"target": "synthetic-target", "drafter": "synthetic-drafter"}
     assert summary["command"][:2] == ["draftcert", "profile"]
@@ -94,8 +95,9 @@ def test_summary_matches_independent_numpy(run_dir, steps):
             assert d["certified_fraction"][str(e)] == pytest.approx(np.mean(r >= e), abs=1e-15)
             assert d["certified_length"][str(e)] == pytest.approx(brute_run_length(steps, spec, e), rel=1e-12)
         acc, cert = steps[f"accepted/{spec}"], steps[f"certified/{spec}"]
-        assert d["accept_rate"] == pytest.approx(acc[ok].mean(), abs=1e-15)
-        assert d["certified_rate"] == pytest.approx(cert[ok].mean(), abs=1e-15)
+        dok = ok & ~steps["draft_nonfinite"]
+        assert d["accept_rate"] == pytest.approx(acc[dok].mean(), abs=1e-15)
+        assert d["certified_rate"] == pytest.approx(cert[dok].mean(), abs=1e-15)
         assert d["soundness_violations"] == 0
         assert 0 < d["certified_rate"] < d["accept_rate"] <= 1  # the synthetic drafter is neither perfect nor useless
     assert saw_inf, "test data should exercise +inf radii (additive:0.2 on flat targets)"
@@ -114,6 +116,7 @@ def test_margin_bins(run_dir, steps):
     assert mb["steps"] == np.bincount(b, minlength=len(edges) - 1).tolist()
     for spec in ("strict", "tree:4"):
         r = steps[f"radius/{spec}"][ok]
+        dok = ~steps["draft_nonfinite"][ok]
         acc = steps[f"accepted/{spec}"][ok]
         got = mb["by_criterion"][spec]
         for i in range(len(edges) - 1):
@@ -122,7 +125,7 @@ def test_margin_bins(run_dir, steps):
                 assert got["certified_fraction"]["0.3"][i] is None
                 continue
             assert got["certified_fraction"]["0.3"][i] == pytest.approx(np.mean(r[sel] >= 0.3))
-            assert got["accept_rate"][i] == pytest.approx(acc[sel].mean())
+            assert got["accept_rate"][i] == pytest.approx(acc[sel & dok].mean())
 
 
 def test_files_written(run_dir):
@@ -180,7 +183,7 @@ def test_forged_violation_is_counted_via_cli(run_dir, tmp_path, capsys):
     assert s["tree:4"]["soundness_violations"] == 0
     for key in ("radius_q05", "radius_median", "certified_fraction", "certified_length", "certified_rate"):
         assert s["strict"][key] == summary["strict"][key]
-    assert s["strict"]["accept_rate"] == pytest.approx(summary["strict"]["accept_rate"] - 1 / 113)
+    assert s["strict"]["accept_rate"] == pytest.approx(summary["strict"]["accept_rate"] - 1 / summary["drafter_steps"])
     assert "notes" in s and "run.json" in s["notes"][0]  # no run.json copied: defaults, and it says so
     assert s["epsilons"] == [0.05, 0.1, 0.3, 0.5] and s["command"] is None
     assert "| note |" in (work / "report.md").read_text()

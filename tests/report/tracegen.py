@@ -18,7 +18,8 @@ V = 200
 K = 16
 
 
-def make_steps(seed: int = 0, lengths=(30, 27, 32, 25), drafter: bool = True, nonfinite=((1, 7),)) -> dict:
+def make_steps(seed: int = 0, lengths=(30, 27, 32, 25), drafter: bool = True, nonfinite=((1, 7),),
+               draft_nonfinite=((2, 4),)) -> dict:
     """Columns (numpy) of all steps, rows ordered by (prompt, position)."""
     rng = np.random.default_rng(seed)
     n = sum(lengths)
@@ -59,13 +60,18 @@ def make_steps(seed: int = 0, lengths=(30, 27, 32, 25), drafter: bool = True, no
         dp, di = torch.topk(q, K, dim=-1)
         cols["draft_topk_ids"] = di.numpy().astype(np.int32)
         cols["draft_topk_probs"] = dp.numpy().astype(np.float32)
+        # a step whose drafter logits were broken (as profile stores it: NaN KL, not accepted)
+        dbad = np.zeros(n, bool)
+        for prompt, pos in draft_nonfinite:
+            dbad[starts[prompt] + pos] = True
+        cols["draft_nonfinite"] = dbad
         for kind, name in (("forward", "kl_forward"), ("reverse", "kl_reverse"), ("tv", "tv")):
             d = np.asarray(draftcert.divergence(kind=kind, target_logits=logits, draft_logits=dl), np.float64).copy()
-            d[bad] = np.nan
+            d[bad | dbad] = np.nan
             cols[name] = d
         for spec in CRITERIA:
             acc = np.asarray(draftcert.accepts(spec, target_logits=logits, draft_logits=dl)).copy()
-            acc[bad] = False
+            acc[bad | dbad] = False
             cols[f"accepted/{spec}"] = acc
             # NaN radius / NaN KL compare False: a nonfinite step is never certified
             cols[f"certified/{spec}"] = cols["kl_forward"] < cols[f"radius/{spec}"]

@@ -72,7 +72,8 @@ def metadata_rows(summary: dict, run: dict, notes: list[str]) -> list[tuple[str,
         ("command", summary.get("command") if isinstance(summary.get("command"), str) else " ".join(map(str, summary.get("command") or [])) or "unknown"),
         ("target", str(m.get("target") or "unknown")),
         ("drafter", str(m.get("drafter") or "none")),
-        ("steps", f"{summary['steps']} ({summary['nonfinite_steps']} nonfinite, excluded from statistics)"),
+        ("steps", f"{summary['steps']} ({summary['nonfinite_steps']} nonfinite, excluded from statistics)"
+         + (f"; drafter rates over {summary['drafter_steps']} steps ({summary['draft_nonfinite_steps']} with non-finite drafter logits excluded)" if "drafter_steps" in summary else "")),
         ("prompts", str(summary["prompts"])),
         ("epsilons (nats)", ", ".join(eps_key(e) for e in summary["epsilons"])),
     ]

@@ -17,7 +17,8 @@ logits were finite; ``nonfinite_steps`` counts the others):
   consecutive certified steps t, t+1, ... of the same prompt
   (``draftcert.certified_run_length`` along positions sorted ascending, no
   cap).  A nonfinite step or a missing position breaks a run.
-* with a drafter: ``accept_rate`` = mean of ``accepted/<spec>``,
+* with a drafter (over steps whose drafter logits were finite too,
+  ``drafter_steps``): ``accept_rate`` = mean of ``accepted/<spec>``,
   ``certified_rate`` = mean of ``certified/<spec>`` (forward KL < radius),
   ``soundness_violations`` = #rows (all rows) with certified and not accepted;
   the theory says it is 0, so any other value is a bug upstream.
@@ -89,7 +90,8 @@ def list_shards(out_dir: Path) -> list[Path]:
         raise ValueError(f"out_dir: {out_dir} is not a directory; pass the output directory of `draftcert profile`")
     if not trace.is_dir():
         raise ValueError(f"out_dir: {trace} does not exist; run `draftcert profile --out {out_dir}` first")
-    shards = sorted(p for p in trace.glob("*.parquet") if p.is_file())
+    # dotfiles are in-flight temporaries of an atomic write, not shards
+    shards = sorted(p for p in trace.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
     if not shards:
         raise ValueError(f"out_dir: no trace shards ({trace}/*.parquet); run `draftcert profile --out {out_dir}` first")
     return shards
@@ -116,6 +118,7 @@ class Trace:
     specs: list[str]
     radius: dict[str, dict[str, np.ndarray]]  # prefix ("radius"|"radius_reverse"|"radius_tv") -> spec -> float64
     kl: np.ndarray | None = None  # forward KL per row when a drafter ran
+    draft_nonfinite: np.ndarray | None = None  # drafter logits non-finite (target may be fine)
     accepted: dict[str, np.ndarray] = field(default_factory=dict)
     certified: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -145,7 +148,7 @@ def read_trace(shards: list[Path]) -> Trace:
     has_drafter = "kl_forward" in names
     cols = required + (["nonfinite"] if "nonfinite" in names else []) + radius_cols
     if has_drafter:
-        cols += ["kl_forward"] + [f"{k}/{s}" for k in ("accepted", "certified") for s in specs if f"{k}/{s}" in names]
+        cols += ["kl_forward"] + (["draft_nonfinite"] if "draft_nonfinite" in names else []) + [f"{k}/{s}" for k in ("accepted", "certified") for s in specs if f"{k}/{s}" in names]
 
     # Pass 1: validate every shard's footer and columns, count rows (metadata only).
     n = 0
@@ -220,6 +223,7 @@ def read_trace(shards: list[Path]) -> Trace:
     )
     if has_drafter:
         tr.kl = data["kl_forward"]
+        tr.draft_nonfinite = data["draft_nonfinite"] if "draft_nonfinite" in cols else np.zeros(n, bool)
         tr.accepted = {s: data[f"accepted/{s}"] for s in specs if f"accepted/{s}" in cols}
         tr.certified = {s: data[f"certified/{s}"] for s in specs if f"certified/{s}" in cols}
     return tr
@@ -386,7 +390,12 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
     bins = _margin_bin(tr.margin[valid])
     nb = len(MARGIN_EDGES) - 1
     rng = np.random.default_rng(0)
-    scatter_idx = np.flatnonzero(valid)
+    # Drafter statistics: steps where target and drafter logits were both finite (a broken
+    # drafter row has NaN KL and is stored as rejected; it says nothing about the rule).
+    dvalid = valid & ~tr.draft_nonfinite & ~np.isnan(tr.kl) if tr.has_drafter else valid
+    ndvalid = int(dvalid.sum())
+    dbins = _margin_bin(tr.margin[dvalid])
+    scatter_idx = np.flatnonzero(dvalid)
     if scatter_idx.size > SCATTER_POINTS:
         scatter_idx = np.sort(rng.choice(scatter_idx, SCATTER_POINTS, replace=False))
 
@@ -415,11 +424,11 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
         b = {"certified_fraction": {eps_key(e): _binned_mean(r >= e, bins, nb) for e in epsilons}}
         if tr.has_drafter and spec in tr.accepted and spec in tr.certified:
             acc, cert = tr.accepted[spec], tr.certified[spec]
-            d["accept_rate"] = float(acc[valid].mean()) if nvalid else math.nan
-            d["certified_rate"] = float(cert[valid].mean()) if nvalid else math.nan
-            d["soundness_violations"] = int((cert & ~acc).sum())
-            b["accept_rate"] = _binned_mean(acc[valid], bins, nb)
-            b["certified_rate"] = _binned_mean(cert[valid], bins, nb)
+            d["accept_rate"] = float(acc[dvalid].mean()) if ndvalid else math.nan
+            d["certified_rate"] = float(cert[dvalid].mean()) if ndvalid else math.nan
+            d["soundness_violations"] = int((cert & ~acc).sum())  # over every row, broken or not
+            b["accept_rate"] = _binned_mean(acc[dvalid], dbins, nb)
+            b["certified_rate"] = _binned_mean(cert[dvalid], dbins, nb)
             plot["scatter"][spec] = {
                 "radius": r_all[scatter_idx],
                 "kl": tr.kl[scatter_idx],
@@ -448,8 +457,11 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
         }
     )
     if tr.has_drafter:
-        kl = tr.kl[valid]
-        summary["drafter_kl_forward"] = {"q05": quantile(kl, 0.05), "median": quantile(kl, 0.5), "mean": float(kl.mean()) if nvalid else math.nan}
+        kl = tr.kl[dvalid]
+        summary["drafter_steps"] = ndvalid
+        summary["draft_nonfinite_steps"] = int((valid & ~dvalid).sum())
+        summary["drafter_kl_forward"] = {"q05": quantile(kl, 0.05), "median": quantile(kl, 0.5), "mean": float(kl.mean()) if ndvalid else math.nan}
+        summary["margin_bins"]["drafter_steps"] = [int(c) for c in np.bincount(dbins, minlength=nb)]
     return summary, plot
 
 
