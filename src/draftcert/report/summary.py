@@ -170,7 +170,7 @@ def read_trace(shards: list[Path]) -> Trace:
         raise ValueError(f"trace: the shards under {shards[0].parent} hold no rows; rerun `draftcert profile`")
 
     # Pass 2: stream record batches into preallocated arrays (no concatenation copies).
-    dtypes = {"position": np.int64, "nonfinite": bool, "prompt_id": np.int64}
+    dtypes = {"position": np.int64, "nonfinite": bool, "draft_nonfinite": bool, "prompt_id": np.int64}
     for c in cols:
         dtypes.setdefault(c, bool if c.startswith(("accepted/", "certified/")) else np.float64)
     data = {c: np.empty(n, dtypes[c]) for c in cols}
