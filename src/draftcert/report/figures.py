@@ -205,7 +205,9 @@ def rates_by_margin(summary: dict, path: Path) -> None:
     for ax in list(axes.flat)[len(specs):]:
         ax.set_visible(False)
     _legend(axes.flat[0], fontsize=7, loc="lower right")
-    fig.suptitle("Drafter acceptance rate and certified rate by target-margin bin", fontsize=10)
+    counts = mb.get("drafter_steps", mb["steps"])
+    fig.suptitle("Drafter acceptance rate and certified rate (forward KL < radius) by target-margin bin\n"
+                 f"(steps per bin: {', '.join(map(str, counts))})", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
 

@@ -77,7 +77,7 @@ def metadata_rows(summary: dict, run: dict, notes: list[str]) -> list[tuple[str,
         ("prompts", str(summary["prompts"])),
         ("epsilons (nats)", ", ".join(eps_key(e) for e in summary["epsilons"])),
     ]
-    for key in ("prompts_source", "prompts", "limit", "max_new_tokens", "world_size"):
+    for key in ("prompts_source", "prompts", "limit", "max_new_tokens", "divergences", "world_size", "device", "model_dtype", "updated"):
         if key in run and not (key == "prompts" and isinstance(run[key], (int, float))):
             rows.append((f"run: {key}", json.dumps(run[key]) if not isinstance(run[key], str) else run[key]))
     v = summary.get("versions") or {}

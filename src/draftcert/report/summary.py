@@ -66,7 +66,12 @@ def load_run(out_dir: Path) -> tuple[dict, list[str]]:
         raise ValueError(f"run.json: {path} is not valid JSON ({exc}); fix or delete it and rerun the report") from None
     if not isinstance(run, dict):
         raise ValueError(f"run.json: {path} must hold a JSON object, got {type(run).__name__}")
-    return run, []
+    notes = []
+    status = run.get("status")
+    if status is not None and status != "complete":
+        notes.append(f"run.json status is {status!r}: the run is not complete; statistics cover the shards written so far "
+                     f"(rerun `draftcert profile` with the same arguments to finish it)")
+    return run, notes
 
 
 def run_epsilons(run: dict) -> list[float]:
