@@ -192,8 +192,11 @@ def test_forged_violation_is_counted_via_cli(run_dir, tmp_path, capsys):
 def test_no_drafter_and_custom_epsilons(tmp_path):
     steps = tracegen.make_steps(seed=3, lengths=(12, 9), drafter=False, nonfinite=())
     tracegen.write_run(tmp_path, steps, epsilons=(0.2, 0.02))
+    run = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**run, "status": "running"}))
     s = write_report(tmp_path, verbose=False)
     assert s["epsilons"] == [0.02, 0.2] and s["nonfinite_steps"] == 0 and s["prompts"] == 2
+    assert "not complete" in s["notes"][0]
     for spec in tracegen.CRITERIA:
         assert "accept_rate" not in s[spec] and "soundness_violations" not in s[spec]
         assert set(s[spec]["certified_length"]) == {"0.02", "0.2"}
