@@ -1,0 +1,61 @@
+"""Report of a ``draftcert profile`` run: summary.json, figures, report.md/html.
+
+``write_report(out_dir)`` reads every trace shard ``out_dir/trace/*.parquet``
+(all ranks) and ``out_dir/run.json`` and writes, each atomically:
+
+* ``summary.json``  -- per-criterion statistics (see ``report/summary.py``)
+* ``figures/*.png`` -- radius CDF, certified fraction by margin, certified
+  length against eps, and with a drafter KL-vs-radius and rates by margin
+* ``report.md`` (figures linked relatively) and ``report.html`` (self-contained)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .summary import (
+    DEFAULT_EPSILONS,
+    atomic_write,
+    list_shards,
+    load_run,
+    read_trace,
+    run_epsilons,
+    summarize_trace,
+    to_json_value,
+)
+
+__all__ = ["write_report", "DEFAULT_EPSILONS"]
+
+
+def write_report(out_dir, *, verbose: bool = True) -> dict:
+    """Summarise a profile run directory and write the report files into it.
+
+    Returns the summary dict exactly as written to ``summary.json`` (+inf as
+    the string "inf", NaN as null).  ``verbose`` prints a table and the paths.
+    Raises ValueError for a missing/empty trace directory or an unreadable shard.
+    """
+    import json
+
+    from .figures import write_figures
+    from .render import print_terminal, render_html, render_markdown
+
+    out_dir = Path(out_dir)
+    shards = list_shards(out_dir)
+    run, notes = load_run(out_dir)
+    epsilons = run_epsilons(run)
+    trace = read_trace(shards)
+    summary, plot = summarize_trace(trace, run, epsilons)
+    summary["shards"] = len(shards)
+    if notes:
+        summary["notes"] = list(notes)
+    summary = to_json_value(summary)
+
+    figures = write_figures(summary, plot, out_dir / "figures", trace.has_drafter)
+    paths = [out_dir / "summary.json"]
+    atomic_write(paths[0], json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    atomic_write(out_dir / "report.md", render_markdown(summary, run, notes, figures, out_dir))
+    atomic_write(out_dir / "report.html", render_html(summary, run, notes, figures))
+    paths += [out_dir / "report.md", out_dir / "report.html"] + figures
+    if verbose:
+        print_terminal(summary, paths, notes)
+    return summary

@@ -1,0 +1,170 @@
+"""report.md, a self-contained report.html (figures embedded as base64) and the terminal table."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+from .summary import eps_key
+
+HOW_TO_READ = (
+    "Each verification rule (criterion) accepts a drafted token exactly when the token is not in a "
+    "lower level set of the target distribution p. The *radius* of a step is the smallest forward "
+    "KL(p||q) (nats) a drafter q needs to cause a rejection there: any drafter closer than the radius "
+    "is guaranteed to be accepted. A larger radius means a more forgiving rule at that step; +inf "
+    "means no drafter can be rejected. *Certified fraction at eps* is the share of steps whose radius "
+    "is >= eps, i.e. steps where every drafter within eps nats is accepted; *certified length* is the "
+    "mean number of consecutive such steps starting at a step (the guaranteed accepted run of a "
+    "speculative block). With a drafter, *accept rate* is how often its greedy proposal (top-m for "
+    "trees) was actually accepted, *certified rate* how often its actual KL was below the radius; "
+    "a certified step must be accepted, so *soundness violations* must be 0."
+)
+
+
+def table_epsilon(summary: dict) -> str:
+    """The epsilon shown in tables: 0.3 when the run has it, else the middle one."""
+    eps = [eps_key(e) for e in summary["epsilons"]]
+    return "0.3" if "0.3" in eps else eps[len(eps) // 2]
+
+
+def fmt(x, digits: int = 4) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, str):
+        return "+inf" if x == "inf" else x
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    x = float(x)
+    if math.isnan(x):
+        return "n/a"
+    if math.isinf(x):
+        return "+inf" if x > 0 else "-inf"
+    if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e4):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def table_rows(summary: dict, digits: int = 4) -> tuple[list[str], list[list[str]]]:
+    eps = table_epsilon(summary)
+    drafter = any("accept_rate" in summary[s] for s in summary["criteria"])
+    head = ["criterion", "radius q05", "radius median", f"certified frac @{eps}", f"certified length @{eps}"]
+    if drafter:
+        head += ["accept rate", "certified rate", "soundness violations"]
+    rows = []
+    for s in summary["criteria"]:
+        d = summary[s]
+        vals = [d["radius_q05"], d["radius_median"], d["certified_fraction"][eps], d["certified_length"][eps]]
+        if drafter:
+            vals += [d.get("accept_rate"), d.get("certified_rate"), d.get("soundness_violations")]
+        row = [s] + [fmt(v, digits) for v in vals]
+        rows.append(row)
+    return head, rows
+
+
+def metadata_rows(summary: dict, run: dict, notes: list[str]) -> list[tuple[str, str]]:
+    m = summary.get("models") or {}
+    rows = [
+        ("command", summary.get("command") if isinstance(summary.get("command"), str) else " ".join(map(str, summary.get("command") or [])) or "unknown"),
+        ("target", str(m.get("target") or "unknown")),
+        ("drafter", str(m.get("drafter") or "none")),
+        ("steps", f"{summary['steps']} ({summary['nonfinite_steps']} nonfinite, excluded from statistics)"
+         + (f"; drafter rates over {summary['drafter_steps']} steps ({summary['draft_nonfinite_steps']} with non-finite drafter logits excluded)" if "drafter_steps" in summary else "")),
+        ("prompts", str(summary["prompts"])),
+        ("epsilons (nats)", ", ".join(eps_key(e) for e in summary["epsilons"])),
+    ]
+    for key in ("prompts_source", "prompts", "limit", "max_new_tokens", "divergences", "world_size", "device", "model_dtype", "updated"):
+        if key in run and not (key == "prompts" and isinstance(run[key], (int, float))):
+            rows.append((f"run: {key}", json.dumps(run[key]) if not isinstance(run[key], str) else run[key]))
+    v = summary.get("versions") or {}
+    if v:
+        rows.append(("versions", ", ".join(f"{k} {val}" for k, val in v.items())))
+    if "drafter_kl_forward" in summary:
+        k = summary["drafter_kl_forward"]
+        rows.append(("drafter KL(p||q) (nats)", f"q05 {fmt(k['q05'])}, median {fmt(k['median'])}, mean {fmt(k['mean'])}"))
+    for n in notes:
+        rows.append(("note", n))
+    return rows
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def render_markdown(summary: dict, run: dict, notes: list[str], figures: list[Path], out_dir: Path) -> str:
+    head, rows = table_rows(summary)
+    lines = ["# draftcert report", "", "## Summary per criterion", ""]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join("---" for _ in head) + "|")
+    lines += ["| " + " | ".join(_md_escape(c) for c in r) + " |" for r in rows]
+    lines += ["", "Radii and epsilons are forward KL(p||q) in nats.", "", "## How to read this", "", HOW_TO_READ, "", "## Run", ""]
+    lines += ["| field | value |", "|---|---|"]
+    lines += [f"| {_md_escape(k)} | {_md_escape(v)} |" for k, v in metadata_rows(summary, run, notes)]
+    lines += ["", "## Figures", ""]
+    for f in figures:
+        rel = f.relative_to(out_dir).as_posix()
+        lines += [f"### {FIGURE_TITLES.get(f.name, f.stem)}", "", f"![{f.stem}]({rel})", ""]
+    lines += ["Full numbers: `summary.json`.", ""]
+    return "\n".join(lines)
+
+
+FIGURE_TITLES = {
+    "radius_cdf.png": "Radius distribution per criterion",
+    "certified_by_margin.png": "Certified fraction by target margin",
+    "certified_length.png": "Certified acceptance length against epsilon",
+    "kl_vs_radius.png": "Drafter KL against radius",
+    "rates_by_margin.png": "Acceptance and certified rates by target margin",
+}
+
+
+def render_html(summary: dict, run: dict, notes: list[str], figures: list[Path]) -> str:
+    e = html.escape
+    head, rows = table_rows(summary)
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>draftcert report</title>",
+        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
+        ".meta td{text-align:left}</style></head><body>",
+        "<h1>draftcert report</h1><h2>Summary per criterion</h2><table><tr>",
+        "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>",
+    ]
+    out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
+    out += ["</table><p>Radii and epsilons are forward KL(p||q) in nats.</p>", f"<h2>How to read this</h2><p>{e(HOW_TO_READ)}</p>"]
+    out += ["<h2>Run</h2><table class='meta'>"]
+    out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in metadata_rows(summary, run, notes)]
+    out += ["</table><h2>Figures</h2>"]
+    for f in figures:
+        data = base64.b64encode(f.read_bytes()).decode()
+        out.append(f"<h3>{e(FIGURE_TITLES.get(f.name, f.stem))}</h3><img alt='{e(f.stem)}' src='data:image/png;base64,{data}'>")
+    out += ["<p>Full numbers: <code>summary.json</code>.</p></body></html>"]
+    return "\n".join(out)
+
+
+def print_terminal(summary: dict, paths: list[Path], notes: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # piped / logged: do not squeeze the table into 80 columns
+        console = Console(width=140)
+    head, rows = table_rows(summary, digits=3)
+    short = {"radius q05": "radius q05", "radius median": "radius median", "accept rate": "accept",
+             "certified rate": "certified", "soundness violations": "violations"}
+    head = [short.get(h, h.replace("certified frac ", "cert frac").replace("certified length ", "cert len")) for h in head]
+    t = Table(title=f"draftcert report: {summary['steps']} steps, {summary['prompts']} prompts, "
+              f"{summary['nonfinite_steps']} nonfinite (radii in nats)")
+    for i, h in enumerate(head):
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
+    for r in rows:
+        style = "bold red" if len(r) > 7 and r[7] not in ("0", "n/a") else None
+        t.add_row(*r, style=style)
+    console.print(t)
+    for n in notes:
+        console.print(f"[yellow]note:[/] {n}")
+    for p in paths:
+        console.print(f"wrote {p}")
