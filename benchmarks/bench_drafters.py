@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="greedy target tokens per prompt")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", default=None, help="single-skip scan range a-b (default: middle 2/3)")
+    ap.add_argument("--scan-only", action="store_true", help="only the single-layer skip scan")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -116,6 +117,8 @@ def main(argv=None) -> int:
     ranked = sorted(single, key=lambda j: (-single[j], j))
     best = ranked[0]
     print(f"best_single_skip=self:skip={best} agreement={single[best]:.4f}", flush=True)
+    if args.scan_only:
+        return 0
     for k in (2, 4, 6):
         layers = ",".join(str(j) for j in sorted(ranked[:k]))
         measure(f"self:skip={layers}")
