@@ -8,7 +8,9 @@ Protocol (teacher forced, one forward pass per sequence and model):
    conditioned on the same target-generated prefix.  agreement = matches / positions.
    This is the per-token acceptance rate of greedy speculative decoding (strict criterion).
 3. rel_time = the drafter's forward time / the target's on the same batch (CPU, 1 thread by
-   default): a rough per-token cost ratio.
+   default): a rough per-token cost ratio, only meaningful on an otherwise idle machine (on a
+   shared one it mostly measures the neighbours).  The structural cost of a skip drafter is
+   (layers kept) / (layers) of the decoder; a quant drafter runs dequantised weights (ratio 1).
 
 Drafters measured: skip of each single middle layer, the best k single layers skipped together
 (k = 2, 4, 6, ranked by single-skip agreement), self:quant=4 and =3 per output channel and with group=32, and DEFAULT_DRAFTER.
