@@ -312,7 +312,10 @@ def waterfill_lift(p: np.ndarray, y: int, kind: str) -> float:
         logG = (math.log(b) + np.concatenate([[0.0], np.cumsum(logs)])) / (j + 1)
         G = np.exp(logG)
         feas = nxt <= G * (1 + 1e-15)
-        Z = 1.0 - (b + C) + (j + 1) * G  # q = (G on the pool, p elsewhere) / Z
+        # q = (G on the pool, p elsewhere) / Z with Z = (mass outside the pool) + (j+1) G;
+        # the outside mass is a suffix sum (never 1 - pooled, which cancels when Z is tiny).
+        outside = np.concatenate([np.cumsum(s[::-1])[::-1], [0.0]])
+        Z = outside + (j + 1) * G
         cost = -np.log(Z)
     else:
         L = (b + C) / (j + 1)
