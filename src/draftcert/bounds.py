@@ -51,7 +51,7 @@ from .criteria import (
     TreeCoverage,
     as_criterion,
 )
-from .certificates import _first_rejected
+from .certificates import _first_rejected, deep_gap
 from .divergences import check_divergence
 from .summary import DEFAULT_TOPK, Summary, summarize
 
@@ -125,10 +125,7 @@ def statistic_rows(crit: Criterion, summ: Summary) -> torch.Tensor:
     if not summ.complete:
         deep = (~found).nonzero().squeeze(1)
         if deep.numel():
-            full = summ.sorted_rows(deep)
-            r2, found2 = _first_rejected(crit, full, tau[deep])
-            g2 = full[:, 0] - full.gather(1, r2[:, None]).squeeze(1)
-            gap[deep] = torch.where(found2, g2, torch.full_like(g2, torch.inf))
+            gap[deep] = deep_gap(crit, summ, deep, tau[deep])
     return gap
 
 

@@ -35,6 +35,39 @@ def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple
     return r, n_rej > 0
 
 
+def _deep_radius(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor, kind: str) -> torch.Tensor:
+    out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
+    any_rej = crit.rejected_mask(summ.min_prob(rows), tau)
+    sel = any_rej.nonzero().squeeze(1)
+    if sel.numel() == 0:
+        return out
+    rws, tau_s = rows[sel], tau[sel]
+    b = summ.max_prob_where(rws, tau_s, crit.inclusive)
+    s = torch.cat([summ.top_probs[rws], b[:, None]], 1)
+    r = torch.full_like(sel, s.shape[1] - 1)
+    cost, level = pool_above(s, r, kind, return_level=True)
+    # Exact unless a token beyond the top-k lies above the level (it would join the pool).
+    flat = summ.top_probs[rws, -1] > level
+    if bool(flat.any()):
+        f = flat.nonzero().squeeze(1)
+        full = summ.sorted_rows(rws[f])
+        r2, _ = _first_rejected(crit, full, tau_s[f])
+        cost[f] = pool_above(full, r2, kind)
+    out[sel] = cost
+    return out
+
+
+def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """p(1st) - b for rows whose rejected tokens all lie beyond the top-k (+inf if none)."""
+    out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
+    any_rej = crit.rejected_mask(summ.min_prob(rows), tau)
+    sel = any_rej.nonzero().squeeze(1)
+    if sel.numel():
+        b = summ.max_prob_where(rows[sel], tau[sel], crit.inclusive)
+        out[sel] = summ.top_probs[rows[sel], 0] - b
+    return out
+
+
 def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
     """Exact radius for every row of a summary: (N,) float64 (+inf where no drafter can be rejected)."""
     top = summ.top_probs
@@ -53,13 +86,9 @@ def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
     out = pool_above(top, r, kind)
     out = torch.where(found, out, torch.full_like(out, torch.inf))
     if not summ.complete:
-        # Rows whose rejected tokens all sit below the top-k: redo them on an exact full sort.
         deep = (~found).nonzero().squeeze(1)
         if deep.numel():
-            full = summ.sorted_rows(deep)
-            r2, found2 = _first_rejected(crit, full, tau[deep])
-            sub = pool_above(full, r2, kind)
-            out[deep] = torch.where(found2, sub, torch.full_like(sub, torch.inf))
+            out[deep] = _deep_radius(crit, summ, deep, tau[deep], kind)
     return out
 
 

@@ -39,12 +39,13 @@ def _bregman_kl(p: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
     return torch.special.xlogy(p, p / level) - p + level
 
 
-def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str) -> torch.Tensor:
+def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str, return_level: bool = False):
     """Minimal D(p, q) over q that make the token at sorted position r a maximiser of q.
 
     s : (N, K) float64, rows sorted descending.  r : (N,) int64 positions (< K).
     The pool may only use positions < r (every token above it); positions
-    >= r are <= s[r] and never need to move.
+    >= r are <= s[r] and never need to move.  With ``return_level`` also
+    returns the water level (arithmetic or geometric mean of the pool).
     """
     n, K = s.shape
     b = s.gather(1, r[:, None]).squeeze(1)
@@ -60,14 +61,17 @@ def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str) -> torch.Tensor:
         pooled = b + C.gather(1, jstar[:, None]).squeeze(1)
         cost = -torch.log1p((jstar + 1) * torch.exp(logG_star) - pooled)
         # b = 0: q(y) >= q(z) > 0 somewhere forces q(y) > 0 = p(y): KL(q||p) = inf.
-        return torch.where(b > 0, cost.clamp_min(0), torch.full_like(cost, torch.inf))
+        cost = torch.where(b > 0, cost.clamp_min(0), torch.full_like(cost, torch.inf))
+        return (cost, torch.exp(logG_star)) if return_level else cost
     L = ((b[:, None] + C) / (j + 1)).masked_fill(~valid, -torch.inf)
     L_star, jstar = L.max(1)
     if kind == "tv":
-        return (L_star - b).clamp_min(0)
-    in_pool = torch.arange(K, device=s.device)[None, :] < jstar[:, None]
-    terms = torch.where(in_pool, _bregman_kl(s, L_star[:, None]), torch.zeros_like(s))
-    return terms.sum(1) + _bregman_kl(b, L_star)
+        cost = (L_star - b).clamp_min(0)
+    else:
+        in_pool = torch.arange(K, device=s.device)[None, :] < jstar[:, None]
+        terms = torch.where(in_pool, _bregman_kl(s, L_star[:, None]), torch.zeros_like(s))
+        cost = terms.sum(1) + _bregman_kl(b, L_star)
+    return (cost, L_star) if return_level else cost
 
 
 def pool_below(s: torch.Tensor, m: int, kind: str) -> torch.Tensor:

@@ -27,40 +27,51 @@ _COMPILE_MIN_NUMEL = 1 << 22
 
 
 def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
-    """s = sum exp(x - m);  d = sum exp(x - m) * (x - m)  (0 where exp underflows / x = -inf)."""
+    """s = sum exp(x - m);  d = sum exp(x - m) * (x - m)  (0 where exp underflows / x = -inf);
+    and the row minimum (it settles "is any token rejected?" for every level-set rule)."""
     z = x - m
     e = torch.exp(z)
     s = e.sum(-1, dtype=torch.float64) if x.dtype != torch.float32 else e.sum(-1)
+    lo = x.amin(-1)
     if not want_entropy:
-        return s, None
+        return s, None, lo
     d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1)
-    return s, d
+    return s, d, lo
 
 
 def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
-    """sum p and sum -p log p of each row."""
+    """sum p, sum -p log p and min p of each row."""
     s = p.sum(-1)
+    lo = p.amin(-1)
     if not want_entropy:
-        return s, None
-    return s, torch.special.entr(p).sum(-1)
+        return s, None, lo
+    return s, torch.special.entr(p).sum(-1), lo
+
+
+def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """For rows x[rows]: the largest value below lo, and how many values fall in [lo, hi].
+    (Compiled, the row gather is fused into the reduction instead of copying rows.)"""
+    xr = x[rows]
+    below = torch.where(xr < lo, xr, torch.full((), -torch.inf, dtype=x.dtype, device=x.device)).amax(-1)
+    return below, ((xr >= lo) & (xr <= hi)).sum(-1)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_eager, "prob": _prob_moments_eager}[fn_name]
+    fn = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager}[fn_name]
     return torch.compile(fn, dynamic=True)
 
 
 _compile_broken = False
 
 
-def _moments(kind: str, *args, want_entropy: bool):
+def _moments(kind: str, *args, **kw):
     """Fused single read of the (N, V) input when it is large: XLA-style fusion of
     exp, the two reductions and the -inf guard, via torch.compile.  Falls back to
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
-    eager = _logit_moments_eager if kind == "logit" else _prob_moments_eager
+    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager}[kind]
     use_compile = (
         not _compile_broken
         and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
@@ -69,11 +80,11 @@ def _moments(kind: str, *args, want_entropy: bool):
     )
     if use_compile:
         try:
-            return _compiled(kind)(*args, want_entropy=want_entropy)
+            return _compiled(kind)(*args, **kw)
         except Exception as exc:  # pragma: no cover - depends on the host toolchain
             _compile_broken = True
             warnings.warn(f"draftcert: torch.compile unavailable ({exc!s:.200}); using eager kernels", stacklevel=3)
-    return eager(*args, want_entropy=want_entropy)
+    return eager(*args, **kw)
 
 
 @dataclass
@@ -98,6 +109,7 @@ class Summary:
     out: OutputSpec
     source: torch.Tensor = field(repr=False)  # (N, V) original values, for exact fallbacks
     is_logits: bool = False
+    row_min: torch.Tensor | None = field(default=None, repr=False)  # (N,) smallest source value
 
     @property
     def k(self) -> int:
@@ -120,6 +132,54 @@ class Summary:
         """Exact full descending sort (float64) of the selected rows: the fallback
         for rows whose decisive token lies beyond the top-k."""
         return torch.sort(self.probs_f64(rows), dim=-1, descending=True, stable=True).values
+
+    def _to_prob(self, vals: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        v = vals.double()
+        return torch.exp(v - self.log_norm[rows][:, None]) if self.is_logits else v
+
+    def top_of(self, rows: torch.Tensor, k: int) -> torch.Tensor:
+        """float64 top-k probabilities (descending) of the selected rows, computed as top_probs is."""
+        vals = torch.topk(self.source[rows], min(k, self.vocab_size), dim=-1, sorted=True).values
+        return self._to_prob(vals, rows)
+
+    def min_prob(self, rows: torch.Tensor) -> torch.Tensor:
+        """float64 smallest probability of the selected rows, computed as top_probs is."""
+        lo = self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)
+        return self._to_prob(lo[:, None], rows)[:, 0]
+
+    def max_prob_where(self, rows: torch.Tensor, tau: torch.Tensor, inclusive: bool) -> torch.Tensor:
+        """float64 b = max{p(y) : p(y) < tau} (``<=`` if inclusive) for each selected row.
+
+        Logits are compared in their own dtype against log(tau) + log_norm with a
+        safety margin of a few ulps; only the rare tokens inside the margin are
+        evaluated exactly (as top_probs is), so the answer is exact at the cost of
+        one fused pass over the selected rows.
+        """
+        if not self.is_logits:
+            P = self.source[rows].double()
+            rej = P <= tau[:, None] if inclusive else P < tau[:, None]
+            return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
+        with torch.no_grad():
+            x = self.source
+            t = torch.log(tau) + self.log_norm[rows]  # float64, -inf when tau = 0
+            # float32 -> float64 conversion of t and the float64 exp are far more accurate
+            # than 8 float32 ulps, so values outside [lo, hi] are decided by comparison alone.
+            margin = 8 * torch.finfo(x.dtype).eps * (1 + t.abs())
+            lo, hi = (t - margin).to(x.dtype), (t + margin).to(x.dtype)
+            below, n_band = _moments("band", x, rows, lo[:, None], hi[:, None])
+            b = self._to_prob(below[:, None], rows)[:, 0]  # surely rejected: far below the threshold
+            near = (n_band > 0).nonzero().squeeze(1)
+            if near.numel():  # tokens within the margin: decide them exactly, as top_probs would
+                xs = self.source[rows[near]]
+                r_idx, c_idx = ((xs >= (t[near] - margin[near]).to(xs.dtype)[:, None])
+                                & (xs <= (t[near] + margin[near]).to(xs.dtype)[:, None])).nonzero(as_tuple=True)
+                pv = torch.exp(xs[r_idx, c_idx].double() - self.log_norm[rows[near]][r_idx])
+                tv = tau[near][r_idx]
+                rej = pv <= tv if inclusive else pv < tv
+                cand = torch.where(rej, pv, torch.full_like(pv, -1.0))
+                b_near = b[near].scatter_reduce(0, r_idx, cand, reduce="amax")
+                b[near] = b_near
+        return b.clamp_min(0)
 
     def prob_of(self, ids: torch.Tensor) -> torch.Tensor:
         """float64 probability of token ``ids[n]`` in row n, computed exactly as top_probs is."""
@@ -161,7 +221,7 @@ def summarize(
     top_vals, top_ids = _stable_tie_order(top_vals, top_ids)
     if is_logits:
         m = top_vals[:, :1]
-        s, d = _moments("logit", x2, m, want_entropy=entropy)
+        s, d, row_min = _moments("logit", x2, m, want_entropy=entropy)
         s64 = s.double()
         log_norm = m[:, 0].double() + torch.log(s64)
         if validate:
@@ -171,11 +231,11 @@ def summarize(
     else:
         if validate:
             check_probs(x2, arg)
-        _, h = _moments("prob", x2, want_entropy=entropy)
+        _, h, row_min = _moments("prob", x2, want_entropy=entropy)
         log_norm = None
         top = top_vals.double()
         ent = h.double() if entropy else None
-    return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits)
+    return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits, row_min)
 
 
 def _stable_tie_order(vals: torch.Tensor, ids: torch.Tensor):
