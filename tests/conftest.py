@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "src"))
 settings.register_profile(
     "default",
     deadline=None,
-    max_examples=150,
+    max_examples=60,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     derandomize=True,  # reproducible CI; run with --hypothesis-profile=explore for fresh seeds
 )

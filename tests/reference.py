@@ -339,3 +339,60 @@ def _tv_fast(b, s, L, feas):
         c = int(np.searchsorted(-s[:k], -L[k], side="left"))
         out[k] = C[c] - c * L[k] + max(b - L[k], 0.0)
     return out
+
+
+# ---------------------------------------------------------------------------
+# explicit optimal rejecting drafters (for adversarial property tests)
+# ---------------------------------------------------------------------------
+
+
+def lift_q(p: np.ndarray, y: int, kind: str) -> tuple[np.ndarray, float]:
+    """The cheapest q with q(y) tied for the maximum, built by water-filling: pool y with
+    the j largest other tokens at a common level (arithmetic mean for forward/tv,
+    geometric mean then renormalised for reverse), keep the rest of p; every j is tried
+    and the cheapest feasible one (level >= every unpooled token) is returned with D(p, q)."""
+    p = np.asarray(p, dtype=np.float64)
+    others = [z for z in np.argsort(-p, kind="stable") if z != y]
+    best = (None, math.inf)
+    for j in range(len(others) + 1):
+        pool = [y] + others[:j]
+        q = p.copy()
+        if kind == "reverse":
+            if np.any(p[pool] == 0):
+                break  # level 0 would zero q(y): no finite-cost drafter with this (or a larger) pool
+            q[pool] = math.exp(np.log(p[pool]).mean())
+        else:
+            q[pool] = p[pool].mean()
+        q /= q.sum()
+        if j < len(others) and q[others[j]] > q[y] * (1 + 1e-12):
+            continue  # an unpooled token stays above the level: not feasible
+        d = div_np(p, q, kind)
+        if d < best[1]:
+            best = (q, d)
+    return best
+
+
+def tree_q(p: np.ndarray, m: int, kind: str) -> tuple[np.ndarray, float]:
+    """The cheapest q with the m runners-up of p at or above q(a): pool a with the j
+    smallest of them (j = 1..m, cheapest feasible), rest of p unchanged."""
+    p = np.asarray(p, dtype=np.float64)
+    order = list(np.argsort(-p, kind="stable"))
+    a, S = order[0], order[1 : m + 1]
+    best = (None, math.inf)
+    for j in range(1, m + 1):
+        pool = [a] + S[m - j :]  # the j smallest runners-up
+        q = p.copy()
+        if kind == "reverse":
+            with np.errstate(divide="ignore"):
+                q[pool] = math.exp(np.log(p[pool]).mean())
+        else:
+            q[pool] = p[pool].mean()
+        if q.sum() == 0:
+            continue
+        q /= q.sum()
+        if any(q[s] < q[a] * (1 - 1e-12) for s in S):
+            continue
+        d = div_np(p, q, kind)
+        if d < best[1]:
+            best = (q, d)
+    return best
