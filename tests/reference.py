@@ -331,14 +331,12 @@ def waterfill_lift(p: np.ndarray, y: int, kind: str) -> float:
 
 
 def _tv_fast(b, s, L, feas):
-    """TV cost per pool size: sum over the pool of (p - L)^+ (pool sorted descending)."""
-    out = np.full(L.shape, np.inf)
+    """TV cost per pool size k: sum over the pool {b, s[:k]} of (p - L_k)^+ (s sorted descending)."""
     C = np.concatenate([[0.0], np.cumsum(s)])
-    for k in np.flatnonzero(feas):
-        # tokens of the pool above the level are a prefix of s[:k]
-        c = int(np.searchsorted(-s[:k], -L[k], side="left"))
-        out[k] = C[c] - c * L[k] + max(b - L[k], 0.0)
-    return out
+    k = np.arange(L.shape[0])
+    c = np.minimum(k, np.searchsorted(-s, -L, side="left"))  # pooled tokens strictly above L_k
+    out = C[c] - c * L + np.maximum(b - L, 0.0)
+    return np.where(feas, out, np.inf)
 
 
 # ---------------------------------------------------------------------------
