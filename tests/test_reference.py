@@ -161,10 +161,10 @@ FAMILIES = ("flat", "peaked", "ties", "zeros")
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_radius_matches_convex_reference(ref, family):
-    """60 distributions per family (240 in all), every criterion and divergence."""
+    """50 distributions per family (200 in all), every criterion and divergence."""
     rng = np.random.default_rng(FAMILIES.index(family) + 1000)
     failures: list[str] = []
-    for _ in range(60):
+    for _ in range(50):
         check_case(ref, gen_dist(rng, family), failures)
     assert not failures, f"{len(failures)} mismatches, first: " + "\n".join(failures[:8])
 
@@ -226,7 +226,7 @@ def test_tiny_masses_closed_form():
     feasible minimum), minimum over R(p), versus the library."""
     rng = np.random.default_rng(11)
     failures = []
-    for _ in range(150):
+    for _ in range(80):
         V = int(rng.integers(2, 9))
         logp = rng.uniform(-1, 1, V) * rng.choice([5.0, 40.0, 300.0], V)
         p = np.exp(logp - logp.max())
