@@ -298,7 +298,7 @@ def test_margin_bound_reverse_extremely_peaked(spec):
 def test_margin_bound_below_radius_tiny_masses():
     """margin_bound <= radius on targets with masses down to 1e-300 (logits over a wide range)."""
     rng = np.random.default_rng(5)
-    for _ in range(60):
+    for _ in range(25):
         V = int(rng.integers(2, 9))
         z = rng.uniform(-1, 1, (16, V)) * rng.choice([5.0, 40.0, 300.0], (16, V))
         P = np.exp(z - z.max(1, keepdims=True))
