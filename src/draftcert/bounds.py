@@ -95,6 +95,47 @@ def _mass_cap(crit: Criterion, G: torch.Tensor) -> torch.Tensor:
     return one  # any other level-set rule: s <= 1 always holds
 
 
+def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor:
+    """s_max(G) - G written through co = 1 - G, so that nothing cancels as G -> 1
+    (same caps as :func:`_mass_cap`)."""
+    if isinstance(crit, (Strict, Additive)) or type(crit) is LevelSet:
+        return co
+    if isinstance(crit, Multiplicative):
+        return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
+    if isinstance(crit, (TopM, TreeCoverage)):
+        return 2 * co / (crit.m + 1)
+    if isinstance(crit, EntropyThreshold):
+        d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
+        if crit.delta < 1:
+            d = torch.minimum(d, G * 2 * crit.delta / (1 - crit.delta))
+        return d
+    if isinstance(crit, MarginAware):
+        a = math.exp(-crit.theta)
+        d_a = co if a >= 1 else G * 2 * a / (1 - a)
+        d_b = torch.minimum((2 - (2 + 2 * a) * G) / (2 + a), 2 * co / 3)
+        return torch.minimum(co, torch.maximum(d_a, d_b))
+    return co
+
+
+def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
+    """H_D(G, s_max) with s_max - G and 1 - s_max computed from co = 1 - G without cancellation.
+
+    For reverse KL, 1 - (sqrt(hi) - sqrt(lo))^2 = (1 - s) + 2 sqrt(hi lo): when p(y) is below
+    ~1e-16 the left side cancels to 0 (bound +inf, above the true radius), the right does not.
+    """
+    if kind == "tv":
+        return G / 2
+    d = _lo_mass(crit, G, co).clamp_min(0)  # s - G
+    s, hi, lo = G + d, G + d / 2, d / 2
+    if kind == "forward":
+        return torch.special.xlogy(hi, 2 * hi / s) + torch.special.xlogy(lo, 2 * lo / s)
+    z = (co - d).clamp_min(0) + 2 * torch.sqrt(hi * lo)
+    small = z < 0.5
+    e = torch.sqrt(hi) - torch.sqrt(lo)
+    near = -torch.log1p(torch.where(small, torch.zeros_like(e), -(e * e)))  # precise near z = 1
+    return torch.where(small, -torch.log(torch.where(small, z, torch.ones_like(z))), near)
+
+
 def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike, divergence: str = "forward") -> ArrayLike:
     """The bound as a function of the margin statistic alone (array in, array out)."""
     crit = as_criterion(criterion)
@@ -105,28 +146,41 @@ def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike
         raise ValueError("statistic: margins lie in [0, 1] (+inf meaning no rejectable token)")
     inf = torch.isinf(G)
     Gf = torch.where(inf, torch.zeros_like(G), G)
-    out = two_token_cost(Gf, _mass_cap(crit, Gf), divergence)
+    out = _bound_from(crit, Gf, 1 - Gf, divergence)
     out = torch.where(inf, torch.full_like(out, torch.inf), out)
     return out if is_t else out.numpy()
 
 
+def _bound_from(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
+    return _bound_rows(crit, G, co, kind)
+
+
 def statistic_rows(crit: Criterion, summ: Summary) -> torch.Tensor:
+    return _statistic_parts(crit, summ)[0]
+
+
+def _statistic_parts(crit: Criterion, summ: Summary) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, b): the statistic G = p(1st) - b and the competing probability b itself
+    (needed to form 1 - G = (1 - p(1st)) + b without cancellation)."""
     top = summ.top_probs
     if isinstance(crit, TreeCoverage):
         if crit.m >= summ.vocab_size:
-            return torch.full_like(top[:, 0], torch.inf)
-        return top[:, 0] - top[:, crit.m]
+            return torch.full_like(top[:, 0], torch.inf), torch.zeros_like(top[:, 0])
+        return top[:, 0] - top[:, crit.m], top[:, crit.m]
     if isinstance(crit, Strict):
-        return top[:, 0] - top[:, 1]
+        return top[:, 0] - top[:, 1], top[:, 1]
     tau = crit.threshold_from_summary(summ)
     r, found = _first_rejected(crit, top, tau)
-    gap = top[:, 0] - top.gather(1, r[:, None]).squeeze(1)
+    b = top.gather(1, r[:, None]).squeeze(1)
+    gap = top[:, 0] - b
     gap = torch.where(found, gap, torch.full_like(gap, torch.inf))
     if not summ.complete:
         deep = (~found).nonzero().squeeze(1)
         if deep.numel():
+            # rejected tokens beyond the top-k: the rest of p is far from 0, nothing cancels
             gap[deep] = deep_gap(crit, summ, deep, tau[deep])
-    return gap
+            b[deep] = (top[deep, 0] - gap[deep]).clamp_min(0)
+    return gap, b
 
 
 def margin_statistic(criterion: str | Criterion, probs: ArrayLike | None = None, *, logits: ArrayLike | None = None) -> ArrayLike:
@@ -152,5 +206,13 @@ def margin_bound(
     crit = as_criterion(criterion)
     check_divergence(divergence)
     summ = summarize(probs, logits=logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy)
-    G = statistic_rows(crit, summ)
-    return summ.out.wrap(margin_bound_from_statistic(crit, G, divergence))
+    G, b = _statistic_parts(crit, summ)
+    # 1 - G = (mass outside the top token) + b, summed from nonnegative parts: as G -> 1 the
+    # float64 statistic cannot resolve b (< ~1e-16) and 1 - G would make the reverse bound
+    # +inf while the radius is finite.
+    top = summ.top_probs
+    rest = top[:, 1:].sum(1) + (torch.zeros_like(G) if summ.complete else (1 - top.sum(1)).clamp_min(0))
+    inf = torch.isinf(G)
+    Gf = torch.where(inf, torch.zeros_like(G), G)
+    out = _bound_rows(crit, Gf, torch.where(inf, torch.ones_like(G), rest + b), divergence)
+    return summ.out.wrap(torch.where(inf, torch.full_like(out, torch.inf), out))

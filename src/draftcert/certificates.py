@@ -52,7 +52,7 @@ def _deep_radius(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.T
         f = flat.nonzero().squeeze(1)
         full = summ.sorted_rows(rws[f])
         r2, _ = _first_rejected(crit, full, tau_s[f])
-        cost[f] = pool_above(full, r2, kind)
+        cost[f] = pool_above(full, r2, kind, tail=torch.zeros_like(cost[f]))
     out[sel] = cost
     return out
 
@@ -68,6 +68,24 @@ def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tenso
     return out
 
 
+def _known_tail(summ: Summary, kind: str) -> torch.Tensor | None:
+    """Mass beyond the top-k, needed by reverse KL: exactly 0 for a complete summary
+    (1 - sum would leave round-off that caps reverse-KL radii near -log(1e-16)).  For an
+    incomplete one 1 - sum(top-k) is exact enough unless the tail is tiny; those rows
+    (reverse KL only) get it summed directly from the source, one pass each."""
+    if summ.complete:
+        return torch.zeros_like(summ.top_probs[:, 0])
+    if kind != "reverse":
+        return None
+    tail = (1 - summ.top_probs.sum(1)).clamp_min(0)
+    rows = (tail < 1e-6).nonzero().squeeze(1)
+    if rows.numel():
+        P = summ.probs_f64(rows)
+        P.scatter_(1, summ.top_ids[rows], 0.0)
+        tail[rows] = P.sum(1)
+    return tail
+
+
 def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
     """Exact radius for every row of a summary: (N,) float64 (+inf where no drafter can be rejected)."""
     top = summ.top_probs
@@ -76,14 +94,14 @@ def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
             return torch.full((top.shape[0],), torch.inf, dtype=torch.float64, device=top.device)
         if summ.k < crit.m + 1:
             raise ValueError(f"summary holds top-{summ.k}; tree:{crit.m} needs k >= {crit.m + 1}")
-        return pool_below(top[:, : crit.m + 1], crit.m, kind)
+        return pool_below(top, crit.m, kind, tail=_known_tail(summ, kind))
     if not isinstance(crit, LevelSet):
         raise ValueError(f"criterion: unsupported type {type(crit).__name__}")
     if summ.k < min(crit.min_k, summ.vocab_size):
         raise ValueError(f"summary holds top-{summ.k}; {crit.spec} needs k >= {crit.min_k}")
     tau = crit.threshold_from_summary(summ)
     r, found = _first_rejected(crit, top, tau)
-    out = pool_above(top, r, kind)
+    out = pool_above(top, r, kind, tail=_known_tail(summ, kind))
     out = torch.where(found, out, torch.full_like(out, torch.inf))
     if not summ.complete:
         deep = (~found).nonzero().squeeze(1)

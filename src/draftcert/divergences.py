@@ -39,13 +39,35 @@ def _bregman_kl(p: torch.Tensor, level: torch.Tensor) -> torch.Tensor:
     return torch.special.xlogy(p, p / level) - p + level
 
 
-def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str, return_level: bool = False):
+def _tail(s: torch.Tensor, tail: torch.Tensor | None) -> torch.Tensor:
+    return (1 - s.sum(1)).clamp_min(0) if tail is None else tail
+
+
+def _reverse_cost(gmass: torch.Tensor, pooled: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """KL(q||p) = -log Z of the geometric water-filling, Z = outside + gmass with
+    gmass = (pool size) * G the pooled mass after pooling and ``outside`` the mass of p
+    outside the pool (summed from nonnegative parts).
+
+    Near Z = 1 (small costs) -log1p(gmass - pooled) keeps full precision.  For small Z
+    that difference cancels catastrophically -- pooled rounds to 1 once the rest of p is
+    below ~1e-16, giving Z = 0 and radius +inf, an unsound certificate -- so there Z is
+    summed from its nonnegative parts instead.
+    """
+    x = gmass - pooled
+    small_z = x < -0.5
+    direct = -torch.log(torch.where(small_z, outside + gmass, torch.ones_like(x)))
+    return torch.where(small_z, direct, -torch.log1p(torch.where(small_z, torch.zeros_like(x), x)))
+
+
+def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str, return_level: bool = False, tail: torch.Tensor | None = None):
     """Minimal D(p, q) over q that make the token at sorted position r a maximiser of q.
 
     s : (N, K) float64, rows sorted descending.  r : (N,) int64 positions (< K).
     The pool may only use positions < r (every token above it); positions
     >= r are <= s[r] and never need to move.  With ``return_level`` also
     returns the water level (arithmetic or geometric mean of the pool).
+    ``tail`` (N,): probability mass beyond the K columns (reverse KL needs the mass
+    outside the pool; default 1 - sum(s), which is 0 up to round-off for a full row).
     """
     n, K = s.shape
     b = s.gather(1, r[:, None]).squeeze(1)
@@ -59,7 +81,10 @@ def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str, return_level: bool =
         logG = ((torch.log(b)[:, None] + logC) / (j + 1)).masked_fill(~valid, -torch.inf)
         logG_star, jstar = logG.max(1)
         pooled = b + C.gather(1, jstar[:, None]).squeeze(1)
-        cost = -torch.log1p((jstar + 1) * torch.exp(logG_star) - pooled)
+        pos = torch.arange(K, device=s.device)[None, :]
+        out_mask = (pos >= jstar[:, None]) & (pos != r[:, None])
+        outside = torch.where(out_mask, s, torch.zeros_like(s)).sum(1) + _tail(s, tail)
+        cost = _reverse_cost((jstar + 1) * torch.exp(logG_star), pooled, outside)
         # b = 0: q(y) >= q(z) > 0 somewhere forces q(y) > 0 = p(y): KL(q||p) = inf.
         cost = torch.where(b > 0, cost.clamp_min(0), torch.full_like(cost, torch.inf))
         return (cost, torch.exp(logG_star)) if return_level else cost
@@ -74,10 +99,11 @@ def pool_above(s: torch.Tensor, r: torch.Tensor, kind: str, return_level: bool =
     return (cost, L_star) if return_level else cost
 
 
-def pool_below(s: torch.Tensor, m: int, kind: str) -> torch.Tensor:
+def pool_below(s: torch.Tensor, m: int, kind: str, tail: torch.Tensor | None = None) -> torch.Tensor:
     """Minimal D(p, q) over q with at least m tokens y != a having q(y) >= q(a).
 
     s : (N, K) float64 sorted descending with K >= m + 1; s[:, 0] = p(a).
+    ``tail``: mass beyond the K columns, as in :func:`pool_above`.
     The cheapest such tokens are the next m (positions 1..m); the optimal q
     pools a with the j smallest of them at a common level (minimum over j).
     """
@@ -90,7 +116,10 @@ def pool_below(s: torch.Tensor, m: int, kind: str) -> torch.Tensor:
         logG_star, idx = logG.min(1)
         jstar = idx + 1
         pooled = a + C.gather(1, idx[:, None]).squeeze(1)
-        return (-torch.log1p((jstar + 1) * torch.exp(logG_star) - pooled)).clamp_min(0)
+        # outside the pool: the m - jstar larger candidates, columns beyond m + 1, and the tail
+        unpooled = torch.arange(m, device=s.device)[None, :] > idx[:, None]
+        outside = torch.where(unpooled, T, torch.zeros_like(T)).sum(1) + s[:, m + 1 :].sum(1) + _tail(s, tail)
+        return _reverse_cost((jstar + 1) * torch.exp(logG_star), pooled, outside).clamp_min(0)
     L = (a[:, None] + C) / (j + 1)
     L_star, idx = L.min(1)
     if kind == "tv":

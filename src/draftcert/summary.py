@@ -31,21 +31,24 @@ def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
     and the row minimum (it settles "is any token rejected?" for every level-set rule)."""
     z = x - m
     e = torch.exp(z)
-    s = e.sum(-1, dtype=torch.float64) if x.dtype != torch.float32 else e.sum(-1)
+    # Accumulate in float64 whatever the input dtype: a float32 accumulator over a
+    # 150k-token row (batched reductions are not pairwise) moves the entropy by ~1e-6,
+    # which moves the entropy rule's threshold and hence its radius by ~1e-5 relative.
+    s = e.sum(-1, dtype=torch.float64)
     lo = x.amin(-1)
     if not want_entropy:
         return s, None, lo
-    d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1)
+    d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1, dtype=torch.float64)
     return s, d, lo
 
 
 def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
     """sum p, sum -p log p and min p of each row."""
-    s = p.sum(-1)
+    s = p.sum(-1, dtype=torch.float64)  # float64 accumulators, as for logits
     lo = p.amin(-1)
     if not want_entropy:
         return s, None, lo
-    return s, torch.special.entr(p).sum(-1), lo
+    return s, torch.special.entr(p).sum(-1, dtype=torch.float64), lo
 
 
 def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
