@@ -55,49 +55,12 @@ from .certificates import _first_rejected, deep_gap
 from .divergences import check_divergence
 from .summary import DEFAULT_TOPK, Summary, summarize
 
-__all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic", "two_token_cost"]
-
-
-def two_token_cost(gap: torch.Tensor, mass: torch.Tensor, kind: str) -> torch.Tensor:
-    """H_D(G, s): cost of lifting p(y) = (s-G)/2 to p(1st) = (s+G)/2 with nothing else moving."""
-    G = gap.double()
-    s = torch.maximum(mass.double(), G)
-    if kind == "tv":
-        return G / 2
-    hi, lo = (s + G) / 2, (s - G) / 2
-    if kind == "forward":
-        return torch.special.xlogy(hi, 2 * hi / s) + torch.special.xlogy(lo, 2 * lo / s)
-    d = torch.sqrt(hi) - torch.sqrt(lo)
-    return -torch.log1p(-(d * d))
-
-
-def _mass_cap(crit: Criterion, G: torch.Tensor) -> torch.Tensor:
-    """s_max(G): the largest p(1st) + p(y) compatible with gap G under the rule."""
-    one = torch.ones_like(G)
-    if isinstance(crit, (Strict, Additive)) or type(crit) is LevelSet:
-        return one
-    if isinstance(crit, Multiplicative):
-        return one if crit.alpha >= 1 else torch.minimum(one, G * (1 + crit.alpha) / (1 - crit.alpha))
-    if isinstance(crit, TopM):
-        return torch.minimum(one, G + 2 * (1 - G) / (crit.m + 1))
-    if isinstance(crit, EntropyThreshold):
-        cap = torch.minimum(one, 2 * crit.epsilon + G)
-        if crit.delta < 1:
-            cap = torch.minimum(cap, G * (1 + crit.delta) / (1 - crit.delta))
-        return cap
-    if isinstance(crit, MarginAware):
-        a = math.exp(-crit.theta)
-        s_a = one if a >= 1 else G * (1 + a) / (1 - a)
-        s_b = torch.minimum((2 - a * G) / (2 + a), (2 + G) / 3)
-        return torch.minimum(one, torch.maximum(s_a, s_b))
-    if isinstance(crit, TreeCoverage):
-        return torch.minimum(one, (2 + (crit.m - 1) * G) / (crit.m + 1))
-    return one  # any other level-set rule: s <= 1 always holds
+__all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic"]
 
 
 def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor:
-    """s_max(G) - G written through co = 1 - G, so that nothing cancels as G -> 1
-    (same caps as :func:`_mass_cap`)."""
+    """s_max(G) - G, the cap on the pair mass of the module table minus the gap,
+    written through co = 1 - G so that nothing cancels as G -> 1."""
     if isinstance(crit, (Strict, Additive)) or type(crit) is LevelSet:
         return co
     if isinstance(crit, Multiplicative):
@@ -146,13 +109,9 @@ def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike
         raise ValueError("statistic: margins lie in [0, 1] (+inf meaning no rejectable token)")
     inf = torch.isinf(G)
     Gf = torch.where(inf, torch.zeros_like(G), G)
-    out = _bound_from(crit, Gf, 1 - Gf, divergence)
+    out = _bound_rows(crit, Gf, 1 - Gf, divergence)
     out = torch.where(inf, torch.full_like(out, torch.inf), out)
     return out if is_t else out.numpy()
-
-
-def _bound_from(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
-    return _bound_rows(crit, G, co, kind)
 
 
 def statistic_rows(crit: Criterion, summ: Summary) -> torch.Tensor:
