@@ -11,6 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# This machine is shared: with 2 intra-op threads under load, tiny reductions wait
+# milliseconds on each other; one thread keeps the tests fast and deterministic.
+torch.set_num_threads(1)
+
 VOCAB = 320  # model vocabulary (> tokenizer size, as in real checkpoints)
 
 PROMPTS = [
