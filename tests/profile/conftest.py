@@ -1,9 +1,10 @@
 """Tiny real transformers models for profile tests (no downloads).
 
-A byte-level BPE tokenizer without merges (every byte is a token, plus <eos>
-and <pad>) and a 2-layer random Qwen3ForCausalLM whose output layer is scaled
-up so that its next-token distributions are peaked like a trained model's
-(a raw random init gives near-uniform distributions and trivial radii).
+``draftcert.models.tiny_qwen3``: a random Qwen3ForCausalLM with a byte-level
+ChatML tokenizer, built in code.  init_std = 0.5 makes its next-token
+distributions peaked like a trained model's (near-uniform p would make every
+radius trivially small), and vocab_size 320 > 259 tokenizer tokens gives padded
+vocabulary rows like real checkpoints have.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 # milliseconds on each other; one thread keeps the tests fast and deterministic.
 torch.set_num_threads(1)
 
-VOCAB = 320  # model vocabulary (> tokenizer size, as in real checkpoints)
+VOCAB = 320
 
 PROMPTS = [
     ("p0", "Write a haiku about the sea."),
@@ -26,31 +27,18 @@ PROMPTS = [
 ]
 
 
-def byte_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def tiny_qwen3(seed: int = 0, layers: int = 3):
+    from draftcert.models import tiny_qwen3 as build
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    vocab["<eos>"] = len(vocab)
-    vocab["<pad>"] = len(vocab)
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>", pad_token="<pad>")
-
-
-def tiny_qwen3(seed: int = 0, layers: int = 3, scale: float = 12.0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=False, eos_token_id=None, pad_token_id=None)
-    model = Qwen3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(scale)
+    model, _ = build(seed, vocab_size=VOCAB, hidden_size=64, num_layers=layers, intermediate_size=128,
+                     init_std=0.5, with_tokenizer=False)
     return model
+
+
+def byte_tokenizer():
+    from draftcert.models import tiny_tokenizer
+
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -225,11 +225,8 @@ def _load_target(target, device, dtype):
             return load_target(None if target is None else str(target), device=device, dtype=dtype)
         except ValueError:
             raise
-        except Exception as exc:  # unreachable hub, missing files, bad checkpoint...
-            raise ValueError(
-                f"target: could not load {str(target)!r} ({type(exc).__name__}: {exc}). Pass a local checkpoint "
-                "directory or a reachable Hugging Face hub id, or omit --target to use the embedded model"
-            ) from exc
+        except (OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
+            raise ValueError(f"--target {str(target)!r}: {exc}") from exc
     if isinstance(target, (tuple, list)) and len(target) == 2:
         model, tok = target
     else:
@@ -247,11 +244,9 @@ def _load_drafter(drafter, spec, model, tok, device, dtype):
             return load_drafter(spec, model, tok, device=device, dtype=dtype)
         except ValueError:
             raise
-        except Exception as exc:
-            raise ValueError(
-                f"drafter: could not load {spec!r} ({type(exc).__name__}: {exc}). Pass self:skip=LAYERS, "
-                "self:quant=BITS, 'default', a local checkpoint directory or a reachable hub id"
-            ) from exc
+        except (OSError, RuntimeError) as exc:
+            raise ValueError(f"--drafter {spec!r}: {exc} (or pass self:skip=LAYERS, self:quant=BITS or "
+                             "'default' for a drafter derived from the target)") from exc
     d = drafter.to(device=device, dtype=dtype) if dtype is not None else drafter.to(device)
     _check_vocab(model, tok, d)
     return d
@@ -259,21 +254,9 @@ def _load_drafter(drafter, spec, model, tok, device, dtype):
 
 def _check_vocab(model, tok, draft) -> None:
     """A drafter object must share the target's vocabulary (checked before any compute)."""
-    try:
-        from ..models import check_compatible
-    except ImportError:
-        check_compatible = None
-    if check_compatible is not None:
-        try:
-            check_compatible(model, draft, tok)
-            return
-        except TypeError:
-            pass  # different signature: fall back to our own check
-    vt = model.get_output_embeddings().weight.shape[0]
-    vd = draft.get_output_embeddings().weight.shape[0]
-    if vt != vd:
-        raise ValueError(f"drafter: vocabulary size {vd} differs from the target's {vt}; "
-                         "a drafter must share the target's tokenizer and vocabulary")
+    from ..models import check_compatible
+
+    check_compatible(model, tok, draft)
 
 
 def _encode(tok, text: str) -> list[int]:
