@@ -3,10 +3,12 @@
 Pipeline per batch of prompts (see generate.py and trace.py):
 
 1. batched greedy decoding of the target with a KV cache; every step's logits
-   are summarised into certificates on the spot (``StepCertifier.target_step``);
+   are summarised on the spot (``StepCertifier.summarize_step``: top-64, entropy,
+   normaliser) and the radii of all criteria follow from groups of these
+   summaries (``StepCertifier.rows``);
 2. with a drafter: one teacher-forced forward pass of the drafter over
    prompt + the target's continuation, then divergences, acceptance and
-   certificates per step (``StepCertifier.draft_step``);
+   certificates for the same rows (``StepCertifier.rows(..., draft_logits)``);
 3. the batch's rows go to one Parquet shard, written atomically.
 
 Resume: shards record the prompt ids they hold and the hash of the settings;
@@ -560,26 +562,31 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
             pids = [plist[i].id for i in todo]
             batch = BatchTrace(pids, schema)
             gen = GreedyRun(model, ids, max_new_tokens, eos, pad_id=pad, timer=timer)
-            pending = []
+            pending = []  # (rows, t, tokens, summary, nonfinite) per step, not yet in the trace
             for t, logits, rows, tokens in gen.steps():
-                with timer.section("certificate"):
-                    cols, summ, bad = certifier.target_step(logits)
-                    if draft is None:
-                        batch.add(StepRows(rows, t, tokens, cols))
-                    else:
-                        pending.append((rows, t, tokens, cols, summ, bad))
-            if draft is not None:
+                with timer.section("certificate"), timer.section("certificate.target"):
+                    summ, bad = certifier.summarize_step(logits)
+                    pending.append((rows, t, tokens, summ, bad))
+                    if draft is None and sum(p[0].shape[0] for p in pending) * logits.shape[-1] >= _GROUP_ELEMENTS:
+                        _flush(certifier, pending, batch)
+                        pending = []
+            if draft is None:
+                with timer.section("certificate"), timer.section("certificate.target"):
+                    _flush(certifier, pending, batch)
+            else:
                 dlogits, index = score_teacher_forced(draft, ids, gen.continuations, pad_id=pad, timer=timer)
-                with timer.section("certificate"):
-                    for rows, t, tokens, cols, summ, bad in pending:
-                        d = dlogits[rows, index[rows] + t]
-                        cols.update(certifier.draft_step(summ, bad, d, cols))
-                        batch.add(StepRows(rows, t, tokens, cols))
-                del dlogits, pending
+                with timer.section("certificate"), timer.section("certificate.draft"):
+                    for group in _groups(pending, dlogits.shape[-1]):
+                        d = torch.cat([dlogits[rows, index[rows] + t] for rows, t, *_ in group])
+                        _flush(certifier, group, batch, d)
+                del dlogits
+            del pending
             with timer.section("trace"):
-                table = batch.to_table()
+                with timer.section("trace.table"):
+                    table = batch.to_table()
                 name = f"rank{info.rank}-{todo[0]:06d}.parquet"
-                write_shard(table, out / "trace" / name, pids, sha)
+                with timer.section("trace.write"):
+                    write_shard(table, out / "trace" / name, pids, sha)
             viol = _violations(table, specs) if draft is not None else {}
             for c, n in viol.items():
                 viol_total[c] += n
@@ -597,6 +604,36 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
     mine = [p for p in list_shards(out / "trace") if p.name.startswith(f"rank{info.rank}-")]
     stats = trace_stats(mine, specs, draft is not None)
     return {"new_prompts": new_prompts, "new_steps": new_steps, "stats": stats}
+
+
+# Logits (rows x vocabulary) processed at once by the drafter certificates: enough to
+# amortise per-call overhead, small for any device, and below summarize()'s threshold
+# for torch.compile (1 << 22), whose one-off compilation would cost more than it saves here.
+_GROUP_ELEMENTS = 1 << 21
+
+
+def _flush(certifier, steps, batch, draft_logits=None) -> None:
+    """Certificates for a group of pending steps, added to the batch's trace."""
+    if not steps:
+        return
+    cols = certifier.rows([s[3] for s in steps], [s[4] for s in steps], draft_logits)
+    rows = torch.cat([s[0] for s in steps])
+    pos = torch.cat([torch.full_like(s[0], s[1]) for s in steps])
+    tokens = torch.cat([s[2] for s in steps])
+    batch.add(StepRows(rows, pos, tokens, cols))
+
+
+def _groups(pending, vocab: int):
+    """Consecutive steps grouped so that each group holds about _GROUP_ELEMENTS logits."""
+    group, n = [], 0
+    for item in pending:
+        group.append(item)
+        n += item[0].shape[0] * vocab
+        if n >= _GROUP_ELEMENTS:
+            yield group
+            group, n = [], 0
+    if group:
+        yield group
 
 
 def _violations(table, specs) -> dict[str, int]:

@@ -123,9 +123,24 @@ class StepCertifier:
             self.divergences.insert(0, "forward")
         self.k = max([SUMMARY_K, TOPK_STORED] + [c.min_k for c in self.criteria])
 
-    def target_step(self, logits: torch.Tensor) -> tuple[dict[str, torch.Tensor], Summary, torch.Tensor]:
-        """Columns of one step for A active rows, plus the summary (for the drafter later)."""
-        summ, bad = _summarize_guarded(logits, self.k, entropy=True)
+    def summarize_step(self, logits: torch.Tensor) -> tuple[Summary, torch.Tensor]:
+        """One step's (A, V) logits -> (summary, nonfinite mask), right as they are produced.
+        The summary keeps a reference to the logits for the exact fallbacks."""
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # the normaliser and entropy sums need float32 at least
+        return _summarize_guarded(logits, self.k, entropy=True)
+
+    def rows(self, summaries: Sequence[Summary], bads: Sequence[torch.Tensor],
+             draft_logits: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Trace columns for the rows of several steps at once (concatenated in order).
+
+        Radii of every criterion and divergence come from one concatenated summary
+        (``radius_rows`` per criterion: its per-call overhead is paid once per group of
+        steps, not once per step).  With ``draft_logits`` (N, V), the drafter's logits for
+        the same rows, the drafter columns are added.
+        """
+        summ = concat_summaries(summaries)
+        bad = torch.cat(list(bads))
         top = summ.top_probs
         nan = torch.tensor(torch.nan, dtype=torch.float64, device=top.device)
         cols = {
@@ -138,42 +153,151 @@ class StepCertifier:
         for d in self.divergences:
             for c in self.criteria:
                 cols[radius_column(c.spec, d)] = torch.where(bad, nan, radius_rows(c, summ, d))
-        return cols, summ, bad
+        if draft_logits is not None:
+            cols.update(self._draft_cols(summ, bad, cols, draft_logits))
+        return cols
 
-    def draft_step(self, summ: Summary, target_bad: torch.Tensor, draft_logits: torch.Tensor,
-                   target_cols: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Drafter columns for the same A rows: divergences, acceptance, certificates."""
+    def _draft_cols(self, summ: Summary, target_bad: torch.Tensor, tcols: dict[str, torch.Tensor],
+                    draft_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        radius = {c.spec: tcols[radius_column(c.spec, "forward")] for c in self.criteria}
+        if draft_logits.dtype in (torch.float16, torch.bfloat16):
+            draft_logits = draft_logits.float()
         dsumm, dbad = _summarize_guarded(draft_logits, TOPK_STORED, entropy=False)
-        q = torch.exp(dsumm.source.double() - dsumm.log_norm[:, None])
-        p = summ.probs_f64()
+        kl_f, kl_r, tv = divergences_from_logits(summ.source, summ.log_norm, dsumm.source, dsumm.log_norm)
         bad = target_bad | dbad
-        nan = torch.tensor(torch.nan, dtype=torch.float64, device=q.device)
-        kl_f = torch.where(bad, nan, divergence_rows(p, q, "forward"))
+        nan = torch.tensor(torch.nan, dtype=torch.float64, device=kl_f.device)
+        kl_f = torch.where(bad, nan, kl_f)
         cols = {
-            "draft_token": torch.argmax(q, dim=-1).to(torch.int32),  # the token accepts_rows judges
+            "draft_token": dsumm.top_ids[:, 0].to(torch.int32),
             "draft_topk_ids": dsumm.top_ids.to(torch.int32),
             "draft_topk_probs": torch.where(dbad[:, None], nan, dsumm.top_probs).to(torch.float32),
             "kl_forward": kl_f,
-            "kl_reverse": torch.where(bad, nan, divergence_rows(p, q, "reverse")),
-            "tv": torch.where(bad, nan, divergence_rows(p, q, "tv")),
+            "kl_reverse": torch.where(bad, nan, kl_r),
+            "tv": torch.where(bad, nan, tv),
             "draft_nonfinite": dbad,
         }
         ok = ~bad
+        acc = accepts_from_topk(self.criteria, summ, dsumm)
         for c in self.criteria:
-            cols[f"accepted/{c.spec}"] = accepts_rows(c, summ, q) & ok
+            cols[f"accepted/{c.spec}"] = acc[c.spec] & ok
         for c in self.criteria:
             # NaN radius or NaN divergence compare False: a broken step never certifies.
-            cols[f"certified/{c.spec}"] = kl_f < target_cols[radius_column(c.spec, "forward")]
+            cols[f"certified/{c.spec}"] = kl_f < radius[c.spec]
         return cols
+
+
+# Rows per chunk in divergences_from_logits: its float64 temporaries (a few of
+# CHUNK_ELEMENTS * 8 bytes) then stay in the CPU's L2 cache instead of streaming
+# through memory once per elementwise op.
+CHUNK_ELEMENTS = 1 << 17
+
+
+def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
+    """KL(p||q), KL(q||p) and TV for rows of target logits x and drafter logits y, in float64.
+
+    With log p = x - log Z_p and log q = y - log Z_q (x, y float32 logits, exact in
+    float64), and d = log p - log q:
+        KL(p||q) = sum_v p_v d_v,   KL(q||p) = -sum_v q_v d_v,   TV = (1/2) sum_v |p_v - q_v|.
+    The fast path assumes finite logits; rows where it is not finite (a -inf, i.e. a
+    masked token, gives inf - inf or 0 * inf) are recomputed with 0 log 0 = 0 made
+    explicit, which gives +inf exactly when the support condition fails.
+    """
+    n, V = x.shape
+    kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
+    kl_r, tv = torch.empty_like(kl_f), torch.empty_like(kl_f)
+    step = max(1, CHUNK_ELEMENTS // V) if x.device.type == "cpu" else n
+    for i in range(0, n, step):
+        j = min(n, i + step)
+        lp = x[i:j].double().sub_(log_zp[i:j, None])
+        lq = y[i:j].double().sub_(log_zq[i:j, None])
+        p, q = lp.exp(), lq.exp()
+        d = lp.sub_(lq)
+        kl_f[i:j] = torch.linalg.vecdot(p, d)
+        kl_r[i:j] = torch.linalg.vecdot(q, d).neg_()
+        tv[i:j] = torch.linalg.vector_norm(p.sub_(q), ord=1, dim=1).mul_(0.5)
+    broken = ~(torch.isfinite(kl_f) & torch.isfinite(kl_r))
+    if bool(broken.any()):
+        i = broken.nonzero().squeeze(1)
+        lp, lq = x[i].double() - log_zp[i, None], y[i].double() - log_zq[i, None]
+        p, q = lp.exp(), lq.exp()
+        zero = torch.zeros((), dtype=torch.float64, device=x.device)
+        kl_f[i] = torch.where(p > 0, p * (lp - lq), zero).sum(1)
+        kl_r[i] = torch.where(q > 0, q * (lq - lp), zero).sum(1)
+    # rounding can leave the KL of identical distributions at -1e-17: clamp to its true range
+    return kl_f.clamp_min(0), kl_r.clamp_min(0), tv
+
+
+def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dsumm: Summary) -> dict[str, torch.Tensor]:
+    """accepted/<spec> for every criterion from the stored top-k lists, exactly as
+    ``certificates.accepts_rows`` decides it, without a pass over the vocabulary per criterion.
+
+    The drafter proposes x = argmax q with the lowest index among ties: the first entry
+    of its stable (value desc, id asc) top-k.  A level-set rule accepts iff
+    p(x) is not in the rejection region: ``~rejected_mask(prob_of(x), tau)``.  Tree:m
+    accepts iff the target's greedy token a (first entry of its stable top-k) is among
+    the first m entries of the drafter's stable top-k, i.e. fewer than m tokens y have
+    q(y) > q(a) or q(y) = q(a) with y < a.
+
+    The top-k lists are exact except where a tie crosses their end (torch.topk may keep
+    any of several equal values at the boundary).  Rows where that could matter -- all k
+    drafter values equal (argmax), the drafter's m-th value equal to its k-th (tree:m),
+    all k target values equal (a) -- are decided by ``accepts_rows`` on the full rows.
+    """
+    from ..criteria import TreeCoverage
+
+    dv, di = dsumm.top_probs, dsumm.top_ids
+    kd = dv.shape[1]
+    x = di[:, 0]
+    a = summ.top_ids[:, 0]
+    unsure_x = dv[:, 0] == dv[:, -1]  # >= k tied maxima: the lowest id may lie outside the top-k
+    unsure_a = summ.top_probs[:, 0] == summ.top_probs[:, -1]
+    q_logits = dsumm.source
+    out: dict[str, torch.Tensor] = {}
+    px = None
+    for c in criteria:
+        if isinstance(c, TreeCoverage):
+            m = c.m
+            if m >= kd:
+                acc = accepts_rows(c, summ, q_logits)
+            else:
+                acc = (di[:, :m] == a[:, None]).any(1)
+                unsure = unsure_a | (dv[:, m - 1] == dv[:, -1])
+        else:
+            if px is None:
+                px = summ.prob_of(x)
+            acc = ~c.rejected_mask(px, c.threshold_from_summary(summ))
+            unsure = unsure_x
+        if not (isinstance(c, TreeCoverage) and c.m >= kd) and bool(unsure.any()):
+            i = unsure.nonzero().squeeze(1)
+            acc = acc.clone()
+            acc[i] = accepts_rows(c, _rows_of(summ, i), q_logits[i])
+        out[c.spec] = acc
+    return out
+
+
+def _rows_of(summ: Summary, i: torch.Tensor) -> Summary:
+    return Summary(summ.top_probs[i], summ.top_ids[i], None if summ.entropy is None else summ.entropy[i],
+                   None if summ.log_norm is None else summ.log_norm[i], summ.vocab_size, summ.out,
+                   summ.source[i], summ.is_logits)
+
+
+def concat_summaries(parts: Sequence[Summary]) -> Summary:
+    """One Summary over the rows of several (same k, same V, logits input)."""
+    if len(parts) == 1:
+        return parts[0]
+    cat = lambda name: torch.cat([getattr(s, name) for s in parts])  # noqa: E731
+    p0 = parts[0]
+    return Summary(cat("top_probs"), cat("top_ids"), None if p0.entropy is None else cat("entropy"),
+                   cat("log_norm"), p0.vocab_size, p0.out, cat("source"), p0.is_logits)
 
 
 @dataclass
 class StepRows:
-    """One step's columns for A rows of the batch."""
+    """Trace columns for N rows of a batch (any mix of prompts and steps)."""
 
-    rows: torch.Tensor  # (A,) batch indices
-    position: int
-    tokens: torch.Tensor  # (A,) target tokens
+    rows: torch.Tensor  # (N,) batch indices
+    positions: torch.Tensor  # (N,) step index t
+    tokens: torch.Tensor  # (N,) target tokens
     cols: dict[str, torch.Tensor]
 
 
@@ -193,7 +317,7 @@ class BatchTrace:
         import pyarrow as pa
 
         rows = torch.cat([s.rows for s in self.steps]).cpu().numpy()
-        pos = np.concatenate([np.full(s.rows.shape[0], s.position, dtype=np.int32) for s in self.steps])
+        pos = torch.cat([s.positions for s in self.steps]).cpu().numpy().astype(np.int32)
         order = np.lexsort((pos, rows))  # primary key: row, then position
         n = order.shape[0]
         data = {

@@ -1,0 +1,48 @@
+"""The trace's fast paths against the core library's reference functions."""
+
+import numpy as np
+import torch
+
+from draftcert import divergence, parse_criterion
+from draftcert.certificates import accepts_rows
+from draftcert.profile import DEFAULT_CRITERIA
+from draftcert.profile.trace import accepts_from_topk, divergences_from_logits
+from draftcert.summary import summarize
+
+
+def _logits(seed, n=12, V=300):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, V, generator=g) * 3
+    y = x + torch.randn(n, V, generator=g) * 0.5
+    return x, y
+
+
+def test_divergences_match_core_including_masked_tokens():
+    x, y = _logits(0)
+    y[1] = x[1]  # identical rows: 0, not -1e-17
+    x[2, 5] = -torch.inf  # target masks a token the drafter allows: finite KL(p||q), inf KL(q||p)
+    y[3, 7] = -torch.inf  # drafter masks a token the target allows: KL(p||q) = inf
+    x[4, 9] = y[4, 9] = -torch.inf  # both mask it: 0 log 0 terms
+    lp, lq = torch.logsumexp(x.double(), 1), torch.logsumexp(y.double(), 1)
+    kf, kr, tv = divergences_from_logits(x, lp, y, lq)
+    for kind, got in (("forward", kf), ("reverse", kr), ("tv", tv)):
+        want = divergence(target_logits=x.double(), draft_logits=y.double(), kind=kind)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+    assert kf[1] == 0 and kr[1] == 0
+    assert torch.isfinite(kf[2]) and torch.isinf(kr[2]) and torch.isinf(kf[3]) and torch.isfinite(kf[4])
+
+
+def test_acceptance_fast_path_equals_accepts_rows_with_ties():
+    crits = [parse_criterion(c) for c in DEFAULT_CRITERIA]
+    x, y = _logits(1, n=40)
+    # integer-valued drafter logits: many exact ties, also across the top-16 boundary
+    y = torch.round(y / 2)
+    y[0] = 0.0  # every token tied: argmax is token 0, tree:m keeps tokens 0..m-1
+    y[1, :40] = 9.0  # 40 tied maxima
+    x[2] = torch.round(x[2])  # target ties
+    x[3] = 0.0
+    t = summarize(logits=x, k=64)
+    d = summarize(logits=y, k=16, entropy=False)
+    got = accepts_from_topk(crits, t, d)
+    for c in crits:
+        np.testing.assert_array_equal(got[c.spec].numpy(), accepts_rows(c, t, y).numpy(), err_msg=c.spec)
