@@ -46,3 +46,18 @@ def test_acceptance_fast_path_equals_accepts_rows_with_ties():
     got = accepts_from_topk(crits, t, d)
     for c in crits:
         np.testing.assert_array_equal(got[c.spec].numpy(), accepts_rows(c, t, y).numpy(), err_msg=c.spec)
+
+
+def test_radius_shortcut_for_empty_rejection_regions_is_exact():
+    from draftcert.certificates import radius_rows
+    from draftcert.profile.trace import _radii
+
+    x, _ = _logits(2, n=30, V=400)
+    x[:10] *= 0.05  # flat rows: p(1st) < 0.1, so additive:0.1 can reject nothing
+    s = summarize(logits=x, k=64)
+    for spec in DEFAULT_CRITERIA + ("additive:0", "additive:0.5"):
+        c = parse_criterion(spec)
+        got = _radii(c, s, ["forward", "reverse", "tv"])
+        for d, r in got.items():
+            np.testing.assert_array_equal(r.numpy(), radius_rows(c, s, d).numpy(), err_msg=f"{spec} {d}")
+    assert torch.isinf(_radii(parse_criterion("additive:0.1"), s, ["forward"])["forward"][:10]).all()

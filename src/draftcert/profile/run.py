@@ -577,7 +577,9 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
                 dlogits, index = score_teacher_forced(draft, ids, gen.continuations, pad_id=pad, timer=timer)
                 with timer.section("certificate"), timer.section("certificate.draft"):
                     for group in _groups(pending, dlogits.shape[-1]):
-                        d = torch.cat([dlogits[rows, index[rows] + t] for rows, t, *_ in group])
+                        r = torch.cat([rows for rows, *_ in group])
+                        c = torch.cat([index[rows] + t for rows, t, *_ in group])
+                        d = dlogits[r, c]  # one gather: (rows of the group, V)
                         _flush(certifier, group, batch, d)
                 del dlogits
             del pending

@@ -150,9 +150,9 @@ class StepCertifier:
             "target_topk_probs": torch.where(bad[:, None], nan, top[:, :TOPK_STORED]).to(torch.float32),
             "nonfinite": bad,
         }
-        for d in self.divergences:
-            for c in self.criteria:
-                cols[radius_column(c.spec, d)] = torch.where(bad, nan, radius_rows(c, summ, d))
+        for c in self.criteria:
+            for d, r in _radii(c, summ, self.divergences).items():
+                cols[radius_column(c.spec, d)] = torch.where(bad, nan, r)
         if draft_logits is not None:
             cols.update(self._draft_cols(summ, bad, cols, draft_logits))
         return cols
@@ -279,6 +279,32 @@ def _rows_of(summ: Summary, i: torch.Tensor) -> Summary:
     return Summary(summ.top_probs[i], summ.top_ids[i], None if summ.entropy is None else summ.entropy[i],
                    None if summ.log_norm is None else summ.log_norm[i], summ.vocab_size, summ.out,
                    summ.source[i], summ.is_logits)
+
+
+def _radii(c: Criterion, summ: Summary, divergences: Sequence[str]) -> dict[str, torch.Tensor]:
+    """``radius_rows`` for each divergence, skipping rows whose rejection region is empty.
+
+    A level-set rule rejects {y : p(y) < tau} ({p(y) <= tau} if inclusive); when
+    tau <= 0 (< 0) that set is empty for every p, so the radius is +inf.  This happens
+    e.g. for additive:DELTA whenever p(1st) < DELTA, and such rows would otherwise take
+    the core's exact full-sort fallback (no rejected token within the top-k) for nothing.
+    """
+    from ..criteria import LevelSet
+
+    if isinstance(c, LevelSet):
+        tau = c.threshold_from_summary(summ)
+        empty = (tau < 0) if c.inclusive else (tau <= 0)
+        if bool(empty.any()):
+            keep = (~empty).nonzero().squeeze(1)
+            out = {}
+            sub = _rows_of(summ, keep) if keep.numel() else None
+            for d in divergences:
+                r = torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64, device=tau.device)
+                if sub is not None:
+                    r[keep] = radius_rows(c, sub, d)
+                out[d] = r
+            return out
+    return {d: radius_rows(c, summ, d) for d in divergences}
 
 
 def concat_summaries(parts: Sequence[Summary]) -> Summary:
