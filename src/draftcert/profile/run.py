@@ -522,6 +522,7 @@ def _run_json(settings, info, batch_size, dev, model, command, status):
 
 
 def _write_report(out: Path):
+    """draftcert.report.write_report(out) when the report module is part of this build."""
     try:
         from ..report import write_report
     except ModuleNotFoundError as exc:
@@ -529,8 +530,8 @@ def _write_report(out: Path):
             return None, None  # report module not part of this build
         raise
     try:
-        path = write_report(out)
-        return (Path(path) if path is not None else out), None
+        write_report(out)
+        return out / "summary.json", None
     except Exception as exc:  # the trace is the product; a report failure must not lose it
         msg = f"{type(exc).__name__}: {exc}"
         print(f"draftcert: warning: report failed ({msg}); the trace in {out / 'trace'} is complete. "
