@@ -98,7 +98,7 @@ def _run_profile(args) -> int:
         args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
         max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,
         divergences=args.divergences, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-        progress=not args.no_progress, report=not args.no_report, command=["draftcert", *sys.argv[1:]],
+        progress=not args.no_progress, report=not args.no_report, command=_command_line(args),
     )
     if res.rank == 0:
         t = res.timings
@@ -111,6 +111,18 @@ def _run_profile(args) -> int:
         if res.report is not None:
             print(f"profile: report in {res.report}")
     return 1 if res.soundness_violations else 0
+
+
+def _command_line(args) -> list[str]:
+    """The command as parsed (canonical option names; works however main() was called)."""
+    cmd = ["draftcert", "profile"]
+    for opt in ("target", "drafter", "prompts", "limit", "max_new_tokens", "criteria", "epsilons", "divergences",
+                "batch_size", "device", "dtype", "out"):
+        v = getattr(args, opt)
+        if v is not None:
+            cmd += ["--" + opt.replace("_", "-"), str(v)]
+    cmd += [f for f, on in (("--no-report", args.no_report), ("--no-progress", args.no_progress)) if on]
+    return cmd
 
 
 def _run_paper(args) -> int:
