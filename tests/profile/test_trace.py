@@ -48,16 +48,25 @@ def test_acceptance_fast_path_equals_accepts_rows_with_ties():
         np.testing.assert_array_equal(got[c.spec].numpy(), accepts_rows(c, t, y).numpy(), err_msg=c.spec)
 
 
-def test_radius_shortcut_for_empty_rejection_regions_is_exact():
+def test_radius_shortcuts_are_exact():
+    """Empty rejection regions (+inf) and deep rows (rejected token below the top-64,
+    decided on a top-(n+1) summary) agree with the core's full-sort fallback."""
     from draftcert.certificates import radius_rows
     from draftcert.profile.trace import _radii
 
-    x, _ = _logits(2, n=30, V=400)
-    x[:10] *= 0.05  # flat rows: p(1st) < 0.1, so additive:0.1 can reject nothing
+    x, _ = _logits(2, n=40, V=400)
+    x[:10] *= 0.05  # flat: p(1st) < 0.1, so additive:0.1 can reject nothing
+    x[10:25] *= 0.3  # fairly flat: entropy's rejected tokens lie below the top 64
     s = summarize(logits=x, k=64)
-    for spec in DEFAULT_CRITERIA + ("additive:0", "additive:0.5"):
+    deep_seen = 0
+    for spec in DEFAULT_CRITERIA + ("additive:0", "additive:0.5", "entropy:0.01:0.9", "multiplicative:0.05"):
         c = parse_criterion(spec)
+        if hasattr(c, "rejected_mask"):
+            tau = c.threshold_from_summary(s)
+            deep_seen += int((~c.rejected_mask(s.top_probs, tau[:, None]).any(1) & (tau > 0)).sum())
         got = _radii(c, s, ["forward", "reverse", "tv"])
         for d, r in got.items():
-            np.testing.assert_array_equal(r.numpy(), radius_rows(c, s, d).numpy(), err_msg=f"{spec} {d}")
+            np.testing.assert_allclose(r.numpy(), radius_rows(c, s, d).numpy(), rtol=1e-12, atol=0,
+                                       err_msg=f"{spec} {d}")
+    assert deep_seen > 10
     assert torch.isinf(_radii(parse_criterion("additive:0.1"), s, ["forward"])["forward"][:10]).all()

@@ -282,29 +282,46 @@ def _rows_of(summ: Summary, i: torch.Tensor) -> Summary:
 
 
 def _radii(c: Criterion, summ: Summary, divergences: Sequence[str]) -> dict[str, torch.Tensor]:
-    """``radius_rows`` for each divergence, skipping rows whose rejection region is empty.
+    """``radius_rows`` for each divergence, with two exact shortcuts for the rows where the
+    rule rejects nothing within the summary's top-k (which the core would fully re-sort):
 
-    A level-set rule rejects {y : p(y) < tau} ({p(y) <= tau} if inclusive); when
-    tau <= 0 (< 0) that set is empty for every p, so the radius is +inf.  This happens
-    e.g. for additive:DELTA whenever p(1st) < DELTA, and such rows would otherwise take
-    the core's exact full-sort fallback (no rejected token within the top-k) for nothing.
+    * empty rejection region: a level-set rule rejects {y : p(y) < tau} ({p(y) <= tau}
+      if inclusive); when tau <= 0 (< 0) that set is empty for every p and the radius is
+      +inf (e.g. additive:DELTA whenever p(1st) < DELTA);
+    * otherwise the most probable rejected token sits at sorted position n = #{y not
+      rejected}, and the radius only reads the sorted values at positions 0..n, so those
+      rows get a summary with exactly the top n + 1 (``torch.topk``) instead of a full sort
+      of the vocabulary.  Values are those of ``Summary.probs_f64``, as in the core's own
+      fallback, and ``radius_rows`` then decides each row within its top-k.
     """
     from ..criteria import LevelSet
 
-    if isinstance(c, LevelSet):
-        tau = c.threshold_from_summary(summ)
-        empty = (tau < 0) if c.inclusive else (tau <= 0)
-        if bool(empty.any()):
-            keep = (~empty).nonzero().squeeze(1)
-            out = {}
-            sub = _rows_of(summ, keep) if keep.numel() else None
-            for d in divergences:
-                r = torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64, device=tau.device)
-                if sub is not None:
-                    r[keep] = radius_rows(c, sub, d)
-                out[d] = r
-            return out
-    return {d: radius_rows(c, summ, d) for d in divergences}
+    if not isinstance(c, LevelSet) or summ.complete:
+        return {d: radius_rows(c, summ, d) for d in divergences}
+    tau = c.threshold_from_summary(summ)
+    empty = (tau < 0) if c.inclusive else (tau <= 0)
+    found = c.rejected_mask(summ.top_probs, tau[:, None]).any(1)
+    deep = ~empty & ~found
+    if not bool(empty.any() or deep.any()):
+        return {d: radius_rows(c, summ, d) for d in divergences}
+    n = summ.top_probs.shape[0]
+    out = {d: torch.full((n,), torch.inf, dtype=torch.float64, device=tau.device) for d in divergences}
+    easy = (found & ~empty).nonzero().squeeze(1)
+    if easy.numel():
+        sub = _rows_of(summ, easy)
+        for d in divergences:
+            out[d][easy] = radius_rows(c, sub, d)
+    idx = deep.nonzero().squeeze(1)
+    if idx.numel():
+        p = summ.probs_f64(idx)
+        kk = int((~c.rejected_mask(p, tau[idx, None])).sum(1).max()) + 1
+        vals, ids = torch.topk(p, min(kk, summ.vocab_size), dim=-1, sorted=True)
+        sub = Summary(vals, ids, None if summ.entropy is None else summ.entropy[idx],
+                      None if summ.log_norm is None else summ.log_norm[idx], summ.vocab_size, summ.out,
+                      summ.source[idx], summ.is_logits)
+        for d in divergences:
+            out[d][idx] = radius_rows(c, sub, d)
+    return out
 
 
 def concat_summaries(parts: Sequence[Summary]) -> Summary:
