@@ -23,12 +23,14 @@ def test_divergences_match_core_including_masked_tokens():
     x[2, 5] = -torch.inf  # target masks a token the drafter allows: finite KL(p||q), inf KL(q||p)
     y[3, 7] = -torch.inf  # drafter masks a token the target allows: KL(p||q) = inf
     x[4, 9] = y[4, 9] = -torch.inf  # both mask it: 0 log 0 terms
-    lp, lq = torch.logsumexp(x.double(), 1), torch.logsumexp(y.double(), 1)
+    # approximate normalisers (as float32 summaries give) must not leak into the result
+    lp = torch.logsumexp(x.double(), 1) + 1e-6
+    lq = torch.logsumexp(y.double(), 1) - 2e-6
     kf, kr, tv = divergences_from_logits(x, lp, y, lq)
     for kind, got in (("forward", kf), ("reverse", kr), ("tv", tv)):
         want = divergence(target_logits=x.double(), draft_logits=y.double(), kind=kind)
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
-    assert kf[1] == 0 and kr[1] == 0
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-11, atol=1e-14)
+    assert 0 <= kf[1] < 1e-14 and 0 <= kr[1] < 1e-14 and tv[1] < 1e-14
     assert torch.isfinite(kf[2]) and torch.isinf(kr[2]) and torch.isinf(kf[3]) and torch.isfinite(kf[4])
 
 

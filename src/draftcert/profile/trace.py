@@ -195,12 +195,18 @@ CHUNK_ELEMENTS = 1 << 17
 def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
     """KL(p||q), KL(q||p) and TV for rows of target logits x and drafter logits y, in float64.
 
-    With log p = x - log Z_p and log q = y - log Z_q (x, y float32 logits, exact in
-    float64), and d = log p - log q:
-        KL(p||q) = sum_v p_v d_v,   KL(q||p) = -sum_v q_v d_v,   TV = (1/2) sum_v |p_v - q_v|.
-    The fast path assumes finite logits; rows where it is not finite (a -inf, i.e. a
-    masked token, gives inf - inf or 0 * inf) are recomputed with 0 log 0 = 0 made
-    explicit, which gives +inf exactly when the support condition fails.
+    log_zp, log_zq are (approximate) log-normalisers, e.g. ``Summary.log_norm``, which for
+    float32 logits carries the float32 summation error (~1e-7).  Each row is renormalised
+    here in float64 so the result is exact for the given logits: with
+    p~ = exp(x - log_zp), S_p = sum p~ (and likewise q~, S_q), p = p~ / S_p and
+    d~ = (x - log_zp) - (y - log_zq),
+        KL(p||q) = sum p~ d~ / S_p - log S_p + log S_q
+        KL(q||p) = -sum q~ d~ / S_q - log S_q + log S_p
+        TV       = (1/2) sum |p~ / S_p - q~ / S_q|.
+    (x and y are float32/bfloat16 logits, exact in float64.)  The fast path assumes finite
+    logits; rows where it is not finite (a -inf, i.e. a masked token, gives inf - inf or
+    0 * inf) are recomputed with 0 log 0 = 0 made explicit, which gives +inf exactly when
+    the support condition fails.
     """
     n, V = x.shape
     kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
@@ -211,18 +217,22 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
         lp = x[i:j].double().sub_(log_zp[i:j, None])
         lq = y[i:j].double().sub_(log_zq[i:j, None])
         p, q = lp.exp(), lq.exp()
+        sp, sq = p.sum(1), q.sum(1)
         d = lp.sub_(lq)
-        kl_f[i:j] = torch.linalg.vecdot(p, d)
-        kl_r[i:j] = torch.linalg.vecdot(q, d).neg_()
-        tv[i:j] = torch.linalg.vector_norm(p.sub_(q), ord=1, dim=1).mul_(0.5)
+        ls = sp.log() - sq.log()
+        kl_f[i:j] = torch.linalg.vecdot(p, d) / sp - ls
+        kl_r[i:j] = ls - torch.linalg.vecdot(q, d) / sq
+        tv[i:j] = torch.linalg.vector_norm(p.div_(sp[:, None]).sub_(q.div_(sq[:, None])), ord=1, dim=1).mul_(0.5)
     broken = ~(torch.isfinite(kl_f) & torch.isfinite(kl_r))
     if bool(broken.any()):
         i = broken.nonzero().squeeze(1)
-        lp, lq = x[i].double() - log_zp[i, None], y[i].double() - log_zq[i, None]
+        lp = torch.log_softmax(x[i].double(), dim=1)
+        lq = torch.log_softmax(y[i].double(), dim=1)
         p, q = lp.exp(), lq.exp()
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
         kl_f[i] = torch.where(p > 0, p * (lp - lq), zero).sum(1)
         kl_r[i] = torch.where(q > 0, q * (lq - lp), zero).sum(1)
+        tv[i] = 0.5 * (p - q).abs().sum(1)
     # rounding can leave the KL of identical distributions at -1e-17: clamp to its true range
     return kl_f.clamp_min(0), kl_r.clamp_min(0), tv
 
