@@ -154,6 +154,12 @@ def test_drafter_columns_and_soundness(run_draft, target, drafter):
     with torch.no_grad():
         p = model(input_ids=torch.tensor([seq])).logits[0, n - 1:-1].double()
         q = drafter(input_ids=torch.tensor([seq])).logits[0, n - 1:-1].double()
+    qp = torch.softmax(q, -1)
+    np.testing.assert_allclose(np.array(sub.column("draft_topk_probs").to_pylist()),
+                               torch.topk(qp, 16).values.numpy(), rtol=1e-5, atol=1e-7)
+    pp = torch.softmax(p, -1)
+    np.testing.assert_allclose(np.array(sub.column("target_topk_probs").to_pylist()),
+                               torch.topk(pp, 16).values.numpy(), rtol=1e-5, atol=1e-7)
     for kind, col in (("forward", "kl_forward"), ("reverse", "kl_reverse"), ("tv", "tv")):
         want = divergence(target_logits=p, draft_logits=q, kind=kind).numpy()
         np.testing.assert_allclose(sub.column(col).to_numpy(), want, rtol=1e-4, atol=1e-6)

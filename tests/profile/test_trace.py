@@ -6,7 +6,7 @@ import torch
 from draftcert import divergence, parse_criterion
 from draftcert.certificates import accepts_rows
 from draftcert.profile import DEFAULT_CRITERIA
-from draftcert.profile.trace import accepts_from_topk, divergences_from_logits
+from draftcert.profile.trace import accepts_from_topk, divergences_from_logits, draft_topk
 from draftcert.summary import summarize
 
 
@@ -26,7 +26,8 @@ def test_divergences_match_core_including_masked_tokens():
     # approximate normalisers (as float32 summaries give) must not leak into the result
     lp = torch.logsumexp(x.double(), 1) + 1e-6
     lq = torch.logsumexp(y.double(), 1) - 2e-6
-    kf, kr, tv = divergences_from_logits(x, lp, y, lq)
+    kf, kr, tv, log_zq = divergences_from_logits(x, lp, y, lq)
+    np.testing.assert_allclose(log_zq.numpy(), torch.logsumexp(y.double(), 1).numpy(), rtol=1e-14)
     for kind, got in (("forward", kf), ("reverse", kr), ("tv", tv)):
         want = divergence(target_logits=x.double(), draft_logits=y.double(), kind=kind)
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-11, atol=1e-14)
@@ -44,8 +45,8 @@ def test_acceptance_fast_path_equals_accepts_rows_with_ties():
     x[2] = torch.round(x[2])  # target ties
     x[3] = 0.0
     t = summarize(logits=x, k=64)
-    d = summarize(logits=y, k=16, entropy=False)
-    got = accepts_from_topk(crits, t, d)
+    dv, di = draft_topk(y, 16)
+    got = accepts_from_topk(crits, t, dv, di, y)
     for c in crits:
         np.testing.assert_array_equal(got[c.spec].numpy(), accepts_rows(c, t, y).numpy(), err_msg=c.spec)
 

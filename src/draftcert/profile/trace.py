@@ -162,22 +162,31 @@ class StepCertifier:
         radius = {c.spec: tcols[radius_column(c.spec, "forward")] for c in self.criteria}
         if draft_logits.dtype in (torch.float16, torch.bfloat16):
             draft_logits = draft_logits.float()
-        dsumm, dbad = _summarize_guarded(draft_logits, TOPK_STORED, entropy=False)
-        kl_f, kl_r, tv = divergences_from_logits(summ.source, summ.log_norm, dsumm.source, dsumm.log_norm)
+        # The drafter needs no entropy and no normaliser of its own: its top-k (values are
+        # logits, stable tie order) and its max as a provisional normaliser, which
+        # divergences_from_logits corrects to the exact float64 one.
+        dvals, dids = draft_topk(draft_logits, TOPK_STORED)
+        dbad = ~torch.isfinite(dvals[:, 0])  # NaN or +inf anywhere surfaces as the max; all -inf too
+        y = draft_logits
+        if bool(dbad.any()):
+            y = torch.where(dbad[:, None], torch.zeros((), dtype=y.dtype, device=y.device), y)
+            dvals, dids = draft_topk(y, TOPK_STORED)
+        kl_f, kl_r, tv, log_zq = divergences_from_logits(summ.source, summ.log_norm, y, dvals[:, 0].double())
         bad = target_bad | dbad
         nan = torch.tensor(torch.nan, dtype=torch.float64, device=kl_f.device)
         kl_f = torch.where(bad, nan, kl_f)
+        dprobs = torch.exp(dvals.double() - log_zq[:, None])
         cols = {
-            "draft_token": dsumm.top_ids[:, 0].to(torch.int32),
-            "draft_topk_ids": dsumm.top_ids.to(torch.int32),
-            "draft_topk_probs": torch.where(dbad[:, None], nan, dsumm.top_probs).to(torch.float32),
+            "draft_token": dids[:, 0].to(torch.int32),
+            "draft_topk_ids": dids.to(torch.int32),
+            "draft_topk_probs": torch.where(dbad[:, None], nan, dprobs).to(torch.float32),
             "kl_forward": kl_f,
             "kl_reverse": torch.where(bad, nan, kl_r),
             "tv": torch.where(bad, nan, tv),
             "draft_nonfinite": dbad,
         }
         ok = ~bad
-        acc = accepts_from_topk(self.criteria, summ, dsumm)
+        acc = accepts_from_topk(self.criteria, summ, dvals, dids, y)
         for c in self.criteria:
             cols[f"accepted/{c.spec}"] = acc[c.spec] & ok
         for c in self.criteria:
@@ -193,10 +202,11 @@ CHUNK_ELEMENTS = 1 << 17
 
 
 def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
-    """KL(p||q), KL(q||p) and TV for rows of target logits x and drafter logits y, in float64.
+    """KL(p||q), KL(q||p), TV and the exact log-normaliser of q, for rows of target logits
+    x and drafter logits y, in float64.
 
-    log_zp, log_zq are (approximate) log-normalisers, e.g. ``Summary.log_norm``, which for
-    float32 logits carries the float32 summation error (~1e-7).  Each row is renormalised
+    log_zp, log_zq are provisional log-normalisers: ``Summary.log_norm`` (which for float32
+    logits carries the float32 summation error, ~1e-7), or just the row maximum.  Each row is renormalised
     here in float64 so the result is exact for the given logits: with
     p~ = exp(x - log_zp), S_p = sum p~ (and likewise q~, S_q), p = p~ / S_p and
     d~ = (x - log_zp) - (y - log_zq),
@@ -210,7 +220,7 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
     """
     n, V = x.shape
     kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
-    kl_r, tv = torch.empty_like(kl_f), torch.empty_like(kl_f)
+    kl_r, tv, log_sq = torch.empty_like(kl_f), torch.empty_like(kl_f), torch.empty_like(kl_f)
     step = max(1, CHUNK_ELEMENTS // V) if x.device.type == "cpu" else n
     for i in range(0, n, step):
         j = min(n, i + step)
@@ -219,7 +229,8 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
         p, q = lp.exp(), lq.exp()
         sp, sq = p.sum(1), q.sum(1)
         d = lp.sub_(lq)
-        ls = sp.log() - sq.log()
+        log_sq[i:j] = sq.log()
+        ls = sp.log() - log_sq[i:j]
         kl_f[i:j] = torch.linalg.vecdot(p, d) / sp - ls
         kl_r[i:j] = ls - torch.linalg.vecdot(q, d) / sq
         tv[i:j] = torch.linalg.vector_norm(p.div_(sp[:, None]).sub_(q.div_(sq[:, None])), ord=1, dim=1).mul_(0.5)
@@ -233,20 +244,32 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
         kl_f[i] = torch.where(p > 0, p * (lp - lq), zero).sum(1)
         kl_r[i] = torch.where(q > 0, q * (lq - lp), zero).sum(1)
         tv[i] = 0.5 * (p - q).abs().sum(1)
+        log_sq[i] = torch.logsumexp(y[i].double(), dim=1) - log_zq[i]
     # rounding can leave the KL of identical distributions at -1e-17: clamp to its true range
-    return kl_f.clamp_min(0), kl_r.clamp_min(0), tv
+    return kl_f.clamp_min(0), kl_r.clamp_min(0), tv, log_zq + log_sq
 
 
-def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dsumm: Summary) -> dict[str, torch.Tensor]:
-    """accepted/<spec> for every criterion from the stored top-k lists, exactly as
-    ``certificates.accepts_rows`` decides it, without a pass over the vocabulary per criterion.
+def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k logits per row, descending, lower token id first among equal values."""
+    from ..summary import _stable_tie_order
+
+    vals, ids = torch.topk(logits, min(k, logits.shape[-1]), dim=-1, largest=True, sorted=True)
+    return _stable_tie_order(vals, ids)
+
+
+def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,
+                      q_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """accepted/<spec> for every criterion from the top-k lists, exactly as
+    ``certificates.accepts_rows(c, summ, q_logits)`` decides it, without a pass over the
+    vocabulary per criterion.  ``dv, di``: the drafter's top-k logits and ids (``draft_topk``).
 
     The drafter proposes x = argmax q with the lowest index among ties: the first entry
     of its stable (value desc, id asc) top-k.  A level-set rule accepts iff
     p(x) is not in the rejection region: ``~rejected_mask(prob_of(x), tau)``.  Tree:m
     accepts iff the target's greedy token a (first entry of its stable top-k) is among
     the first m entries of the drafter's stable top-k, i.e. fewer than m tokens y have
-    q(y) > q(a) or q(y) = q(a) with y < a.
+    q(y) > q(a) or q(y) = q(a) with y < a.  (The logits stand in for q: exp is monotone,
+    so they order the tokens as q does, without rounding ties.)
 
     The top-k lists are exact except where a tie crosses their end (torch.topk may keep
     any of several equal values at the boundary).  Rows where that could matter -- all k
@@ -255,13 +278,11 @@ def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dsumm: Summa
     """
     from ..criteria import TreeCoverage
 
-    dv, di = dsumm.top_probs, dsumm.top_ids
     kd = dv.shape[1]
     x = di[:, 0]
     a = summ.top_ids[:, 0]
     unsure_x = dv[:, 0] == dv[:, -1]  # >= k tied maxima: the lowest id may lie outside the top-k
     unsure_a = summ.top_probs[:, 0] == summ.top_probs[:, -1]
-    q_logits = dsumm.source
     out: dict[str, torch.Tensor] = {}
     px = None
     for c in criteria:
