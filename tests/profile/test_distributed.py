@@ -31,6 +31,26 @@ def _worker(rank, world, port, out, result_dir):
                    "steps": res.steps, "violations": res.soundness_violations}, f)
 
 
+def _failing_worker(rank, world, port, out, result_dir):
+    """Rank 1 fails after its first shard; both ranks must stop (no hang), rank 0 saying why."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+
+    def boom(info):
+        if rank == 1:
+            raise OSError("disk full (simulated)")
+
+    try:
+        profile((tiny_qwen3(0), byte_tokenizer()), None, PROMPTS, out=out, max_new_tokens=T, batch_size=1,
+                progress=False, on_batch=boom, report=False)
+        outcome = "finished"
+    except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
+        outcome = f"{type(exc).__name__}: {exc}"
+    with open(os.path.join(result_dir, f"{rank}.txt"), "w") as f:
+        f.write(outcome)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,3 +92,22 @@ def test_two_ranks_split_prompts_and_match_a_single_process_run(target, tmp_path
     # batches differ between the two layouts, so values may differ at rounding level only
     for col in ("radius/strict", "radius/tree:4", "kl_forward"):
         np.testing.assert_allclose(a.column(col).to_numpy(), b.column(col).to_numpy(), rtol=1e-4, atol=1e-9)
+
+
+def test_a_failing_rank_stops_all_ranks_and_the_run_resumes(target, tmp_path):
+    out, res_dir = tmp_path / "dp", tmp_path / "res"
+    res_dir.mkdir()
+    ctx = mp.start_processes(_failing_worker, args=(2, _free_port(), str(out), str(res_dir)), nprocs=2, join=False,
+                             start_method="fork")
+    deadline = 120
+    import time
+
+    t0 = time.time()
+    while not ctx.join(timeout=5):
+        assert time.time() - t0 < deadline, "ranks hang after a failure"
+    r0, r1 = (res_dir / "0.txt").read_text(), (res_dir / "1.txt").read_text()
+    assert r1.startswith("OSError") and "another rank failed" in r0
+    done = len(list((out / "trace").glob("*.parquet")))
+    assert 1 <= done < len(PROMPTS)
+    res = profile(target, None, PROMPTS, out=out, max_new_tokens=T, batch_size=1, progress=False, report=False)
+    assert res.prompts == len(PROMPTS) and res.new_prompts == len(PROMPTS) - done

@@ -61,6 +61,10 @@ _TRACE_KEYS = ("format", "target", "drafter", "prompts", "prompts_sha256", "limi
 _RED, _RESET = "\033[1;91m", "\033[0m"
 
 
+class _PeerFailed(RuntimeError):
+    """Another rank reported a failure through a collective."""
+
+
 @dataclass
 class ProfileResult:
     """What a profile run produced.  Totals (steps, prompts, violations) cover the whole
@@ -445,21 +449,23 @@ def profile(
         order = sorted(mine, key=lambda i: -len(encoded[i]))
         chunks = [order[j:j + batch_size] for j in range(0, len(order), batch_size)]
 
-        if not dist_mod.all_ok(info, True):
-            raise RuntimeError("another rank failed during setup")
         if info.is_main:
+            # Safe before the other ranks' resume checks finish: it is written atomically and
+            # carries the very settings rank 0 has just checked against the old run.json.
             out.mkdir(parents=True, exist_ok=True)
             (out / "trace").mkdir(exist_ok=True)
             _write_json(out / "run.json", _run_json(settings, info, batch_size, dev, model, command, status="running"))
-        dist_mod.barrier(info)
-
+        # Collective 1 (every rank, exactly once, also on failure): all set up?
+        if not dist_mod.all_ok(info, True):
+            raise _PeerFailed("another rank failed while setting up; see its error")
         timer = timer or StepTimer(dev)
         timer.device = dev
         res = _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, out, sha, info,
                            int(max_new_tokens), timer, progress, on_batch, len(mine))
-        ok = True
-    except BaseException:
-        if info.world_size > 1:
+    except BaseException as exc:
+        # Take part in the collective the other ranks are waiting in, reporting failure, so
+        # they stop too instead of blocking (a peer failure was already reported that way).
+        if info.world_size > 1 and not isinstance(exc, _PeerFailed):
             try:
                 dist_mod.all_ok(info, False)
             except Exception:
@@ -467,8 +473,9 @@ def profile(
         dist_mod.teardown(info)
         raise
     try:
-        if not dist_mod.all_ok(info, ok):
-            raise RuntimeError("another rank failed; rerun the same command to resume")
+        # Collective 2: did every rank finish its prompts?
+        if not dist_mod.all_ok(info, True):
+            raise _PeerFailed("another rank failed; its finished batches are kept, rerun the same command to resume")
         dist_mod.barrier(info)
         timings = dict(timer.totals)
         timings["wall"] = time.perf_counter() - t_start
