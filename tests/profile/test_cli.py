@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from draftcert.cli import main
 
@@ -109,3 +110,26 @@ def test_torchrun_two_processes(tiny_dir, prompt_file, tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["world_size"] == 2 and meta["stats"]["prompts"] == len(PROMPTS)
     assert meta["stats"]["soundness_violations"] == 0
+
+
+def test_a_soundness_violation_is_loud_counted_and_fails_the_run(tiny_dir, prompt_file, tmp_path, monkeypatch, capsys):
+    """Inject a bug (tree:2 never accepts) and check the run reports it as one."""
+    from draftcert.profile import trace
+
+    real = trace.accepts_from_topk
+
+    def broken(criteria, *args):
+        out = real(criteria, *args)
+        out["tree:2"] = torch.zeros_like(out["tree:2"])
+        return out
+
+    monkeypatch.setattr(trace, "accepts_from_topk", broken)
+    out = tmp_path / "v"
+    rc = main(["profile", "--target", str(tiny_dir), "--drafter", "self:skip=1", "--prompts", str(prompt_file),
+               "--max-new-tokens", "6", "--criteria", "strict,tree:2,tree:8", "--out", str(out), "--no-progress",
+               "--no-report"])
+    meta = json.loads((out / "run.json").read_text())
+    n = meta["stats"]["violations_by_criterion"]["tree:2"]
+    assert n > 0 and meta["stats"]["soundness_violations"] == n and rc == 1
+    err = capsys.readouterr().err
+    assert "SOUNDNESS VIOLATION" in err and "\033[" in err and "tree:2" in err

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from draftcert import parse_criterion
-from draftcert.certificates import radius_rows
 from draftcert.criteria import TreeCoverage
 from draftcert.divergences import pool_above, pool_below
 from draftcert.profile import DEFAULT_CRITERIA, profile

@@ -37,7 +37,6 @@ import torch
 
 from ..certificates import accepts_rows, radius_rows
 from ..criteria import Criterion
-from ..divergences import divergence_rows
 from ..summary import Summary, summarize
 
 __all__ = [
