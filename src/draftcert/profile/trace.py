@@ -197,7 +197,7 @@ class StepCertifier:
 # Rows per chunk in divergences_from_logits: its float64 temporaries (a few of
 # CHUNK_ELEMENTS * 8 bytes) then stay in the CPU's L2 cache instead of streaming
 # through memory once per elementwise op.
-CHUNK_ELEMENTS = 1 << 17
+CHUNK_ELEMENTS = 1 << 16
 
 
 def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
