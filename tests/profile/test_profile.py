@@ -185,10 +185,13 @@ def test_resume_after_interruption_equals_uninterrupted(target, drafter, run_dra
         profile(target, drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=3, progress=False, on_batch=boom)
     assert len(calls) == 1 and len(list((out / "trace").glob("*.parquet"))) == 1
     assert json.loads((out / "run.json").read_text())["status"] == "running"
+    stale = out / "trace" / ".rank0-000003.parquet.12345.tmp"  # what a kill -9 mid-write leaves
+    stale.write_bytes(b"PAR1 truncated")
     res = profile(target, drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=3, progress=False)
     assert res.new_prompts == len(PROMPTS) - len(calls[0]["prompt_ids"])
     assert res.prompts == len(PROMPTS) and res.soundness_violations == 0
     assert _read(out).equals(_read(full_out))
+    assert not stale.exists()
     # a third run finds nothing to do
     again = profile(target, drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=3, progress=False)
     assert again.new_prompts == 0 and again.steps == len(PROMPTS) * T

@@ -550,6 +550,10 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
                  max_new_tokens, timer, progress, on_batch, n_mine):
     from tqdm.auto import tqdm
 
+    # A killed run can leave a half-written temporary shard (never a half-written shard:
+    # they appear by os.replace).  Remove this rank's leftovers; they hold nothing.
+    for stale in (out / "trace").glob(f".rank{info.rank}-*.tmp"):
+        stale.unlink(missing_ok=True)
     certifier = StepCertifier(crits, divs)
     schema = trace_schema(crits, certifier.divergences, draft is not None)
     eos = eos_token_ids(model, tok)
