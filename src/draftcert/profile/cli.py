@@ -1,0 +1,132 @@
+"""``draftcert profile`` and ``draftcert reproduce-paper``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .run import DEFAULT_CRITERIA, DEFAULT_EPSILONS
+
+PROFILE_EPILOG = """\
+examples:
+  # radii of the embedded model (SmolLM2-135M-Instruct) on 8 MT-Bench prompts
+  draftcert profile --prompts mt-bench --limit 8 --max-new-tokens 32 --out runs/smol
+
+  # with the embedded pair's default drafter: acceptance, certificates, soundness
+  draftcert profile --drafter default --prompts mt-bench --limit 8 --max-new-tokens 32 --out runs/smol-draft
+
+  # a hub target with a layer-skipping self-drafter, reverse KL and TV radii too, on a GPU
+  draftcert profile --target Qwen/Qwen3-1.7B --drafter self:skip=20,21 --prompts prompts.jsonl \\
+      --divergences forward,reverse,tv --device cuda --dtype bfloat16 --out runs/qwen
+
+  # data-parallel over 4 GPUs (each rank writes its own shards)
+  torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B --prompts mt-bench --device cuda --out runs/q4
+
+Rerunning the same command resumes an interrupted run (finished prompts are skipped).
+Output: OUT/trace/rank*-*.parquet (one row per generated token), OUT/run.json, and the
+report (OUT/summary.json, figures) when the report module is installed.
+"""
+
+PAPER_EPILOG = """\
+Protocol: targets Qwen/Qwen3-1.7B and Qwen/Qwen3-4B (no drafter: radii are properties of the
+target), prompts HuggingFaceH4/ultrachat_200k (first --limit prompts, default 256), greedy
+continuations of --max-new-tokens (default 128) tokens in bfloat16 on a CUDA GPU, the default
+criteria and epsilons.  Each target goes to OUT/<model name>/.  Needs a GPU, hub access to both
+models and the dataset; otherwise it lists exactly what is missing and exits with status 3.
+
+examples:
+  draftcert reproduce-paper --out runs/paper
+  draftcert reproduce-paper --check            # only report what is missing
+"""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="trace acceptance radii (and drafter acceptance/certificates) step by step",
+        description=(
+            "Greedy-decode the target on a prompt set and record, for every generated token, the exact "
+            "acceptance radius of each criterion (the smallest divergence D(p,q) that can cause a rejection). "
+            "With a drafter, also record its divergence from the target, whether each criterion accepts its "
+            "proposal, and whether the certificate KL(p||q) < radius certifies it (soundness: certified => accepted)."
+        ),
+        epilog=PROFILE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", default=None, metavar="MODEL",
+                   help="hub id or local checkpoint of the target (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--drafter", default=None, metavar="MODEL",
+                   help="'default' (the embedded pair's drafter), self:skip=L[,L...], self:quant=BITS, or a hub id/"
+                        "path sharing the target's tokenizer (default: none, radii only)")
+    p.add_argument("--prompts", required=True, metavar="SOURCE",
+                   help="mt-bench, humaneval, a .jsonl/.txt file, or a Hugging Face dataset name")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
+    p.add_argument("--criteria", default=",".join(DEFAULT_CRITERIA), metavar="SPECS",
+                   help="comma-separated criterion specs (default: %(default)s)")
+    p.add_argument("--epsilons", default=",".join(str(e) for e in DEFAULT_EPSILONS), metavar="EPS",
+                   help="per-step divergence budgets for the report's certified fractions/lengths (default: %(default)s)")
+    p.add_argument("--divergences", default="forward", metavar="DIVS",
+                   help="radii to record: forward (always), reverse, tv; e.g. forward,reverse,tv")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="prompts decoded together (default 8)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the loader's choice)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (rerun to resume)")
+    p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=_run_profile)
+
+    r = subparsers.add_parser(
+        "reproduce-paper",
+        help="rerun the reference study (Qwen3-1.7B and Qwen3-4B on UltraChat; needs a GPU and the hub)",
+        description="Profile the reference study's targets with its protocol (see below).",
+        epilog=PAPER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    r.add_argument("--out", default="draftcert-paper", metavar="DIR", help="output directory (default %(default)s)")
+    r.add_argument("--limit", type=int, default=256, metavar="N", help="prompts per target (default 256)")
+    r.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
+    r.add_argument("--batch-size", type=int, default=32, metavar="B", help="prompts decoded together (default 32)")
+    r.add_argument("--check", action="store_true", help="only check the requirements and say what is missing")
+    r.set_defaults(func=_run_paper)
+
+
+def _run_profile(args) -> int:
+    from .run import profile
+
+    res = profile(
+        args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,
+        divergences=args.divergences, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
+        progress=not args.no_progress, report=not args.no_report, command=_command_line(args),
+    )
+    if res.rank == 0:
+        t = res.timings
+        print(f"profile: {res.prompts} prompts, {res.steps} steps in {res.out_dir} "
+              f"({res.new_prompts} prompts / {res.new_steps} steps new; model {t.get('model', 0):.1f}s, "
+              f"certificates {t.get('certificate', 0):.2f}s, trace {t.get('trace', 0):.2f}s, wall {t.get('wall', 0):.1f}s)")
+        if res.nonfinite_steps:
+            print(f"profile: {res.nonfinite_steps} step(s) had non-finite target logits (flagged `nonfinite`)",
+                  file=sys.stderr)
+        if res.report is not None:
+            print(f"profile: report in {res.report}")
+    return 1 if res.soundness_violations else 0
+
+
+def _command_line(args) -> list[str]:
+    """The command as parsed (canonical option names; works however main() was called)."""
+    cmd = ["draftcert", "profile"]
+    for opt in ("target", "drafter", "prompts", "limit", "max_new_tokens", "criteria", "epsilons", "divergences",
+                "batch_size", "device", "dtype", "out"):
+        v = getattr(args, opt)
+        if v is not None:
+            cmd += ["--" + opt.replace("_", "-"), str(v)]
+    cmd += [f for f, on in (("--no-report", args.no_report), ("--no-progress", args.no_progress)) if on]
+    return cmd
+
+
+def _run_paper(args) -> int:
+    from .paper import reproduce_paper
+
+    return reproduce_paper(out=args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                           batch_size=args.batch_size, check_only=args.check)
