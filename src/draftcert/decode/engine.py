@@ -109,16 +109,16 @@ def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, lis
     return crit, rule, widths, expand_all
 
 
-def _check_vocab(target, drafter) -> None:
+def _check_vocab(target, drafter, tokenizer=None) -> None:
     """Refuse a drafter with a different vocabulary before any decoding."""
     if not isinstance(drafter, ModelDrafter):
         return
     try:
-        from draftcert.models import check_compatible  # the models helper's full check (tokenizers too)
+        from draftcert.models import check_compatible  # config vocab, logit rows (and tokenizers when given)
     except ImportError:
         check_compatible = None
     if check_compatible is not None:
-        check_compatible(target, drafter.model)
+        check_compatible(target, tokenizer, drafter.model, None)
     vt, vd = vocab_size_of(target), vocab_size_of(drafter.model)
     if vt != vd:
         raise ValueError(
@@ -194,7 +194,7 @@ def speculative_generate(
     if max(prompt) >= vocab or min(prompt) < 0:
         raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
     draft_src = make_drafter(drafter, target, tokenizer)
-    _check_vocab(target, draft_src)
+    _check_vocab(target, draft_src, tokenizer)
     eos = _eos_ids(target, eos_token_id)
     summary_k = max(DEFAULT_TOPK if certify else 2, rule.min_k, max(widths) + 1)
     tree_crits = {w: TreeCoverage(w) for w in set(widths) if w > 1}
