@@ -1,0 +1,153 @@
+"""Our speculative decoding loop vs transformers' assisted generation, plus relaxed criteria.
+
+    PYTHONPATH=src python benchmarks/bench_decode.py            # 5 MT-Bench prompts, 64 tokens
+    PYTHONPATH=src python benchmarks/bench_decode.py --quick    # 2 prompts, 32 tokens
+
+Part 1 (strict): the embedded target (SmolLM2-135M-Instruct) with the default
+drafter, k draft tokens per round, against ``target.generate(...,
+assistant_model=drafter, do_sample=False)`` with the assistant fixed to k
+tokens per round (``num_assistant_tokens=k``, schedule ``constant``,
+``assistant_confidence_threshold=0`` which disables its early stop).  Tokens
+must be identical.  Target forward passes are counted the same way for both
+(a forward pre-hook on the target module); wall time is total tokens / total
+seconds over all prompts, the two implementations interleaved per prompt.
+
+Part 2: a markdown table (tokens per target forward, mean accepted draft
+length, drift = fraction of emitted tokens differing from the target's greedy
+token, certified fraction of draft positions, tokens/s) for strict, each
+relaxed criterion, and trees of width 2 and 4.
+
+The last two lines are ``tokens_per_forward_ratio=X`` and
+``walltime_ratio=Y`` (ours over transformers').
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+RELAXED = ["additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5"]
+
+
+class ForwardCounter:
+    """Counts calls of a module's forward (every target forward pass, whoever makes it)."""
+
+    def __init__(self, module):
+        self.n = 0
+        self._h = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+def hf_assisted(target, drafter, ids, k, max_new_tokens):
+    gc = drafter.generation_config
+    gc.num_assistant_tokens = k
+    gc.num_assistant_tokens_schedule = "constant"
+    gc.assistant_confidence_threshold = 0  # falsy: no confidence-based early stop of the draft
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = target.generate(
+            x, attention_mask=torch.ones_like(x), assistant_model=drafter, do_sample=False,
+            max_new_tokens=max_new_tokens, pad_token_id=target.generation_config.pad_token_id,
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=5, help="MT-Bench prompts for the comparison (default 5)")
+    ap.add_argument("--table-prompts", type=int, default=3, help="prompts per table row (default 3)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("-k", type=int, default=4, help="draft tokens per round (default 4)")
+    ap.add_argument("--drafter", default=None, help="drafter spec (default: models.DEFAULT_DRAFTER)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
+    ap.add_argument("--quick", action="store_true", help="2 prompts, 1 per table row, 32 tokens")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.prompts, a.table_prompts, a.max_new_tokens = 2, 1, 32
+    torch.set_num_threads(a.threads)
+
+    from draftcert.decode import speculative_generate
+    from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
+    from draftcert.prompts import encode_prompt, load_prompts
+
+    target, tok = load_target(None)
+    dspec = a.drafter or DEFAULT_DRAFTER
+    drafter = load_drafter(dspec, target, tok)
+    prompts = [encode_prompt(tok, p.text) for p in load_prompts("mt-bench", limit=max(a.prompts, a.table_prompts))]
+    counter = ForwardCounter(target)
+    print(f"# target: embedded SmolLM2-135M-Instruct, drafter: {dspec}, k={a.k}, "
+          f"{a.prompts} MT-Bench prompts x {a.max_new_tokens} new tokens, torch threads={a.threads}", flush=True)
+
+    # Warm up both paths (allocator, first-call overheads) on a short run.
+    speculative_generate(target, drafter, prompts[0][:16], "strict", k=a.k, max_new_tokens=4, tokenizer=tok)
+    hf_assisted(target, drafter, prompts[0][:16], a.k, 4)
+    counter.take()
+
+    ours = {"tok": 0, "fwd": 0, "s": 0.0}
+    theirs = {"tok": 0, "fwd": 0, "s": 0.0}
+    for i, ids in enumerate(prompts[: a.prompts]):
+        def run_ours():
+            t0 = time.perf_counter()
+            r = speculative_generate(target, drafter, ids, "strict", k=a.k, max_new_tokens=a.max_new_tokens, tokenizer=tok)
+            return r.tokens, time.perf_counter() - t0, r
+
+        def run_theirs():
+            t0 = time.perf_counter()
+            out = hf_assisted(target, drafter, ids, a.k, a.max_new_tokens)
+            return out, time.perf_counter() - t0
+
+        if i % 2 == 0:  # interleave so drifting machine load hits both alike
+            o_tok, o_s, res = run_ours(); o_f = counter.take()
+            h_tok, h_s = run_theirs(); h_f = counter.take()
+        else:
+            h_tok, h_s = run_theirs(); h_f = counter.take()
+            o_tok, o_s, res = run_ours(); o_f = counter.take()
+        if o_tok != h_tok:
+            print(f"MISMATCH on prompt {i}:\n ours  {o_tok}\n hf    {h_tok}", file=sys.stderr)
+            raise AssertionError(f"strict decoding differs from transformers' assisted generation on prompt {i}")
+        assert o_f == res.stats.target_forwards, (o_f, res.stats.target_forwards)
+        for d, (t, f, s) in ((ours, (len(o_tok), o_f, o_s)), (theirs, (len(h_tok), h_f, h_s))):
+            d["tok"] += t; d["fwd"] += f; d["s"] += s
+        print(f"prompt {i}: {len(o_tok)} tokens identical; target forwards ours {o_f} / hf {h_f}; "
+              f"seconds ours {o_s:.2f} / hf {h_s:.2f}", flush=True)
+
+    x = (ours["tok"] / ours["fwd"]) / (theirs["tok"] / theirs["fwd"])
+    y = (ours["tok"] / ours["s"]) / (theirs["tok"] / theirs["s"])
+    print(f"ours: {ours['tok'] / ours['fwd']:.3f} tokens/forward, {ours['tok'] / ours['s']:.2f} tokens/s; "
+          f"transformers assisted: {theirs['tok'] / theirs['fwd']:.3f} tokens/forward, {theirs['tok'] / theirs['s']:.2f} tokens/s")
+
+    # Part 2: relaxed criteria and trees.
+    rows = [("strict", None)] + [(c, None) for c in RELAXED] + [("tree:2", (2, a.k)), ("tree:4", (4, a.k))]
+    print(f"\n### Relaxed criteria and trees (embedded pair, {dspec}, k/depth={a.k}, "
+          f"{a.table_prompts} MT-Bench prompts x {a.max_new_tokens} tokens)\n")
+    print("| criterion | draft | tokens/forward | mean accepted | drift | certified | tokens/s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for spec, tree in rows:
+        tot = {"tok": 0, "fwd": 0, "acc": 0, "rounds": 0, "drift": 0, "cert": 0, "chk": 0, "s": 0.0}
+        for ids in prompts[: a.table_prompts]:
+            st = speculative_generate(target, drafter, ids, spec, k=a.k, tree=tree, max_new_tokens=a.max_new_tokens, tokenizer=tok).stats
+            tot["tok"] += st.emitted; tot["fwd"] += st.target_forwards; tot["s"] += st.seconds
+            tot["acc"] += sum(r.accepted for r in st.rounds); tot["rounds"] += len(st.rounds)
+            tot["drift"] += st.drift_tokens; tot["cert"] += st.certified_positions; tot["chk"] += st.checked_positions
+        counter.take()
+        shape = f"chain k={a.k}" if tree is None else f"tree m={tree[0]}, depth={tree[1]}"
+        print(f"| {spec} | {shape} | {tot['tok'] / tot['fwd']:.2f} | {tot['acc'] / tot['rounds']:.2f} | "
+              f"{tot['drift'] / tot['tok']:.3f} | {tot['cert'] / max(tot['chk'], 1):.3f} | {tot['tok'] / tot['s']:.2f} |", flush=True)
+
+    print()
+    print(f"tokens_per_forward_ratio={x:.4f}")
+    print(f"walltime_ratio={y:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
