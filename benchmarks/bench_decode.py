@@ -29,9 +29,6 @@ import time
 
 import torch
 
-RELAXED = ["additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5"]
-
-
 class ForwardCounter:
     """Counts calls of a module's forward (every target forward pass, whoever makes it)."""
 
@@ -125,23 +122,14 @@ def main(argv=None) -> int:
     print(f"ours: {ours['tok'] / ours['fwd']:.3f} tokens/forward, {ours['tok'] / ours['s']:.2f} tokens/s; "
           f"transformers assisted: {theirs['tok'] / theirs['fwd']:.3f} tokens/forward, {theirs['tok'] / theirs['s']:.2f} tokens/s")
 
-    # Part 2: relaxed criteria and trees.
-    rows = [("strict", None)] + [(c, None) for c in RELAXED] + [("tree:2", (2, a.k)), ("tree:4", (4, a.k))]
-    print(f"\n### Relaxed criteria and trees (embedded pair, {dspec}, k/depth={a.k}, "
+    # Part 2: relaxed criteria and trees (same code as `draftcert bench`).
+    from draftcert.decode.cli import DEFAULT_BENCH_SPECS, bench_rows, format_table
+
+    print(f"\n### Relaxed criteria and trees (embedded pair, drafter {dspec}, k / tree depth = {a.k}, "
           f"{a.table_prompts} MT-Bench prompts x {a.max_new_tokens} tokens)\n")
-    print("| criterion | draft | tokens/forward | mean accepted | drift | certified | tokens/s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for spec, tree in rows:
-        tot = {"tok": 0, "fwd": 0, "acc": 0, "rounds": 0, "drift": 0, "cert": 0, "chk": 0, "s": 0.0}
-        for ids in prompts[: a.table_prompts]:
-            st = speculative_generate(target, drafter, ids, spec, k=a.k, tree=tree, max_new_tokens=a.max_new_tokens, tokenizer=tok).stats
-            tot["tok"] += st.emitted; tot["fwd"] += st.target_forwards; tot["s"] += st.seconds
-            tot["acc"] += sum(r.accepted for r in st.rounds); tot["rounds"] += len(st.rounds)
-            tot["drift"] += st.drift_tokens; tot["cert"] += st.certified_positions; tot["chk"] += st.checked_positions
-        counter.take()
-        shape = f"chain k={a.k}" if tree is None else f"tree m={tree[0]}, depth={tree[1]}"
-        print(f"| {spec} | {shape} | {tot['tok'] / tot['fwd']:.2f} | {tot['acc'] / tot['rounds']:.2f} | "
-              f"{tot['drift'] / tot['tok']:.3f} | {tot['cert'] / max(tot['chk'], 1):.3f} | {tot['tok'] / tot['s']:.2f} |", flush=True)
+    rows = bench_rows(target, drafter, prompts[: a.table_prompts], DEFAULT_BENCH_SPECS, a.k, a.max_new_tokens, tok)
+    print(format_table(rows), flush=True)
+    counter.take()
 
     print()
     print(f"tokens_per_forward_ratio={x:.4f}")
