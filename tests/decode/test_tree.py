@@ -107,3 +107,21 @@ def test_parse_tree():
     for bad in [(0, 2), (2, 0), [], [1, 0], "3", "a,b", (1, 2, 3), 3.5, (True, 2)]:
         with pytest.raises(ValueError, match="tree"):
             parse_tree(bad, 4)
+
+
+@pytest.mark.parametrize("tree", [None, (3, 3), [2, 2, 2]])
+def test_drafter_cache_after_decoding_equals_fresh_prefill(tiny, prompts, tree):
+    """The drafter's rolled-back cache holds exactly seq[:n_valid] (chain crop, path tree, static tree gather)."""
+    from draftcert.decode import ModelDrafter, speculative_generate
+
+    target, drafter_model, _ = tiny
+    d = ModelDrafter(drafter_model)
+    res = speculative_generate(target, d, prompts[1], "additive:0.1", k=3, tree=tree, max_new_tokens=15)
+    seq = prompts[1] + res.tokens
+    assert d.n_valid == d.cache.get_seq_length() and d.n_valid <= len(seq)
+    with torch.inference_mode():
+        fresh = new_cache(drafter_model)
+        model_forward(drafter_model, fresh, seq[: d.n_valid], 1)
+    for a, b in zip(d.cache.layers, fresh.layers):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-9, atol=1e-9)
