@@ -237,3 +237,28 @@ def test_bad_input_raises_clear_value_error(tiny, kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         speculative_generate(**args)
+
+
+def test_tree_acceptance_picks_most_probable_passing_child():
+    """Synthetic round: root children [3, 5] both pass additive:0.3; 5 is likelier under p -> chosen.
+    Below 5 the only child (7) fails, so the target's greedy token there is emitted."""
+    from draftcert.decode import DraftTree
+    from draftcert.decode.stats import DecodeStats
+
+    V = 10
+    t = DraftTree()
+    a = t.add(3, -1)
+    b = t.add(5, -1)
+    t.add(7, b)
+    logits = torch.full((4, V), -5.0, dtype=torch.float64)
+    logits[0, 3], logits[0, 5], logits[0, 1] = 1.0, 1.2, 1.3  # root: argmax 1, children 3 and 5 close behind
+    logits[b + 1, 2] = 4.0  # after 5: greedy 2, child 7 far below
+    st = DecodeStats("additive:0.3", 2, [2, 1])
+    path, emitted, log = engine_mod._accept(parse_criterion("additive:0.3"), logits, t, False, 16, {}, st)
+    assert path == [b] and emitted == [5, 2]
+    assert log.depth_accepted == [True, False] and log.drift == 1 and st.drift_tokens == 1
+    p = torch.softmax(logits[0], -1)
+    assert st.divergence_spent == pytest.approx(float(torch.log(p[1]) - torch.log(p[5])))
+    # strict on the same tree: neither child is the argmax (1) -> emit 1 and stop
+    path, emitted, _ = engine_mod._accept(parse_criterion("strict"), logits, t, False, 16, {}, DecodeStats("strict", 2, None))
+    assert path == [] and emitted == [1]
