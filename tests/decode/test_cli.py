@@ -80,3 +80,26 @@ def test_bench_json_rows(ckpt, capsys):
     assert rows[0]["drift"] == 0 and rows[2]["drift"] == 0
     assert rows[2]["draft"] == "tree m=2, depth=2"
     assert all(r["tokens_per_forward"] >= 1 for r in rows)
+
+
+def test_colour_only_on_a_tty_without_no_color(monkeypatch):
+    import argparse
+
+    from draftcert.decode.cli import _use_color
+
+    class Tty:
+        def isatty(self):
+            return True
+
+    class Pipe:
+        def isatty(self):
+            return False
+
+    args = argparse.Namespace(no_color=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert _use_color(args, Tty()) and not _use_color(args, Pipe())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not _use_color(args, Tty())
+    monkeypatch.delenv("NO_COLOR")
+    assert not _use_color(argparse.Namespace(no_color=True), Tty())
