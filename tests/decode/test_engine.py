@@ -262,3 +262,15 @@ def test_tree_acceptance_picks_most_probable_passing_child():
     # strict on the same tree: neither child is the argmax (1) -> emit 1 and stop
     path, emitted, _ = engine_mod._accept(parse_criterion("strict"), logits, t, False, 16, {}, DecodeStats("strict", 2, None))
     assert path == [] and emitted == [1]
+
+
+def test_generic_levelset_criterion(tiny, prompts):
+    """A user-defined LevelSet rule works end to end (threshold from the full distribution)."""
+    from draftcert import LevelSet
+
+    target, drafter, _ = tiny
+    rule = LevelSet(lambda p: 0.8 * p.max(-1).values, name="ratio0.8")
+    res = speculative_generate(target, drafter, prompts[0], rule, k=3, tree=(2, 2), max_new_tokens=N_NEW)
+    logits = _target_logits_along(target, prompts[0], res.tokens)
+    assert bool(torch.as_tensor(rule.accepts_tokens(logits=logits, tokens=torch.tensor(res.tokens))).all())
+    assert res.stats.criterion == "ratio0.8" and res.stats.checked_positions > 0
