@@ -1,6 +1,6 @@
 """Strict speculative decoding on the embedded SmolLM2-135M-Instruct (float32) is lossless.
 
-Slow (several minutes on 2 CPU cores): ``pytest -m slow tests/decode/test_embedded.py``.
+Slow (several minutes on 2 CPU cores): ``pytest -m slow tests/decode/test_decode_embedded.py``.
 A k-token verification pass and 1-token steps round differently in float32;
 identity is still required here -- a flip would mean a near-tie, to be
 investigated, not tolerated.
