@@ -1,0 +1,234 @@
+"""Drafters: something that proposes a draft tree given the accepted sequence.
+
+Interface (duck-typed; both classes below implement it)::
+
+    start(prompt_ids)                      # new sequence; reset any cache
+    propose(seq, widths, expand_all)       # -> DraftTree hanging off seq[-1]
+    accept(path)                           # the engine kept these tree nodes
+    forwards                               # number of model forward passes so far
+
+A chain of k drafts is ``widths = [1] * k``.  ``expand_all=False`` grows only
+the drafter's greedy child at each depth (``tree=(m, depth)``);
+``expand_all=True`` expands every node (a static full tree ``[w1, w2, ...]``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from .tree import DraftTree, keep_cache, tree_attention_mask, tree_position_ids
+
+__all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter", "new_cache", "model_forward", "vocab_size_of"]
+
+
+def new_cache(model):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _cache_kwarg(model) -> str:
+    """transformers 5.x calls the cache argument ``cache`` (``past_key_values`` is a deprecated alias)."""
+    name = getattr(model, "_draftcert_cache_kwarg", None)
+    if name is None:
+        params = inspect.signature(model.forward).parameters
+        name = "cache" if "cache" in params else "past_key_values"
+        try:
+            model._draftcert_cache_kwarg = name
+        except Exception:  # pragma: no cover
+            pass
+    return name
+
+
+def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
+    """One forward pass of ``ids`` after ``cache``; returns logits of the last ``keep`` positions (keep, V)."""
+    dev = model.device
+    kw = {_cache_kwarg(model): cache}
+    out = model(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+        attention_mask=mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=keep,
+        **kw,
+    )
+    return out.logits[0, -keep:]
+
+
+def vocab_size_of(model) -> int:
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+class ModelDrafter:
+    """A transformers causal LM proposing greedy drafts from its own KV cache.
+
+    Cache invariant between rounds: it holds the first ``n_valid`` tokens of
+    the accepted sequence.  During a round it additionally holds the tree
+    nodes it was fed (``fed``, in cache order); ``accept`` keeps those on the
+    accepted path (gathered into place) and crops the rest.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = None
+        self.n_valid = 0
+        self.fed: list[int] = []
+        self.forwards = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.cache = new_cache(self.model)
+        self.n_valid = 0
+        self.fed = []
+
+    def _fwd(self, ids, keep, mask=None, pos=None):
+        self.forwards += 1
+        return model_forward(self.model, self.cache, ids, keep, mask, pos)
+
+    def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
+        tree = DraftTree()
+        self.fed = []
+        n_seq = len(seq)
+        if not widths:
+            return tree
+        # Depth 1: catch up on the tokens the drafter has not seen; the last row is q at the root.
+        front_q = self._fwd(seq[self.n_valid :], 1)
+        self.n_valid = n_seq
+        front = [-1]
+        q_rows, anc = [], None
+        for d, w in enumerate(widths, 1):
+            q_rows.append(front_q)
+            if w == 1:
+                top = front_q.argmax(-1, keepdim=True)  # torch.argmax: lowest index among ties
+            else:
+                top = torch.topk(front_q, w, dim=-1).indices
+            new_nodes = []
+            for f, row in zip(front, top.tolist()):
+                tree.expanded.append(f)
+                tree.widths.append(w)
+                new_nodes.append([tree.add(t, f) for t in row])
+            if d == len(widths):
+                break
+            if not expand_all:
+                # Only the greedy child continues: the fed nodes form a chain, plain causal attention.
+                nxt = new_nodes[0][0]
+                self.fed.append(nxt)
+                front_q = self._fwd([tree.tokens[nxt]], 1)
+                front = [nxt]
+            else:
+                front = [n for grp in new_nodes for n in grp]
+                anc = tree.ancestors(self.model.device)
+                kv = torch.tensor(self.fed + front, device=anc.device)
+                qn = torch.tensor(front, device=anc.device)
+                mask = tree_attention_mask(n_seq, 0, anc, kv, qn, self.model.dtype)
+                pos = tree_position_ids(n_seq, 0, torch.tensor([tree.depths[n] for n in front], device=anc.device))
+                front_q = self._fwd([tree.tokens[n] for n in front], len(front), mask, pos)
+                self.fed.extend(front)
+        tree.q = torch.cat(q_rows, 0)
+        return tree
+
+    def accept(self, path: list[int]) -> None:
+        """Keep the cache entries of the accepted path's fed prefix; drop the rest of the tree."""
+        where = {n: i for i, n in enumerate(self.fed)}
+        offsets = []
+        for n in path:
+            if n not in where:
+                break
+            offsets.append(where[n])
+        keep_cache(self.cache, self.n_valid, offsets)
+        self.n_valid += len(offsets)
+        self.fed = []
+
+
+class PromptLookupDrafter:
+    """Prompt-lookup decoding (n-gram drafter, no model).
+
+    Proposes what followed the most recent earlier occurrence of the context's
+    last n tokens (n from ``max_ngram`` down to ``min_ngram``).  For trees,
+    distinct continuations from several matches are merged into a trie
+    (at most ``widths[d]`` children per node at depth d + 1).  It has no
+    distribution, so its drafts carry no certificates.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_matches: int = 32):
+        if not (1 <= int(min_ngram) <= int(max_ngram)):
+            raise ValueError(f"prompt lookup: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram, self.max_matches = int(max_ngram), int(min_ngram), int(max_matches)
+        self.forwards = 0
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def continuations(self, seq: list[int], length: int):
+        """Continuations (up to ``length`` tokens) of earlier matches of the last n-gram, best first."""
+        n_seq = len(seq)
+        seen = 0
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            tail = seq[n_seq - n :]
+            # Most recent match first; a match must end before the tail itself starts.
+            for end in range(n_seq - 1, n - 1, -1):
+                if seq[end - n : end] == tail:
+                    cont = seq[end : end + length]
+                    if cont:
+                        yield cont
+                        seen += 1
+                        if seen >= self.max_matches:
+                            return
+
+    def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
+        tree = DraftTree()
+        if not widths:
+            return tree
+        children: dict[int, dict[int, int]] = {-1: {}}
+        for cont in self.continuations(seq, len(widths)):
+            node = -1
+            for d, tok in enumerate(cont):
+                kids = children[node]
+                if tok in kids:
+                    node = kids[tok]
+                    continue
+                if len(kids) >= widths[d]:
+                    break
+                new = tree.add(tok, node)
+                kids[tok] = new
+                children[new] = {}
+                node = new
+            if len(children[-1]) >= widths[0] and widths == [1] * len(widths):
+                break  # a chain: the best match is all we need
+        tree.expanded = [n for n, kids in children.items() if kids]
+        tree.widths = [len(children[n]) for n in tree.expanded]
+        return tree
+
+    def accept(self, path: list[int]) -> None:
+        pass
+
+
+def make_drafter(drafter, target=None, tokenizer=None):
+    """Wrap whatever the caller passed as a drafter object.
+
+    A transformers model -> ModelDrafter; "prompt-lookup" / "pld" (optionally
+    ":MAX_NGRAM") -> PromptLookupDrafter; another string -> models.load_drafter
+    (``self:skip=N``, ``self:quant=4``, hub id or path); an object with
+    ``propose`` is used as-is.
+    """
+    if hasattr(drafter, "propose") and hasattr(drafter, "start"):
+        return drafter
+    if isinstance(drafter, str):
+        name, _, arg = drafter.partition(":")
+        if name in ("prompt-lookup", "pld"):
+            return PromptLookupDrafter(max_ngram=int(arg)) if arg else PromptLookupDrafter()
+        try:
+            from draftcert.models import load_drafter
+        except ImportError as exc:
+            raise ValueError(f"drafter: {drafter!r} needs draftcert.models (not available: {exc})") from None
+        return ModelDrafter(load_drafter(drafter, target, tokenizer))
+    if isinstance(drafter, torch.nn.Module) and hasattr(drafter, "config"):
+        return ModelDrafter(drafter)
+    raise ValueError(
+        "drafter: expected a transformers causal LM, a spec string (self:skip=N, self:quant=4, prompt-lookup) "
+        f"or a drafter object with start/propose/accept; got {type(drafter).__name__}"
+    )
