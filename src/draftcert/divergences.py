@@ -130,11 +130,15 @@ def pool_below(s: torch.Tensor, m: int, kind: str, tail: torch.Tensor | None = N
 
 
 def divergence_rows(p: torch.Tensor, q: torch.Tensor, kind: str) -> torch.Tensor:
-    """(N, V) x (N, V) -> (N,) in the inputs' dtype (float64 recommended)."""
+    """(N, V) x (N, V) -> (N,) in the inputs' dtype (float64 recommended).
+
+    KL is clamped at 0: it is non-negative, and a round-off negative would
+    "certify" against a radius of exactly 0 (a rule that already rejects q = p).
+    """
     if kind == "forward":
-        return (torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).sum(-1)
+        return (torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).sum(-1).clamp_min(0)
     if kind == "reverse":
-        return (torch.special.xlogy(q, q) - torch.special.xlogy(q, p)).sum(-1)
+        return (torch.special.xlogy(q, q) - torch.special.xlogy(q, p)).sum(-1).clamp_min(0)
     return 0.5 * (p - q).abs().sum(-1)
 
 

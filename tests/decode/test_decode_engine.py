@@ -274,3 +274,17 @@ def test_generic_levelset_criterion(tiny, prompts):
     logits = _target_logits_along(target, prompts[0], res.tokens)
     assert bool(torch.as_tensor(rule.accepts_tokens(logits=logits, tokens=torch.tensor(res.tokens))).all())
     assert res.stats.criterion == "ratio0.8" and res.stats.checked_positions > 0
+
+
+def test_tree_certificate_where_the_rule_rejects_the_argmax(tiny, prompts):
+    """A rule that rejects every token (tau above max p) accepts nothing, even when the
+    drafter is the target itself: the tree-coverage radius must not certify such a node
+    (covering the argmax only helps where the rule accepts the argmax)."""
+    from draftcert import LevelSet
+
+    target, _, _ = tiny
+    rule = LevelSet(lambda p: 2.0 * p.max(-1).values, name="reject-all")
+    res = speculative_generate(target, target, prompts[0], rule, tree=(2, 2), max_new_tokens=6)
+    assert all(not any(r.depth_accepted) for r in res.stats.rounds)
+    assert res.stats.certified_positions == 0
+    assert res.stats.checked_positions > 0

@@ -18,8 +18,9 @@ token is emitted instead and the round ends; at a leaf it is the bonus token.
 
 Certificates (``certify=True``): for every node expanded with drafter logits
 q, certified = KL(p || q) < radius, radius = radius(criterion, p) for a
-chain, max(radius(criterion), radius(tree:m)) for a width-m node (covering
-the argmax suffices because every level-set rule accepts the maximiser).
+chain, max(radius(criterion), radius(tree:m)) for a width-m node where the
+rule accepts the target's argmax (covering the argmax then suffices); the
+rule's own radius where it does not (possible for a user LevelSet).
 Certified-but-rejected raises ``CertificateViolation``.  Computed from one
 ``summarize(logits=...)`` of the verification logits and ``radius_rows``.
 """
@@ -302,8 +303,13 @@ def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: 
         er = torch.tensor(draft.expanded, device=logits.device) + 1
         rad = radius_rows(rule, summ, "forward")[er]
         w = torch.tensor(draft.widths, device=logits.device)
+        # Covering the target's argmax among the m candidates only guarantees acceptance
+        # where the rule accepts the argmax; a user LevelSet (or entropy with DELTA >= 1)
+        # may reject it, and there only the rule's own radius certifies.
+        takes_max = ~rule.rejected_mask(summ.top_probs[:, 0], tau)[er]
         for m, tc in tree_crits.items():
-            rad = torch.where(w == m, torch.maximum(rad, radius_rows(tc, summ, "forward")[er]), rad)
+            use = (w == m) & takes_max
+            rad = torch.where(use, torch.maximum(rad, radius_rows(tc, summ, "forward")[er]), rad)
         kl = _forward_kl(logits[er], draft.q.to(logits.device), rad)
         cert = kl < rad
         er_l, cert_l, kl_l, rad_l = er.tolist(), cert.tolist(), kl.tolist(), rad.tolist()
@@ -355,6 +361,6 @@ def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> torch.Te
             return kl.clamp_min(0)
         idx = redo.nonzero().squeeze(1)
         kl[idx] = _forward_kl(x[idx].double(), y[idx].double(), rad[idx])
-        return kl
+        return kl.clamp_min(0)
     p = torch.softmax(x, -1)
     return divergence_rows(p, torch.softmax(y, -1), "forward")
