@@ -38,7 +38,11 @@ def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
     lo = x.amin(-1)
     if not want_entropy:
         return s, None, lo
-    d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1, dtype=torch.float64)
+    # e * z, with 0 * -inf (x = -inf, a masked token) counted as 0: nan_to_num_ turns z = -inf
+    # into 0 in place, then the product reuses z's memory -- two cheap passes where a
+    # where(e > 0, e * z, 0) took four.  (It also maps NaN to 0 and +inf to the float max,
+    # but those only occur in rows whose normaliser s is already NaN: flagged downstream.)
+    d = z.nan_to_num_(neginf=0.0).mul_(e).sum(-1, dtype=torch.float64)
     return s, d, lo
 
 
@@ -219,9 +223,7 @@ def summarize(
     if x2.shape[0] == 0:
         raise ValueError(f"{arg}: empty batch (shape {tuple(x.shape)})")
     kk = max(1, min(int(k), V))
-    top_vals, top_ids = torch.topk(x2, kk, dim=-1, largest=True, sorted=True)
-    # topk does not promise lower-index-first among equal values; make it so.
-    top_vals, top_ids = _stable_tie_order(top_vals, top_ids)
+    top_vals, top_ids = topk_rows(x2, kk)
     if is_logits:
         m = top_vals[:, :1]
         s, d, row_min = _moments("logit", x2, m, want_entropy=entropy)
@@ -239,6 +241,40 @@ def summarize(
         top = top_vals.double()
         ent = h.double() if entropy else None
     return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits, row_min)
+
+
+# Block size of topk_rows' candidate search (32-64 measured fastest at V = 49k and 152k).
+_TOPK_BLOCK = 64
+
+
+def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k values (descending) and ids of each row of (N, V) x, lower id first among equal values.
+
+    Same values as ``torch.topk(x, k)`` (a value multiset is unique), about twice as fast on
+    large rows: split the row into blocks of B and keep only the k blocks with the largest
+    maxima, plus the columns past the last whole block, as candidates.  Exact, because with
+    v_k the k-th largest value (NaN ordered above everything, as topk and amax do):
+    every block holding a value > v_k has its maximum > v_k, and there are fewer than k such
+    blocks (each holds a distinct value > v_k), so all of them are kept; and either every
+    value >= v_k is kept, or some block with maximum >= v_k was dropped, in which case all k
+    kept blocks have maxima >= v_k and contribute k values >= v_k.  Either way the candidates
+    hold all values > v_k and at least k values >= v_k, so their top-k values are the row's.
+    """
+    N, V = x.shape
+    B = _TOPK_BLOCK
+    nb = V // B
+    if nb < 4 * k:  # too few blocks to skip most of the row: plain partial sort
+        vals, ids = torch.topk(x, k, dim=-1, largest=True, sorted=True)
+    else:
+        bmax = x[:, : nb * B].reshape(N, nb, B).amax(-1)  # one cheap streaming pass
+        blocks = torch.topk(bmax, k, dim=-1, sorted=False).indices
+        cols = (blocks[:, :, None] * B + torch.arange(B, device=x.device)).reshape(N, k * B)
+        if nb * B < V:  # the partial last block is always a candidate
+            cols = torch.cat([cols, torch.arange(nb * B, V, device=x.device).expand(N, -1)], 1)
+        vals, j = torch.topk(x.gather(1, cols), k, dim=-1, largest=True, sorted=True)
+        ids = cols.gather(1, j)
+    # topk does not promise lower-index-first among equal values; make it so.
+    return _stable_tie_order(vals, ids)
 
 
 def _stable_tie_order(vals: torch.Tensor, ids: torch.Tensor):

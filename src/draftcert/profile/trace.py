@@ -250,10 +250,9 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
 
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k logits per row, descending, lower token id first among equal values."""
-    from ..summary import _stable_tie_order
+    from ..summary import topk_rows
 
-    vals, ids = torch.topk(logits, min(k, logits.shape[-1]), dim=-1, largest=True, sorted=True)
-    return _stable_tie_order(vals, ids)
+    return topk_rows(logits, min(k, logits.shape[-1]))
 
 
 def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,

@@ -1,0 +1,40 @@
+"""summary internals whose speed-ups must not change any value."""
+
+import torch
+
+from draftcert.summary import _stable_tie_order, topk_rows
+
+
+def _reference(x: torch.Tensor, k: int):
+    vals, ids = torch.topk(x, k, dim=-1, sorted=True)
+    return _stable_tie_order(vals, ids)
+
+
+def test_topk_rows_matches_topk_values_and_ids():
+    g = torch.Generator().manual_seed(0)
+    for V in (64 * 256, 64 * 256 + 37, 49152, 1000):  # block path (whole / partial last block), plain path
+        x = torch.randn(6, V, generator=g)
+        x[1] = torch.randint(0, 5, (V,), generator=g).float()  # massive ties, also at the k-th value
+        x[2, 7::97] = torch.inf
+        x[3] = -torch.inf
+        x[3, 5] = 1.0
+        x[4, :] = 0.0  # every value tied
+        x[5, V - 3:] = 50.0  # maxima inside the partial last block
+        for k in (1, 16, 64):
+            v, i = topk_rows(x, k)
+            rv, ri = _reference(x, k)
+            assert torch.equal(v, rv)
+            assert torch.equal(torch.gather(x, 1, i), v)  # ids point at the values
+            assert all(len(set(r.tolist())) == k for r in i)  # no column twice
+            # where no tie crosses the k-th value the chosen ids are unique: they must agree too
+            clear = torch.topk(x, k + 1, dim=-1).values[:, k] < v[:, -1]
+            assert torch.equal(i[clear], ri[clear])
+
+
+def test_topk_rows_nan_ranks_first_like_topk():
+    x = torch.randn(2, 64 * 300)
+    x[0, 1234] = torch.nan
+    v, i = topk_rows(x, 8)
+    assert torch.isnan(v[0, 0]) and int(i[0, 0]) == 1234
+    rv, _ = _reference(x, 8)
+    assert torch.equal(v[1], rv[1]) and torch.equal(v[0, 1:], rv[0, 1:])
