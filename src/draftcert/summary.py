@@ -56,11 +56,14 @@ def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
 
 
 def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """For rows x[rows]: the largest value below lo, and how many values fall in [lo, hi].
+    """For rows x[rows]: the largest value below lo, how many values fall in [lo, hi], and
+    the largest and smallest of those (-inf / +inf if none).
     (Compiled, the row gather is fused into the reduction instead of copying rows.)"""
     xr = x[rows]
-    below = torch.where(xr < lo, xr, torch.full((), -torch.inf, dtype=x.dtype, device=x.device)).amax(-1)
-    return below, ((xr >= lo) & (xr <= hi)).sum(-1)
+    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
+    below = torch.where(xr < lo, xr, -inf).amax(-1)
+    band = (xr >= lo) & (xr <= hi)
+    return below, band.sum(-1), torch.where(band, xr, -inf).amax(-1), torch.where(band, xr, inf).amin(-1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -173,10 +176,18 @@ class Summary:
             # than 8 float32 ulps, so values outside [lo, hi] are decided by comparison alone.
             margin = 8 * torch.finfo(x.dtype).eps * (1 + t.abs())
             lo, hi = (t - margin).to(x.dtype), (t + margin).to(x.dtype)
-            below, n_band = _moments("band", x, rows, lo[:, None], hi[:, None])
+            below, n_band, band_max, band_min = _moments("band", x, rows, lo[:, None], hi[:, None])
             b = self._to_prob(below[:, None], rows)[:, 0]  # surely rejected: far below the threshold
-            near = (n_band > 0).nonzero().squeeze(1)
-            if near.numel():  # tokens within the margin: decide them exactly, as top_probs would
+            # Tokens within the margin are decided exactly, as top_probs would decide them.
+            # Usually the band holds one distinct value (or none): decide it from the kernel's
+            # band maximum, without touching the row again.
+            one = (n_band > 0) & (band_max == band_min)
+            if bool(one.any()):
+                pv = self._to_prob(band_max[:, None], rows)[:, 0]
+                rej = pv <= tau if inclusive else pv < tau
+                b = torch.where(one & rej, torch.maximum(b, pv), b)
+            near = ((n_band > 0) & ~one).nonzero().squeeze(1)
+            if near.numel():  # several distinct values in the band (rare): each one exactly
                 xs = self.source[rows[near]]
                 r_idx, c_idx = ((xs >= (t[near] - margin[near]).to(xs.dtype)[:, None])
                                 & (xs <= (t[near] + margin[near]).to(xs.dtype)[:, None])).nonzero(as_tuple=True)
