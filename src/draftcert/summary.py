@@ -63,12 +63,28 @@ def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch
     inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
     below = torch.where(xr < lo, xr, -inf).amax(-1)
     band = (xr >= lo) & (xr <= hi)
+    n_band = band.sum(-1)
+    band_max, band_min = torch.full_like(below, -torch.inf), torch.full_like(below, torch.inf)
+    some = (n_band > 0).nonzero().squeeze(1)
+    if some.numel():  # eager: only the (rare) rows with tokens in the band pay two more passes
+        xs, bs = xr[some], band[some]
+        band_max[some] = torch.where(bs, xs, -inf).amax(-1)
+        band_min[some] = torch.where(bs, xs, inf).amin(-1)
+    return below, n_band, band_max, band_min
+
+
+def _band_fused(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+    """_band_eager as one fused reduction for torch.compile (no data-dependent branches)."""
+    xr = x[rows]
+    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
+    below = torch.where(xr < lo, xr, -inf).amax(-1)
+    band = (xr >= lo) & (xr <= hi)
     return below, band.sum(-1), torch.where(band, xr, -inf).amax(-1), torch.where(band, xr, inf).amin(-1)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager}[fn_name]
+    fn = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_fused}[fn_name]
     return torch.compile(fn, dynamic=True)
 
 

@@ -339,13 +339,16 @@ def _radii(c: Criterion, summ: Summary, divergences: Sequence[str]) -> dict[str,
     deep = ~empty & ~found
     if not bool(empty.any() or deep.any()):
         return {d: radius_rows(c, summ, d) for d in divergences}
-    n = summ.top_probs.shape[0]
-    out = {d: torch.full((n,), torch.inf, dtype=torch.float64, device=tau.device) for d in divergences}
-    easy = (found & ~empty).nonzero().squeeze(1)
-    if easy.numel():
-        sub = _rows_of(summ, easy)
-        for d in divergences:
-            out[d][easy] = radius_rows(c, sub, d)
+    # Rows decided within the top-k: radius_rows' own formula (first rejected position, then
+    # pool_above), evaluated on all rows of the summary at once -- a sub-summary of these rows
+    # would copy their (rows, V) source logits for nothing -- and kept where found.
+    from ..certificates import _first_rejected, _known_tail
+    from ..divergences import pool_above
+
+    r, _ = _first_rejected(c, summ.top_probs, tau)
+    inf = torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64, device=tau.device)
+    easy = found & ~empty
+    out = {d: torch.where(easy, pool_above(summ.top_probs, r, d, tail=_known_tail(summ, d)), inf) for d in divergences}
     idx = deep.nonzero().squeeze(1)
     if idx.numel():
         p = summ.probs_f64(idx)
