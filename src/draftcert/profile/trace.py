@@ -194,7 +194,7 @@ class StepCertifier:
         return cols
 
 
-# Rows per chunk in divergences_from_logits: its three float64 buffers (CHUNK_ELEMENTS * 8
+# Rows per chunk in divergences_from_logits: its four float64 buffers (CHUNK_ELEMENTS * 8
 # bytes each) then stay in the CPU's L2 cache instead of streaming through memory once
 # per elementwise op (2 rows at V = 49k; 1 row at V = 152k).
 CHUNK_ELEMENTS = 1 << 17
@@ -221,12 +221,12 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
     kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
     kl_r, tv, log_sq = torch.empty_like(kl_f), torch.empty_like(kl_f), torch.empty_like(kl_f)
     step = min(n, max(1, CHUNK_ELEMENTS // V)) if x.device.type == "cpu" else n
-    # Three float64 work buffers reused by every chunk: fresh (rows, V) float64 temporaries
+    # Four float64 work buffers reused by every chunk: fresh (rows, V) float64 temporaries
     # per op cost more in allocation and first-touch page faults than the arithmetic.
-    P, Q, D = (torch.empty(step, V, dtype=torch.float64, device=x.device) for _ in range(3))
+    P, Q, D, T = (torch.empty(step, V, dtype=torch.float64, device=x.device) for _ in range(4))
     for i in range(0, n, step):
         j = min(n, i + step)
-        p, q, d = P[: j - i], Q[: j - i], D[: j - i]
+        p, q, d, t = P[: j - i], Q[: j - i], D[: j - i], T[: j - i]
         p.copy_(x[i:j]).sub_(log_zp[i:j, None])  # log p~ (float32 -> float64 is exact)
         q.copy_(y[i:j]).sub_(log_zq[i:j, None])
         torch.sub(p, q, out=d)  # d~
@@ -234,8 +234,10 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
         sp, sq = p.sum(1), q.sum(1)
         log_sq[i:j] = sq.log()
         ls = sp.log() - log_sq[i:j]
-        kl_f[i:j] = torch.linalg.vecdot(p, d) / sp - ls
-        kl_r[i:j] = ls - torch.linalg.vecdot(q, d) / sq
+        # sum p~ d~ and sum q~ d~ (as linalg.vecdot computes them, but the products go to a
+        # reused buffer instead of a fresh temporary)
+        kl_f[i:j] = torch.mul(p, d, out=t).sum(1) / sp - ls
+        kl_r[i:j] = ls - torch.mul(q, d, out=t).sum(1) / sq
         # TV = (1/2) sum |p~ (S_q / S_p) - q~| / S_q: one multiply per element instead of
         # two divisions (the extra rounding is one float64 ulp per term).
         tv[i:j] = p.mul_((sq / sp)[:, None]).sub_(q).abs_().sum(1).div_(sq).mul_(0.5)
