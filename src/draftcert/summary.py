@@ -62,10 +62,14 @@ def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: 
     lo = x.amin(-1)
     if not want_entropy:
         return s, None, lo
+    if fused:  # one fused pass anyway: the plain guard is the cheapest form for inductor
+        d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1, dtype=torch.float64)
+        return s, d, lo
     # e * z, with 0 * -inf (x = -inf, a masked token) counted as 0: nan_to_num_ turns z = -inf
-    # into 0 in place, then the product reuses z's memory -- two cheap passes where a
-    # where(e > 0, e * z, 0) took four.  (It also maps NaN to 0 and +inf to the float max,
-    # but those only occur in rows whose normaliser s is already NaN: flagged downstream.)
+    # into 0 in place, then the product reuses z's memory -- two cheap passes where the
+    # where(e > 0, e * z, 0) above takes four in eager mode.  (It also maps NaN to 0 and +inf
+    # to the float max, but those only occur in rows whose normaliser s is already NaN, which
+    # are flagged downstream; elsewhere both forms give the same products.)
     d = sum64(z.nan_to_num_(neginf=0.0).mul_(e))
     return s, d, lo
 
