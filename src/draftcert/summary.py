@@ -75,7 +75,25 @@ def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: 
 
 
 def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
-    return _logit_moments(x, m, want_entropy)
+    """_logit_moments a few rows at a time through reused buffers (on the CPU): fresh
+    (N, V) temporaries for every step's logits cost page faults that exceed the arithmetic."""
+    n, V = x.shape
+    step = max(1, min(n, _SUM_CHUNK // max(V, 1)))
+    if x.device.type != "cpu" or step >= n:
+        return _logit_moments(x, m, want_entropy)
+    zb, eb = torch.empty(step, V, dtype=x.dtype), torch.empty(step, V, dtype=x.dtype)
+    buf = torch.empty(step, V, dtype=torch.float64)
+    s = torch.empty(n, dtype=torch.float64)
+    d = torch.empty(n, dtype=torch.float64) if want_entropy else None
+    for i in range(0, n, step):
+        j = min(n, i + step)
+        z, e, b = zb[: j - i], eb[: j - i], buf[: j - i]
+        torch.sub(x[i:j], m[i:j], out=z)
+        torch.exp(z, out=e)
+        s[i:j] = b.copy_(e).sum(-1)  # float64 accumulation, as in _sum_f64
+        if want_entropy:  # e * z with 0 * -inf counted as 0, as in _logit_moments
+            d[i:j] = b.copy_(z.nan_to_num_(neginf=0.0).mul_(e)).sum(-1)
+    return s, d, x.amin(-1)
 
 
 def _logit_moments_fused(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
