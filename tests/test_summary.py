@@ -68,3 +68,19 @@ def test_max_prob_where_exact_at_the_threshold(monkeypatch, compiled):
             t = tau * scale
             got = summ.max_prob_where(rows, t, inclusive)
             assert torch.equal(got, _brute_max_prob_where(summ, rows, t, inclusive))
+
+
+def test_chunked_moments_and_float64_sums_are_identical():
+    """The eager moments go through reused buffers a few rows at a time; the values must be
+    bit-identical to the plain formulas (same conversions, same float64 reductions)."""
+    g = torch.Generator().manual_seed(5)
+    for shape in [(8, 49152), (3, 151936), (40, 1000), (7, 70000)]:
+        x = torch.randn(*shape, generator=g) * 4
+        x[0, 3] = -torch.inf  # a masked token: contributes 0 to both sums
+        m = x.amax(-1, keepdim=True)
+        for want in (True, False):
+            got = summary_mod._logit_moments_eager(x, m, want)
+            ref = summary_mod._logit_moments(x, m, want)
+            assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got, ref))
+        e = torch.exp(x - m)
+        assert torch.equal(summary_mod._sum_f64(e), e.sum(-1, dtype=torch.float64))
