@@ -70,9 +70,10 @@ def test_max_prob_where_exact_at_the_threshold(monkeypatch, compiled):
             assert torch.equal(got, _brute_max_prob_where(summ, rows, t, inclusive))
 
 
-def test_chunked_moments_and_float64_sums_are_identical():
-    """The eager moments go through reused buffers a few rows at a time; the values must be
-    bit-identical to the plain formulas (same conversions, same float64 reductions)."""
+def test_chunked_moments_and_float64_sums_match_the_plain_formulas():
+    """The eager moments go through reused buffers a few rows at a time: same values as the
+    plain formulas (exactly the same products; float64 sums equal up to float64 rounding,
+    as the reduction order over a single row can differ from that over a batch)."""
     g = torch.Generator().manual_seed(5)
     for shape in [(8, 49152), (3, 151936), (40, 1000), (7, 70000)]:
         x = torch.randn(*shape, generator=g) * 4
@@ -80,7 +81,9 @@ def test_chunked_moments_and_float64_sums_are_identical():
         m = x.amax(-1, keepdim=True)
         for want in (True, False):
             got = summary_mod._logit_moments_eager(x, m, want)
-            ref = summary_mod._logit_moments(x, m, want)
-            assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(got, ref))
+            ref = summary_mod._logit_moments(x, m, want, fused=True)
+            assert torch.equal(got[2], ref[2])
+            for a, b in zip(got[:2], ref[:2]):
+                assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-15, atol=0)
         e = torch.exp(x - m)
-        assert torch.equal(summary_mod._sum_f64(e), e.sum(-1, dtype=torch.float64))
+        torch.testing.assert_close(summary_mod._sum_f64(e), e.sum(-1, dtype=torch.float64), rtol=1e-15, atol=0)

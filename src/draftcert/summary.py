@@ -33,8 +33,9 @@ _SUM_CHUNK = 1 << 17
 
 
 def _sum_f64(a: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
-    """``a.sum(-1, dtype=torch.float64)`` for 2-D a (identical values: the same conversion
-    and the same float64 reduction), converting a few rows at a time into a reused buffer."""
+    """``a.sum(-1, dtype=torch.float64)`` for 2-D a, converting a few rows at a time into a
+    reused buffer (the same exact conversion and float64 accumulation; the reduction order
+    within a row may differ, so results agree to float64 rounding, ~1e-16 relative)."""
     if a.dtype == torch.float64 or a.device.type != "cpu":
         return a.sum(-1, dtype=torch.float64)
     n, V = a.shape
@@ -75,7 +76,8 @@ def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: 
 
 
 def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
-    """_logit_moments a few rows at a time through reused buffers (on the CPU): fresh
+    """_logit_moments a few rows at a time through reused buffers (on the CPU; the same values
+    up to float64 rounding of the sums): fresh
     (N, V) temporaries for every step's logits cost page faults that exceed the arithmetic."""
     n, V = x.shape
     step = max(1, min(n, _SUM_CHUNK // max(V, 1)))
