@@ -7,30 +7,35 @@ boundary):
 
   model        target prefill + every decoding step + the drafter's teacher-forced pass
   certificate  summaries, all radii, divergences, acceptance, certificates (on the device)
-  trace        columns to numpy once per batch, Arrow table, atomic Parquet write
+  trace        columns to numpy once per batch, Arrow table, atomic Parquet write,
+               counting soundness violations, the final totals pass over the shards
 
 and prints ``overhead=X`` last, X = (certificate + trace) / model.  Goal: X <= 0.05.
 
     PYTHONPATH=src python benchmarks/bench_profile.py [--prompts 8] [--tokens 32] [--threads 1]
 
-Recorded 2026-11-29 on the shared 2-core dev box (other jobs running; five runs gave
-overhead 0.054 - 0.068, the model time moving with the load more than the rest):
+Recorded 2026-11-29 on the shared 2-core dev box (another benchmark running), three runs
+interleaved with the same command on main's code (main: overhead 0.0595, 0.0609, 0.0604;
+this code: 0.0455, 0.0482, 0.0434).  One of them:
 
     prompts=8 steps=256 threads=1 device=cpu drafter=default
-    model_s=8.544 (30.0 tok/s)  certificate_s=0.479  trace_s=0.021  wall_s=13.2 (incl. loading)
-      certificate.draft_s=0.296
-      certificate.target_s=0.182
-      trace.table_s=0.004
-      trace.write_s=0.017
+    model_s=9.144 (28.0 tok/s)  certificate_s=0.351  trace_s=0.045  wall_s=13.7 (incl. loading)
+      certificate.draft_s=0.233
+      certificate.target_s=0.118
+      trace.stats_s=0.004
+      trace.table_s=0.010
+      trace.violations_s=0.001
+      trace.write_s=0.030
     soundness_violations=0 nonfinite_steps=0
-    overhead=0.0585
+    overhead=0.0434
 
-Per generated token that is ~1.9 ms of certificate work against ~33 ms of model work
-(135M-parameter target, V = 49152).  What remains is vocabulary-sized passes: the
-per-step ``summarize`` (top-64, normaliser, entropy; about 0.7 ms/token, of which the
-entropy pass is a third), and the exact float64 KL(p||q), KL(q||p), TV with the
-drafter (about 0.6 ms/token).  Radii, acceptance and certificates themselves work on
-the top-k and cost ~0.3 ms/token; the trace write is negligible.
+Per generated token that is ~1.5 ms of certificate + trace work against ~35 ms of model work
+(135M-parameter target, V = 49152).  ``certificate`` covers every step's summary (top-64 by
+a block search, normaliser and entropy through reused buffers), all radii, and with the
+drafter its top-16, the exact float64 KL(p||q), KL(q||p), TV, acceptance and certificates;
+``trace`` covers the Arrow table, the shard write, counting soundness violations and the
+final totals pass over the shards.  What remains is mostly the float64 divergence pass
+(~0.5 ms/token: exactness needs float64 exp of both distributions) and the radii (~0.25).
 """
 
 from __future__ import annotations

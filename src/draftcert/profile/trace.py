@@ -194,10 +194,10 @@ class StepCertifier:
         return cols
 
 
-# Rows per chunk in divergences_from_logits: its float64 temporaries (a few of
-# CHUNK_ELEMENTS * 8 bytes) then stay in the CPU's L2 cache instead of streaming
-# through memory once per elementwise op.
-CHUNK_ELEMENTS = 1 << 16
+# Rows per chunk in divergences_from_logits: its four float64 buffers (CHUNK_ELEMENTS * 8
+# bytes each) then stay in the CPU's L2 cache instead of streaming through memory once
+# per elementwise op (2 rows at V = 49k; 1 row at V = 152k).
+CHUNK_ELEMENTS = 1 << 17
 
 
 def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
@@ -220,19 +220,27 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
     n, V = x.shape
     kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
     kl_r, tv, log_sq = torch.empty_like(kl_f), torch.empty_like(kl_f), torch.empty_like(kl_f)
-    step = max(1, CHUNK_ELEMENTS // V) if x.device.type == "cpu" else n
+    step = min(n, max(1, CHUNK_ELEMENTS // V)) if x.device.type == "cpu" else n
+    # Four float64 work buffers reused by every chunk: fresh (rows, V) float64 temporaries
+    # per op cost more in allocation and first-touch page faults than the arithmetic.
+    P, Q, D, T = (torch.empty(step, V, dtype=torch.float64, device=x.device) for _ in range(4))
     for i in range(0, n, step):
         j = min(n, i + step)
-        lp = x[i:j].double().sub_(log_zp[i:j, None])
-        lq = y[i:j].double().sub_(log_zq[i:j, None])
-        p, q = lp.exp(), lq.exp()
+        p, q, d, t = P[: j - i], Q[: j - i], D[: j - i], T[: j - i]
+        p.copy_(x[i:j]).sub_(log_zp[i:j, None])  # log p~ (float32 -> float64 is exact)
+        q.copy_(y[i:j]).sub_(log_zq[i:j, None])
+        torch.sub(p, q, out=d)  # d~
+        p.exp_(), q.exp_()
         sp, sq = p.sum(1), q.sum(1)
-        d = lp.sub_(lq)
         log_sq[i:j] = sq.log()
         ls = sp.log() - log_sq[i:j]
-        kl_f[i:j] = torch.linalg.vecdot(p, d) / sp - ls
-        kl_r[i:j] = ls - torch.linalg.vecdot(q, d) / sq
-        tv[i:j] = torch.linalg.vector_norm(p.div_(sp[:, None]).sub_(q.div_(sq[:, None])), ord=1, dim=1).mul_(0.5)
+        # sum p~ d~ and sum q~ d~ (as linalg.vecdot computes them, but the products go to a
+        # reused buffer instead of a fresh temporary)
+        kl_f[i:j] = torch.mul(p, d, out=t).sum(1) / sp - ls
+        kl_r[i:j] = ls - torch.mul(q, d, out=t).sum(1) / sq
+        # TV = (1/2) sum |p~ (S_q / S_p) - q~| / S_q: one multiply per element instead of
+        # two divisions (the extra rounding is one float64 ulp per term).
+        tv[i:j] = p.mul_((sq / sp)[:, None]).sub_(q).abs_().sum(1).div_(sq).mul_(0.5)
     broken = ~(torch.isfinite(kl_f) & torch.isfinite(kl_r))
     if bool(broken.any()):
         i = broken.nonzero().squeeze(1)
@@ -250,10 +258,9 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
 
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k logits per row, descending, lower token id first among equal values."""
-    from ..summary import _stable_tie_order
+    from ..summary import topk_rows
 
-    vals, ids = torch.topk(logits, min(k, logits.shape[-1]), dim=-1, largest=True, sorted=True)
-    return _stable_tie_order(vals, ids)
+    return topk_rows(logits, min(k, logits.shape[-1]))
 
 
 def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,
@@ -334,13 +341,16 @@ def _radii(c: Criterion, summ: Summary, divergences: Sequence[str]) -> dict[str,
     deep = ~empty & ~found
     if not bool(empty.any() or deep.any()):
         return {d: radius_rows(c, summ, d) for d in divergences}
-    n = summ.top_probs.shape[0]
-    out = {d: torch.full((n,), torch.inf, dtype=torch.float64, device=tau.device) for d in divergences}
-    easy = (found & ~empty).nonzero().squeeze(1)
-    if easy.numel():
-        sub = _rows_of(summ, easy)
-        for d in divergences:
-            out[d][easy] = radius_rows(c, sub, d)
+    # Rows decided within the top-k: radius_rows' own formula (first rejected position, then
+    # pool_above), evaluated on all rows of the summary at once -- a sub-summary of these rows
+    # would copy their (rows, V) source logits for nothing -- and kept where found.
+    from ..certificates import _first_rejected, _known_tail
+    from ..divergences import pool_above
+
+    r, _ = _first_rejected(c, summ.top_probs, tau)
+    inf = torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64, device=tau.device)
+    easy = found & ~empty
+    out = {d: torch.where(easy, pool_above(summ.top_probs, r, d, tail=_known_tail(summ, d)), inf) for d in divergences}
     idx = deep.nonzero().squeeze(1)
     if idx.numel():
         p = summ.probs_f64(idx)

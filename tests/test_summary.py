@@ -1,0 +1,89 @@
+"""summary internals whose speed-ups must not change any value."""
+
+import pytest
+import torch
+
+from draftcert import summary as summary_mod
+from draftcert.summary import _stable_tie_order, summarize, topk_rows
+
+
+def _reference(x: torch.Tensor, k: int):
+    vals, ids = torch.topk(x, k, dim=-1, sorted=True)
+    return _stable_tie_order(vals, ids)
+
+
+def test_topk_rows_matches_topk_values_and_ids():
+    g = torch.Generator().manual_seed(0)
+    for V in (64 * 256, 64 * 256 + 37, 49152, 1000):  # block path (whole / partial last block), plain path
+        x = torch.randn(6, V, generator=g)
+        x[1] = torch.randint(0, 5, (V,), generator=g).float()  # massive ties, also at the k-th value
+        x[2, 7::97] = torch.inf
+        x[3] = -torch.inf
+        x[3, 5] = 1.0
+        x[4, :] = 0.0  # every value tied
+        x[5, V - 3:] = 50.0  # maxima inside the partial last block
+        for k in (1, 16, 64):
+            v, i = topk_rows(x, k)
+            rv, ri = _reference(x, k)
+            assert torch.equal(v, rv)
+            assert torch.equal(torch.gather(x, 1, i), v)  # ids point at the values
+            assert all(len(set(r.tolist())) == k for r in i)  # no column twice
+            # where no tie crosses the k-th value the chosen ids are unique: they must agree too
+            clear = torch.topk(x, k + 1, dim=-1).values[:, k] < v[:, -1]
+            assert torch.equal(i[clear], ri[clear])
+
+
+def test_topk_rows_nan_ranks_first_like_topk():
+    x = torch.randn(2, 64 * 300)
+    x[0, 1234] = torch.nan
+    v, i = topk_rows(x, 8)
+    assert torch.isnan(v[0, 0]) and int(i[0, 0]) == 1234
+    rv, _ = _reference(x, 8)
+    assert torch.equal(v[1], rv[1]) and torch.equal(v[0, 1:], rv[0, 1:])
+
+
+def _brute_max_prob_where(summ, rows, tau, inclusive):
+    P = summ.probs_f64(rows)
+    rej = P <= tau[:, None] if inclusive else P < tau[:, None]
+    return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_max_prob_where_exact_at_the_threshold(monkeypatch, compiled):
+    """Thresholds placed exactly on a token's probability put tokens inside the
+    comparison margin: one distinct value there (alone or repeated), or several."""
+    if compiled:
+        monkeypatch.setattr(summary_mod, "_COMPILE_MIN_NUMEL", 0)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 4096, generator=g) * 3
+    x[1, 100:110] = x[1, 50]  # the threshold's value repeated
+    x[2, 200] = torch.nextafter(x[2, 50], torch.tensor(torch.inf))  # a second distinct value in the band
+    x[3, 300] = torch.nextafter(x[3, 50], torch.tensor(-torch.inf))
+    x[4, 7] = -torch.inf
+    summ = summarize(logits=x, k=16)
+    rows = torch.arange(6)
+    tau = summ.prob_of(torch.full((6,), 50))
+    for inclusive in (True, False):
+        for scale in (1.0, 1 + 1e-15, 1 - 1e-15):
+            t = tau * scale
+            got = summ.max_prob_where(rows, t, inclusive)
+            assert torch.equal(got, _brute_max_prob_where(summ, rows, t, inclusive))
+
+
+def test_chunked_moments_and_float64_sums_match_the_plain_formulas():
+    """The eager moments go through reused buffers a few rows at a time: same values as the
+    plain formulas (exactly the same products; float64 sums equal up to float64 rounding,
+    as the reduction order over a single row can differ from that over a batch)."""
+    g = torch.Generator().manual_seed(5)
+    for shape in [(8, 49152), (3, 151936), (40, 1000), (7, 70000)]:
+        x = torch.randn(*shape, generator=g) * 4
+        x[0, 3] = -torch.inf  # a masked token: contributes 0 to both sums
+        m = x.amax(-1, keepdim=True)
+        for want in (True, False):
+            got = summary_mod._logit_moments_eager(x, m, want)
+            ref = summary_mod._logit_moments(x, m, want, fused=True)
+            assert torch.equal(got[2], ref[2])
+            for a, b in zip(got[:2], ref[:2]):
+                assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-15, atol=0)
+        e = torch.exp(x - m)
+        torch.testing.assert_close(summary_mod._sum_f64(e), e.sum(-1, dtype=torch.float64), rtol=1e-15, atol=0)
