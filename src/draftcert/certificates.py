@@ -15,11 +15,11 @@ p(2nd..m+1), and the argmax is pooled with the smallest of them
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import torch
 
-from ._arrays import ArrayLike, output_spec, pick_input
+from ._arrays import ArrayLike
 from .criteria import Criterion, LevelSet, TreeCoverage, as_criterion
 from .divergences import check_divergence, divergence_rows, pool_above, pool_below, probs_from
 from .summary import DEFAULT_TOPK, Summary, summarize

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from ._arrays import ArrayLike, pick_input, to_tensor, check_probs
+from ._arrays import ArrayLike
 from .summary import Summary, summarize
 
 __all__ = [

@@ -219,11 +219,6 @@ class Summary:
         v = vals.double()
         return torch.exp(v - self.log_norm[rows][:, None]) if self.is_logits else v
 
-    def top_of(self, rows: torch.Tensor, k: int) -> torch.Tensor:
-        """float64 top-k probabilities (descending) of the selected rows, computed as top_probs is."""
-        vals = torch.topk(self.source[rows], min(k, self.vocab_size), dim=-1, sorted=True).values
-        return self._to_prob(vals, rows)
-
     def min_prob(self, rows: torch.Tensor) -> torch.Tensor:
         """float64 smallest probability of the selected rows, computed as top_probs is."""
         lo = self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)

@@ -37,7 +37,7 @@ from ..certificates import radius_rows
 from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, as_criterion
 from ..divergences import divergence_rows
 from ..summary import summarize
-from .drafters import ModelDrafter, PromptLookupDrafter, make_drafter, model_forward, new_cache, vocab_size_of
+from .drafters import ModelDrafter, make_drafter, model_forward, new_cache, vocab_size_of
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
 
