@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import socket
 import subprocess
 import sys
@@ -95,7 +96,12 @@ def test_reproduce_paper_says_exactly_what_is_missing(monkeypatch, capsys):
 def test_torchrun_two_processes(tiny_dir, prompt_file, tmp_path):
     """The real launcher: torchrun --nproc_per_node 2 -m draftcert profile (gloo on CPU)."""
     out = tmp_path / "tr"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    # Only the package's own source dir: the tests/ dir on the child's path would shadow
+    # top-level modules (stdlib `profile`, and `models` inside transformers' lazy imports).
+    import draftcert
+
+    src_dir = str(Path(draftcert.__file__).resolve().parents[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=src_dir)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
