@@ -35,14 +35,20 @@ def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple
     return r, n_rej > 0
 
 
+def _deep_rejected(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor):
+    """For rows whose top-k holds no rejected token: which of them have one at all (the row
+    minimum decides), and for those the probability b of the most probable one."""
+    sel = crit.rejected_mask(summ.min_prob(rows), tau).nonzero().squeeze(1)
+    b = summ.max_prob_where(rows[sel], tau[sel], crit.inclusive) if sel.numel() else None
+    return sel, b
+
+
 def _deep_radius(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor, kind: str) -> torch.Tensor:
     out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
-    any_rej = crit.rejected_mask(summ.min_prob(rows), tau)
-    sel = any_rej.nonzero().squeeze(1)
+    sel, b = _deep_rejected(crit, summ, rows, tau)
     if sel.numel() == 0:
         return out
     rws, tau_s = rows[sel], tau[sel]
-    b = summ.max_prob_where(rws, tau_s, crit.inclusive)
     s = torch.cat([summ.top_probs[rws], b[:, None]], 1)
     r = torch.full_like(sel, s.shape[1] - 1)
     cost, level = pool_above(s, r, kind, return_level=True)
@@ -60,10 +66,8 @@ def _deep_radius(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.T
 def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     """p(1st) - b for rows whose rejected tokens all lie beyond the top-k (+inf if none)."""
     out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
-    any_rej = crit.rejected_mask(summ.min_prob(rows), tau)
-    sel = any_rej.nonzero().squeeze(1)
+    sel, b = _deep_rejected(crit, summ, rows, tau)
     if sel.numel():
-        b = summ.max_prob_where(rows[sel], tau[sel], crit.inclusive)
         out[sel] = summ.top_probs[rows[sel], 0] - b
     return out
 
@@ -72,18 +76,21 @@ def _known_tail(summ: Summary, kind: str) -> torch.Tensor | None:
     """Mass beyond the top-k, needed by reverse KL: exactly 0 for a complete summary
     (1 - sum would leave round-off that caps reverse-KL radii near -log(1e-16)).  For an
     incomplete one 1 - sum(top-k) is exact enough unless the tail is tiny; those rows
-    (reverse KL only) get it summed directly from the source, one pass each."""
+    (reverse KL only) get it summed directly from the source, one pass each, once per
+    summary (cached: ``radii`` asks for it once per criterion)."""
     if summ.complete:
         return torch.zeros_like(summ.top_probs[:, 0])
     if kind != "reverse":
         return None
-    tail = (1 - summ.top_probs.sum(1)).clamp_min(0)
-    rows = (tail < 1e-6).nonzero().squeeze(1)
-    if rows.numel():
-        P = summ.probs_f64(rows)
-        P.scatter_(1, summ.top_ids[rows], 0.0)
-        tail[rows] = P.sum(1)
-    return tail
+    if summ.tail_cache is None:
+        tail = (1 - summ.top_probs.sum(1)).clamp_min(0)
+        rows = (tail < 1e-6).nonzero().squeeze(1)
+        if rows.numel():
+            P = summ.probs_f64(rows)
+            P.scatter_(1, summ.top_ids[rows], 0.0)
+            tail[rows] = P.sum(1)
+        summ.tail_cache = tail
+    return summ.tail_cache
 
 
 def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:

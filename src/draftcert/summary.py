@@ -2,12 +2,14 @@
 
 Every criterion in this library is decided by the *top of the sorted target
 distribution* (and, for Medusa's rule, its entropy).  ``summarize`` reads each
-row of ``(..., V)`` logits or probabilities once for the normaliser and the
-entropy (a fused kernel when the input is large), once for a partial sort
-(``torch.topk``), and keeps the top-``k`` probabilities in float64.  Rows for
-which ``k`` turns out to be too few (the rejected token sits deeper) are
-re-sorted exactly on demand by :meth:`Summary.sorted_rows`, so the answer never
-depends on ``k``; ``k`` only trades speed.
+row of ``(..., V)`` logits or probabilities once for the normaliser, the
+entropy and the minimum (a fused kernel when the input is large), once for a
+block partial sort (``topk_rows``), and keeps the top-``k`` probabilities in
+float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
+deeper) are settled exactly on demand (:meth:`Summary.min_prob`,
+:meth:`Summary.max_prob_where`, and for extremely flat rows
+:meth:`Summary.sorted_rows`), so the answer never depends on ``k``; ``k`` only
+trades speed.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ class Summary:
     source: torch.Tensor = field(repr=False)  # (N, V) original values, for exact fallbacks
     is_logits: bool = False
     row_min: torch.Tensor | None = field(default=None, repr=False)  # (N,) smallest source value
+    tail_cache: torch.Tensor | None = field(default=None, repr=False)  # mass beyond the top-k, once computed
 
     @property
     def k(self) -> int:
