@@ -50,6 +50,16 @@ def _mix(p, q, t):
 # ---------------------------------------------------------------------------
 
 
+
+def _assert_mixtures_certified(spec, p, q_star, kind, rad):
+    """Drafters on the segment from p toward the optimal rejecting q*, stopping short of
+    it, lie strictly inside the radius: each must be certified and accepted."""
+    for t in (0.5, 0.9, 0.999, 1 - 1e-6):
+        q_t = _mix(p, q_star, t)
+        assert R.div_np(p, q_t, kind) < rad
+        assert bool(dc.certified(spec, p, q_t, kind))
+        assert bool(dc.accepts(spec, p, q_t)), f"certified drafter rejected at t={t}: q={q_t.tolist()}"
+
 @given(p=dists(), spec=st.sampled_from(SINGLE), kind=st.sampled_from(KINDS))
 def test_adversarial_single_token(p, spec, kind):
     """q* = the optimal rejecting drafter for the most probable rejected token (explicit
@@ -76,11 +86,7 @@ def test_adversarial_single_token(p, spec, kind):
     assert not bool(dc.accepts(spec, p, q_n))
     if rad == 0:
         return
-    for t in (0.5, 0.9, 0.999, 1 - 1e-6):
-        q_t = _mix(p, q_star, t)
-        assert R.div_np(p, q_t, kind) < rad
-        assert bool(dc.certified(spec, p, q_t, kind))
-        assert bool(dc.accepts(spec, p, q_t)), f"certified drafter rejected at t={t}: q={q_t.tolist()}"
+    _assert_mixtures_certified(spec, p, q_star, kind, rad)
 
 
 @given(p=dists(), m=st.integers(1, 5), kind=st.sampled_from(KINDS))
@@ -106,10 +112,7 @@ def test_adversarial_tree(p, m, kind):
         assert not bool(dc.accepts(spec, p, q_n))
     if rad == 0:
         return
-    for t in (0.5, 0.9, 0.999, 1 - 1e-6):
-        q_t = _mix(p, q_star, t)
-        assert bool(dc.certified(spec, p, q_t, kind))
-        assert bool(dc.accepts(spec, p, q_t)), f"certified drafter rejected at t={t}"
+    _assert_mixtures_certified(spec, p, q_star, kind, rad)
 
 
 @settings(max_examples=15)
