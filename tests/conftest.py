@@ -9,9 +9,11 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# tests/ on the path so the test modules can ``import reference``; this worktree's src/
-# first so the editable install of another checkout is never the one under test.
-sys.path.insert(0, _HERE)
+# This worktree's src/ first so the editable install of another checkout is never the one
+# under test.  tests/ itself is never put on sys.path: it is the package ``tests`` (pytest
+# puts the repository root on the path for it), so test helpers are imported as
+# ``tests.reference`` and can never shadow a standard-library or third-party module
+# (tests/test_layout.py checks that).
 sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "src"))
 
 settings.register_profile(
@@ -33,6 +35,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 @pytest.fixture(scope="session")
 def ref():
     """One cvxpy reference solver per session: per-(p, y) solutions are reused by every criterion."""
-    import reference
+    from tests import reference
 
     return reference.ReferenceSolver()

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import draftcert as dc
-import reference as R
+from tests import reference as R
 
 KINDS = ("forward", "reverse", "tv")
 REL, ABS = 1e-6, 1e-9

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-import tracegen  # noqa: E402
+from draftcert.cli import main as cli_main
+from draftcert.report import write_report
+from draftcert.report.summary import quantile
 
-from draftcert.cli import main as cli_main  # noqa: E402
-from draftcert.report import write_report  # noqa: E402
-from draftcert.report.summary import quantile  # noqa: E402
+from . import tracegen
 
 EPS = (0.05, 0.1, 0.3, 0.5)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
