@@ -92,8 +92,11 @@ def add_parser(subparsers) -> None:
 
 
 def _run_profile(args) -> int:
+    from .._cli_checks import check_out_dir, check_specs
     from .run import profile
 
+    check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
+    check_out_dir(args.out, "--out")
     res = profile(
         args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
         max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,
