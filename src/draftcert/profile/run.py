@@ -510,7 +510,7 @@ def profile(
             out.mkdir(parents=True, exist_ok=True)
             (out / "trace").mkdir(exist_ok=True)
             _write_json(out / "run.json", _run_json(settings, info, batch_size, dev, model, command, status="running"))
-            wrote_run_json = (settings, batch_size, dev, model, command)
+            wrote_run_json = (settings, info, batch_size, dev, model, command)
         # Collective 1 (every rank, exactly once, also on failure): all set up?
         if not dist_mod.all_ok(info, True):
             raise _PeerFailed("another rank failed while setting up; see its error")
@@ -583,8 +583,8 @@ def _mark_stopped(out: Path, info, wrote, exc: BaseException) -> None:
         meta = _run_json(*wrote, status=status)
         meta["stopped_by"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         _write_json(out / "run.json", meta)
-    except Exception:  # best effort: never mask the exception that stopped the run
-        pass
+    except Exception as err:  # best effort: never mask the exception that stopped the run
+        print(f"draftcert: warning: could not mark {out / 'run.json'} {status} ({err})", file=sys.stderr)
 
 
 def _run_json(settings, info, batch_size, dev, model, command, status):
