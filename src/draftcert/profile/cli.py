@@ -112,8 +112,9 @@ def _run_profile(args) -> int:
     if res.rank == 0:
         t = res.timings
         print(f"profile: {res.prompts} prompts, {res.steps} steps in {res.out_dir} "
-              f"({res.new_prompts} prompts / {res.new_steps} steps new; model {t.get('model', 0):.1f}s, "
-              f"certificates {t.get('certificate', 0):.2f}s, trace {t.get('trace', 0):.2f}s, wall {t.get('wall', 0):.1f}s)")
+              f"({res.new_prompts} prompts / {res.new_steps} steps new)\n"
+              f"profile: model {t.get('model', 0):.1f}s, certificates {t.get('certificate', 0):.2f}s, "
+              f"trace {t.get('trace', 0):.2f}s, wall {t.get('wall', 0):.1f}s")
         if res.nonfinite_steps:
             print(f"profile: {res.nonfinite_steps} step(s) had non-finite target logits (flagged `nonfinite`)",
                   file=sys.stderr)
