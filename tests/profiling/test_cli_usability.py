@@ -187,3 +187,25 @@ def test_profile_table_fits_80_columns(tiny_dir, prompt_file, tmp_path, capsys, 
         shown = [t for l in lines if l.startswith("│") for c in [re.split(r"[\s│]+", l.strip("│ "))] if c[0] == r[0]
                  for t in c[1:]]
         assert shown == r[1:], (r, shown)  # every number whole, in order
+
+
+def test_a_run_from_before_extension_resumes_and_extends(tiny_dir, prompt_file, tmp_path):
+    """Run directories written before runs could be extended (shards hashed with the limit and
+    the prompt list; run.json without n_prompts) still resume, and extend."""
+    from draftcert.profile import run as run_mod
+    from draftcert.profile.trace import SHARD_META_SETTINGS
+
+    out = tmp_path / "old"
+    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=3, progress=False, report=False)
+    profile(limit=2, **kw)
+    meta = json.loads((out / "run.json").read_text())
+    for key in ("n_prompts", "shard_sha256"):
+        del meta["settings"][key]
+    (out / "run.json").write_text(json.dumps(meta))
+    legacy = run_mod._settings_sha(meta["settings"], run_mod._LEGACY_TRACE_KEYS).encode()
+    for p in (out / "trace").glob("*.parquet"):
+        t = pq.read_table(p)
+        pq.write_table(t.replace_schema_metadata({**t.schema.metadata, SHARD_META_SETTINGS: legacy}), p)
+    assert profile(limit=2, **kw).new_prompts == 0  # resumes: nothing to do
+    res = profile(limit=3, **kw)  # extends
+    assert res.new_prompts == 1 and res.prompts == 3

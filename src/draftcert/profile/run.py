@@ -348,6 +348,7 @@ def _check_resume(out: Path, settings: dict, plist: Sequence[_Prompt]) -> set[st
                 f"out: {out} already holds a profile run with different settings ({lines}). "
                 "Rerun with the same settings to resume it, or choose a new --out directory"
             )
+        shas.update(old.get("shard_sha256") or [])
         n_old = old.get("n_prompts")
         if n_old is None:  # run.json written before runs could be extended
             n_old = len(plist) if old.get("limit") is None else min(int(old["limit"]), len(plist))
@@ -487,7 +488,11 @@ def profile(
             "epsilons": eps,
         }
         sha = _settings_sha(settings)
-        done = _done_prompts(out, _check_resume(out, settings, plist), plist)
+        shas = _check_resume(out, settings, plist)
+        # every hash this directory's shards may carry, for the next run (and the other ranks,
+        # which may read the run.json rank 0 rewrites below)
+        settings["shard_sha256"] = sorted(shas)
+        done = _done_prompts(out, shas, plist)
 
         model, tok = _load_target(target, dev, torch_dtype)
         model.eval()
