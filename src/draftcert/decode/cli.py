@@ -20,14 +20,14 @@ and bonus tokens) in the default colour (set NO_COLOR=1 or pipe the output to
 turn colour off).  Statistics go to stderr.
 
 --json prints JSON Lines on stdout: one JSON object per line, one per
-verification round, then a summary object.  JSON has no infinity: a null in a
+verification round, then a summary object. JSON has no infinity: a null in a
 round's "radius" list means +inf (no drafter can be rejected at that position,
 so any drafter is certified there); other non-finite numbers are null too.
 
 Timing: before the timed decode, one warm-up round on the same prompt (first
 forward passes page the weights in and set up kernels) runs untimed, so
 tokens/s measure steady-state decoding; its time is reported separately
-("warmup_seconds" in --json).  --no-warmup times the first round cold.
+("warmup_seconds" in --json). --no-warmup times the first round cold.
 """
 
 _BENCH_EXAMPLES = """examples:
@@ -35,11 +35,11 @@ _BENCH_EXAMPLES = """examples:
   draftcert bench --prompt "Tell me a story." --prompt "What is 2+2?" -k 6
   draftcert bench --criteria strict,additive:0.1,tree:4 --max-new-tokens 32 --json
 
-A progress bar on stderr counts the (criterion, prompt) decodes.  One untimed
+A progress bar on stderr counts the (criterion, prompt) decodes. One untimed
 warm-up round runs first, so the first criterion's tokens/s are not charged
-with one-time start-up costs.  --json prints JSON Lines: one row object per line.
-The table is markdown; when it is wider than the terminal, its columns are
-split over two tables (each repeating the criterion), never cut.
+with one-time start-up costs. --json prints JSON Lines: one row object per
+line. The table is markdown; when it is wider than the terminal, its columns
+are split over two tables (each repeating the criterion), never cut.
 """
 
 

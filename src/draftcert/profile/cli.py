@@ -22,14 +22,15 @@ examples:
   # data-parallel over 4 GPUs (each rank writes its own shards)
   torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B --prompts mt-bench --device cuda --out runs/q4
 
-Rerunning the same command resumes an interrupted run (finished prompts are skipped);
-rerunning it with a larger --limit extends the run: the shards it has are reused and only
-the new prompts are profiled (the prompts already traced must be the first ones).
-Output: OUT/trace/rank*-*.parquet (one row per generated token), OUT/run.json (settings
-and "status": running, complete, interrupted after Ctrl-C or SIGTERM, or failed), and the
-report (OUT/summary.json, figures) when the report module is installed.  The table is
-printed at the terminal's width ($COLUMNS); when it does not fit, its columns are split
-over two tables, and numbers are never cut.
+Rerunning the same command resumes an interrupted run (finished prompts are
+skipped); rerunning it with a larger --limit extends the run: the shards it
+has are reused and only the new prompts are profiled (the prompts already
+traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
+generated token), OUT/run.json (settings and "status": running, complete,
+interrupted after Ctrl-C or SIGTERM, or failed), and the report
+(OUT/summary.json, figures) when the report module is installed. The table is
+printed at the terminal's width ($COLUMNS); when it does not fit, its columns
+are split over two tables, and numbers are never cut.
 """
 
 PAPER_EPILOG = """\
