@@ -356,9 +356,9 @@ def _check_resume(out: Path, settings: dict, plist: Sequence[_Prompt]) -> set[st
                 shas.add(_settings_sha(old, _LEGACY_TRACE_KEYS))
         if len(plist) < n_old:
             raise ValueError(
-                f"out: {out} already holds a run over {n_old} prompts of {settings['prompts']!r}; "
-                f"limit {settings['limit']} would leave some out. Pass --limit {n_old} or more (a larger limit "
-                "extends the run), or choose a new --out directory"
+                f"out: {out} already holds a run over {n_old} prompts of {settings['prompts']!r}; this run has "
+                f"{len(plist)} (limit {settings['limit']}), which would leave some out. Pass --limit {n_old} or more "
+                "(a larger limit extends the run), or choose a new --out directory"
             )
         if _prompts_sha(plist[:n_old]) != old.get("prompts_sha256"):
             raise ValueError(
