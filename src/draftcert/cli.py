@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"draftcert: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`draftcert demo | head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":
