@@ -7,20 +7,9 @@ import json
 import re
 
 import pytest
-import torch
 
 from draftcert.cli import main
 
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory, target_factory):
-    model, tok = target_factory(seed=2, layers=3)
-    model.to(torch.float32)
-    model.generation_config.eos_token_id = None
-    path = tmp_path_factory.mktemp("tiny-usability") / "ckpt"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def test_unreachable_drafter_is_one_clear_line(ckpt, capsys, monkeypatch):
@@ -52,9 +41,7 @@ def test_unknown_spec_is_refused_before_any_model_loads(argv, option, hint, caps
     assert err.count("\n") == 1
 
 
-def test_json_lines_null_radius_means_inf_and_warmup_is_separate(ckpt, capsys, monkeypatch):
-    from draftcert.decode import engine
-
+def test_json_lines_null_radius_means_inf_and_warmup_is_separate(ckpt, capsys):
     # additive:1.0 never rejects (p(x) >= p(1st) - 1 always): every radius is +inf
     rc = main(["decode", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hello", "-k", "2",
                "--max-new-tokens", "6", "--criterion", "additive:1.0", "--json"])

@@ -21,19 +21,6 @@ from .conftest import PROMPTS, tiny_qwen3
 QUIET = ["--no-progress", "--no-report"]
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    d = tmp_path_factory.mktemp("tiny-ckpt-usability")
-    tiny_qwen3(0).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    f = tmp_path_factory.mktemp("prompts-usability") / "prompts.txt"
-    f.write_text("\n".join(text for _, text in PROMPTS) + "\n")
-    return f
 
 
 def _one_error_line(err: str, start: str) -> str:
