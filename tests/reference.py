@@ -58,37 +58,52 @@ def entropy(p: np.ndarray) -> float:
 def rejected_set(spec: str, p: np.ndarray, user=None) -> np.ndarray:
     """Indices of tokens the rule rejects at target p (definition, not library code).
 
-    ``user`` = (threshold_fn_numpy, inclusive) for a user LevelSet.
+    Decided exactly on the given values: the row is renormalised (p / sum p) and every
+    comparison made in 2400-bit arithmetic (mpmath), as the floating-point contract of
+    docs/theory.md (section 7) demands.  ``user`` = (threshold_fn_numpy, inclusive) for a
+    user LevelSet, whose threshold is its float64 value on the float64 probabilities.
     """
+    import mpmath
+
     p = np.asarray(p, dtype=np.float64)
-    mx = p.max()
     name, *args = spec.split(":")
-    if name == "levelset":
-        fn, inclusive = user
-        tau = float(fn(p))
-        return np.flatnonzero(p <= tau) if inclusive else np.flatnonzero(p < tau)
-    if name == "strict":
-        return np.flatnonzero(p < mx)
-    if name == "additive":
-        return np.flatnonzero(p < mx - float(args[0]))
-    if name == "multiplicative":
-        return np.flatnonzero(p < float(args[0]) * mx)
-    if name == "topm":
-        m = int(args[0])
-        tau = np.sort(p)[::-1][m - 1]
-        return np.flatnonzero(p < tau)
-    if name == "entropy":
-        eps = float(args[0]) if len(args) > 0 else 0.09
-        dl = float(args[1]) if len(args) > 1 else 0.3
-        tau = min(eps, dl * math.exp(-entropy(p)))
-        return np.flatnonzero(p <= tau)
-    if name == "mars":
-        theta = float(args[0])
-        s = np.sort(p)[::-1]
-        p1, p2 = s[0], s[1]
-        close = p2 > 0 and math.log(p1) - math.log(p2) <= theta
-        tau = p2 if close else p1
-        return np.flatnonzero(p < tau)
+    with mpmath.workprec(2400):
+        mp = mpmath.mp
+        S = mp.fsum(mp.mpf(float(v)) for v in p)
+        P = [mp.mpf(float(v)) / S for v in p]
+        mx = max(P)
+
+        tol = mp.mpf(2) ** -2200  # agreement to 2200 bits counts as an exact tie (e.g. tau = 1/3 = p)
+
+        def below(tau, inclusive=False):
+            return np.array([i for i, v in enumerate(P) if (v <= tau + tol if inclusive else v < tau - tol)], dtype=np.int64)
+
+        if name == "levelset":
+            fn, inclusive = user
+            return below(mp.mpf(float(fn(p / p.sum()))), inclusive)
+        if name == "strict":
+            return below(mx)
+        if name == "additive":
+            return below(mx - mp.mpf(float(args[0])))
+        if name == "multiplicative":
+            return below(mp.mpf(float(args[0])) * mx)
+        if name == "topm":
+            m = int(args[0])
+            return below(sorted(P, reverse=True)[m - 1])
+        if name in ("entropy", "typical"):
+            eps = float(args[0]) if len(args) > 0 else 0.09
+            dl = float(args[1]) if len(args) > 1 else 0.3
+            if name == "entropy":
+                h = -mp.fsum(v * mp.log(v) for v in P if v > 0)
+            else:
+                h = -mp.fsum(v * mp.log(v + mp.mpf(1e-5)) for v in P)
+            return below(min(mp.mpf(eps), mp.mpf(dl) * mp.exp(-h)), True)
+        if name == "mars":
+            theta = float(args[0])
+            srt = sorted(P, reverse=True)
+            p1, p2 = srt[0], srt[1]
+            close = p2 > 0 and mp.log(p1) - mp.log(p2) <= mp.mpf(theta)
+            return below(p2 if close else p1)
     raise ValueError(spec)
 
 

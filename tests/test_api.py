@@ -293,8 +293,16 @@ def test_bad_divergence():
 def test_target_drafter_shape_mismatch():
     with pytest.raises(ValueError, match="draft_probs.*vocabulary"):
         dc.accepts("strict", P_OK, np.array([0.5, 0.5]))
-    with pytest.raises(ValueError, match="draft_probs.*batch shape"):
-        dc.accepts("strict", P_OK, np.stack([P_OK, P_OK]))
+    # accepts / certified broadcast target against drafter exactly like divergence
+    Q2 = np.stack([P_OK, [0.2, 0.3, 0.5]])
+    for fn in (dc.accepts, lambda c, p, q: dc.certified(c, p, q)):
+        got = np.asarray(fn("strict", P_OK, Q2))
+        assert got.shape == (2,) and got.tolist() == [True, False]
+        assert np.asarray(fn("strict", Q2, P_OK)).shape == (2,)
+    assert np.asarray(dc.divergence(P_OK, Q2)).shape == (2,)
+    for fn in (dc.accepts, dc.certified, dc.divergence):
+        with pytest.raises(ValueError, match="draft_probs.*broadcast"):
+            fn(np.stack([P_OK] * 3), np.stack([P_OK] * 2)) if fn is dc.divergence else fn("strict", np.stack([P_OK] * 3), np.stack([P_OK] * 2))
     with pytest.raises(ValueError, match="draft_probs.*vocabulary"):
         dc.certified("strict", P_OK, np.array([0.5, 0.5]))
     with pytest.raises(ValueError, match="draft_probs"):
