@@ -157,9 +157,10 @@ def single_bound(s: torch.Tensor, es: torch.Tensor, zero: torch.Tensor, r: torch
     kappa = torch.where(S_hi > 1 - _SIGMA_FLOOR, (1 - _SIGMA_FLOOR) / S_hi * (1 - 4 * U), torch.ones_like(S_hi))
     mu = mu * kappa[:, None]
     S_hi = mu.sum(1) * (1 + gamma(jstar.double() + 2)) + TINY
-    sigma_lo = (1 - S_hi) * (1 - 2 * U)
+    # b log(1 - sum mu) <= b log1p(-S_hi): log1p keeps it exact near 1 (near-ties), where
+    # log(1 - S) would carry an absolute error U that swamps a radius ~ gap^2
     A = (lo * torch.log1p(mu)).sum(1) * (1 - eps)
-    B = torch.special.xlogy(b_hi, sigma_lo).neg() * (1 + eps)
+    B = torch.where(b_hi > 0, b_hi * -torch.log1p(-S_hi), torch.zeros_like(b_hi)) * (1 + eps)
     cost = (A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)
     return cost, L_star
 
