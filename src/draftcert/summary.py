@@ -26,7 +26,7 @@ import torch
 from ._arrays import ArrayLike, OutputSpec, check_logits_rows, check_probs, output_spec, pick_input, to_tensor
 from ._fp import U, gamma, round_out
 
-DEFAULT_TOPK = 64
+DEFAULT_TOPK = 16  # exactness never depends on it; 16 measured fastest for radii at V = 151,936 (benchmarks/bench_certificates.py)
 # Inputs at least this large go through the compiled one-pass kernel.
 _COMPILE_MIN_NUMEL = 1 << 22
 
@@ -133,9 +133,17 @@ def _band_fused(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch
     return below, band.sum(-1), torch.where(band, xr, -inf).amax(-1), torch.where(band, xr, inf).amin(-1)
 
 
+def _below(x: torch.Tensor, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """For rows x[rows]: the largest value < cut (per row; -inf if none).  One fused
+    reduction when compiled (the row gather is fused in instead of copying the rows)."""
+    xr = x[rows]
+    neg = torch.full((), -torch.inf, dtype=x.dtype, device=x.device)
+    return torch.where(xr < cut, xr, neg).amax(-1)
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "band": _band_fused}[fn_name]
+    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "band": _band_fused, "below": _below}[fn_name]
     return torch.compile(fn, dynamic=True)
 
 
@@ -148,7 +156,7 @@ def _moments(kind: str, *args, **kw):
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
-    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager}[kind]
+    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager, "below": _below}[kind]
     use_compile = (
         not _compile_broken
         and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
@@ -200,7 +208,9 @@ class Summary:
     entropy_tilde: torch.Tensor | None = field(default=None, repr=False)  # (N,) -sum p log(p + 1e-5)
 
     def __post_init__(self):
-        if self.top_vals is None and self.source is not None:
+        # the given values of the top-k (built from top_ids when a caller assembles a Summary
+        # by hand; left None when its source does not hold the vocabulary)
+        if self.top_vals is None and self.source is not None and self.source.shape[-1] == self.vocab_size:
             self.top_vals = self.source.gather(-1, self.top_ids)
 
     @property
@@ -274,9 +284,7 @@ class Summary:
     def max_src_below(self, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
         """For each selected row the largest source value < cut (exact comparison in the
         values' own dtype; -inf if none): one pass over those rows."""
-        x = self.source[rows]
-        neg = torch.full((), -torch.inf, dtype=x.dtype, device=x.device)
-        return torch.where(x < cut[:, None], x, neg).amax(-1)
+        return _moments("below", self.source, rows, cut[:, None])
 
     def max_prob_where(self, rows: torch.Tensor, tau: torch.Tensor, inclusive: bool) -> torch.Tensor:
         """float64 b = max{p(y) : p(y) < tau} (``<=`` if inclusive) for each selected row,

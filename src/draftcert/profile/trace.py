@@ -188,9 +188,25 @@ class StepCertifier:
         acc = accepts_from_topk(self.criteria, summ, dvals, dids, y)
         for c in self.criteria:
             cols[f"accepted/{c.spec}"] = acc[c.spec] & ok
+        # Floating-point contract (docs/theory.md, section 7): radii are lower bounds on the
+        # exact radius; kl_f is float64 but not a proven upper bound, so rows whose kl_f lies
+        # within 1e-6 of a radius are decided with the proven upper bound instead.
+        kl_cert = kl_f
+        near = torch.zeros_like(bad)
+        for c in self.criteria:
+            r = radius[c.spec]
+            near |= (kl_f - r).abs() <= 1e-6 * (1 + r.abs().nan_to_num(posinf=0.0))
+        idx = (near & ok).nonzero().squeeze(1)
+        if idx.numel():
+            from ..divergences import divergence_upper, log_probs
+
+            lp, ep, _, _ = log_probs(summ.source[idx], True, "target logits")
+            lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
+            kl_cert = kl_f.clone()
+            kl_cert[idx] = divergence_upper(lp, lq, ep, eq, "forward")
         for c in self.criteria:
             # NaN radius or NaN divergence compare False: a broken step never certifies.
-            cols[f"certified/{c.spec}"] = kl_f < radius[c.spec]
+            cols[f"certified/{c.spec}"] = kl_cert < radius[c.spec]
         return cols
 
 
