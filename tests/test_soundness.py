@@ -11,7 +11,7 @@ tiny thresholds, every rule (and a user LevelSet), all three divergences.  Each 
 checks that ``accepts`` equals the exact truth.  For small V the radius is checked to be
 <= the exact radius and the divergence >= the exact divergence (mpmath closed forms).
 
-Default run: ~3 * 10^4 cases; ``-m slow``: > 10^6.  The count is printed (``-s``).
+Default run: ~6.8 * 10^4 cases (~30 s on one core); ``-m slow``: > 10^6.  The count is printed (``-s``).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def test_certified_implies_exactly_accepted():
 @pytest.mark.slow
 def test_certified_implies_exactly_accepted_large():
     total, failures = 0, []
-    for seed in range(1, 11):
+    for seed in range(1, 6):
         c, f = _run(scale=16, seed=seed)
         total += c
         failures += f
