@@ -23,6 +23,8 @@ SINGLE = [
     "topm:3",
     "entropy",
     "entropy:0.3:2",
+    "typical",
+    "typical:0.3:0.8",
     "mars:0.3",
     "mars:1",
 ]
