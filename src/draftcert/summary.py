@@ -106,33 +106,6 @@ def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
     return s, torch.special.entr(p.double()).sum(-1), lo
 
 
-def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """For rows x[rows]: the largest value below lo, how many values fall in [lo, hi], and
-    the largest and smallest of those (-inf / +inf if none).
-    (Compiled, the row gather is fused into the reduction instead of copying rows.)"""
-    xr = x[rows]
-    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
-    below = torch.where(xr < lo, xr, -inf).amax(-1)
-    band = (xr >= lo) & (xr <= hi)
-    n_band = band.sum(-1)
-    band_max, band_min = torch.full_like(below, -torch.inf), torch.full_like(below, torch.inf)
-    some = (n_band > 0).nonzero().squeeze(1)
-    if some.numel():  # eager: only the (rare) rows with tokens in the band pay two more passes
-        xs, bs = xr[some], band[some]
-        band_max[some] = torch.where(bs, xs, -inf).amax(-1)
-        band_min[some] = torch.where(bs, xs, inf).amin(-1)
-    return below, n_band, band_max, band_min
-
-
-def _band_fused(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """_band_eager as one fused reduction for torch.compile (no data-dependent branches)."""
-    xr = x[rows]
-    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
-    below = torch.where(xr < lo, xr, -inf).amax(-1)
-    band = (xr >= lo) & (xr <= hi)
-    return below, band.sum(-1), torch.where(band, xr, -inf).amax(-1), torch.where(band, xr, inf).amin(-1)
-
-
 def _below(x: torch.Tensor, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
     """For rows x[rows]: the largest value < cut (per row; -inf if none).  One fused
     reduction when compiled (the row gather is fused in instead of copying the rows)."""
@@ -143,7 +116,7 @@ def _below(x: torch.Tensor, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tens
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "band": _band_fused, "below": _below}[fn_name]
+    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "below": _below}[fn_name]
     return torch.compile(fn, dynamic=True)
 
 
@@ -156,7 +129,7 @@ def _moments(kind: str, *args, **kw):
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
-    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager, "below": _below}[kind]
+    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "below": _below}[kind]
     use_compile = (
         not _compile_broken
         and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
