@@ -22,6 +22,7 @@ additive:DELTA      p(1st) - max_{y in R(p)} p(y)   ("rejection gap")     1  (sh
 multiplicative:A    rejection gap                                         min(1, G (1+A)/(1-A))  (sharp)
 topm:M              rejection gap                                         min(1, G + 2(1-G)/(M+1))  (sharp)
 entropy:E:D         rejection gap                                         min(1, 2E + G, G (1+D)/(1-D) if D < 1)
+typical:E:D         rejection gap                                         min(1, 2E + G, (G (1+D) + 2e-5 D)/(1-D) if D < 1)
 mars:THETA          rejection gap                                         min(1, max(s_A, s_B)) (docs/theory.md)
 LevelSet (user)     rejection gap                                         1
 tree:M              p(1st) - p((M+1)-th)                                  min(1, (2 + (M-1) G)/(M+1))
@@ -49,11 +50,12 @@ from .criteria import (
     Strict,
     TopM,
     TreeCoverage,
+    TypicalAcceptance,
     as_criterion,
 )
-from .certificates import _first_rejected, deep_gap
+from .certificates import _first_rejected, deep_gap, radius_rows
 from .divergences import check_divergence
-from .summary import DEFAULT_TOPK, Summary, summarize
+from .summary import DEFAULT_TOPK, TYPICAL_EPS, Summary, summarize
 
 __all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic"]
 
@@ -67,6 +69,13 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
         return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
     if isinstance(crit, (TopM, TreeCoverage)):
         return 2 * co / (crit.m + 1)
+    if isinstance(crit, TypicalAcceptance):
+        # b <= tau <= EPSILON, and H~ >= -log(p(1st) + 1e-5) (every p <= p(1st)) gives
+        # b <= DELTA (p(1st) + 1e-5) = DELTA (G + b + 1e-5), i.e. b <= DELTA (G + 1e-5) / (1 - DELTA)
+        d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
+        if crit.delta < 1:
+            d = torch.minimum(d, (G + TYPICAL_EPS) * 2 * crit.delta / (1 - crit.delta))
+        return d
     if isinstance(crit, EntropyThreshold):
         d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
         if crit.delta < 1:
@@ -174,4 +183,10 @@ def margin_bound(
     inf = torch.isinf(G)
     Gf = torch.where(inf, torch.zeros_like(G), G)
     out = _bound_rows(crit, Gf, torch.where(inf, torch.ones_like(G), rest + b), divergence)
-    return summ.out.wrap(torch.where(inf, torch.full_like(out, torch.inf), out))
+    out = torch.where(inf, torch.full_like(out, torch.inf), out)
+    # Floating-point contract: the bound, evaluated in float64 on float64 statistics, is
+    # capped by the radius (itself a proven lower bound on the exact radius), so it can
+    # never claim more than the certificate; where no token can be rejected both are +inf.
+    rad = radius_rows(crit, summ, divergence)
+    out = torch.where(torch.isinf(rad), rad, torch.minimum(out, rad))
+    return summ.out.wrap(out, direction="down")

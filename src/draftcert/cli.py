@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
             "and how far can the drafter drift from the target before it can be rejected?"
         ),
         epilog="Criterion specs: strict | additive:DELTA | multiplicative:ALPHA | topm:M | "
-        "entropy[:EPSILON[:DELTA]] | mars:THETA | tree:M.  Run `draftcert COMMAND --help` for details.",
+        "entropy[:EPSILON[:DELTA]] | typical[:EPSILON[:DELTA]] | mars:THETA | tree:M.  Run `draftcert COMMAND --help` for details.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
