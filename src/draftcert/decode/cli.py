@@ -160,7 +160,9 @@ def run_decode(args) -> int:
     cert = "n/a" if s["certified_fraction"] is None else f"{s['certified_fraction']:.2f}"
     msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['rounds']} rounds: "
            f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}, "
-           f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s")
+           f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s; acceptance by position "
+           + " ".join(f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
+           + "; accepted-length histogram " + " ".join(map(str, s["accepted_length_histogram"])))
     if args.baseline:
         msg += f", speedup {s['speedup']:.2f}x vs target alone" + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})")
     print(msg, file=sys.stderr)
@@ -178,6 +180,7 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
         crit = parse_criterion(spec)
         tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
         tot = {"tok": 0, "fwd": 0, "acc": 0, "rounds": 0, "drift": 0, "cert": 0, "chk": 0, "s": 0.0}
+        att, accd, hist = [], [], []
         for ids in prompts_ids:
             st = speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens, tokenizer=tokenizer).stats
             tot["tok"] += st.emitted
@@ -188,6 +191,7 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             tot["drift"] += st.drift_tokens
             tot["cert"] += st.certified_positions
             tot["chk"] += st.checked_positions
+            att, accd, hist = _add(att, st.attempted_by_depth), _add(accd, st.accepted_by_depth), _add(hist, st.accepted_length_histogram)
         rows.append({
             "criterion": crit.spec,
             "draft": f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}",
@@ -196,8 +200,24 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             "drift": tot["drift"] / tot["tok"],
             "certified": tot["cert"] / tot["chk"] if tot["chk"] else None,
             "tokens_per_second": tot["tok"] / tot["s"],
+            "acceptance_by_position": [a / n if n else None for a, n in zip(accd, att)],
+            "accepted_length_histogram": hist,
         })
     return rows
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def format_positions(rows) -> str:
+    """Per criterion: acceptance rate at draft positions 1..k and the accepted-length histogram."""
+    lines = ["acceptance by draft position 1..k | rounds accepting 0, 1, ..., k drafts:"]
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
+        lines.append(f"  {r['criterion']}: {acc} | {' '.join(map(str, r['accepted_length_histogram']))}")
+    return "\n".join(lines)
 
 
 def format_table(rows) -> str:
@@ -237,4 +257,6 @@ def run_bench(args) -> int:
     else:
         print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n")
         print(format_table(rows))
+        print()
+        print(format_positions(rows))
     return 0
