@@ -93,3 +93,35 @@ def test_trace_replay_columns(trace, profiled):
     assert (dl[~inside, 0] <= np.log(tp[~inside, -1]) + 1e-6).all()
     # strict: the greedy token's rank is 0 exactly where strict accepts
     np.testing.assert_array_equal(rank == 0, t.column("accepted/strict").to_numpy())
+
+
+def test_calibrate_and_predict(pair, trace):
+    from draftcert.replay.api import replay
+    from draftcert.replay.speed import Costs, calibrate
+
+    model, drafter, _ = pair
+    shapes = [Shape((1,) * 2), Shape((2,) * 2), Shape((2, 2), True)]
+    costs = calibrate(model, drafter, shapes, context=16, prompt_length=8, repeats=1)
+    assert set(costs.target) == {1, 2, 3} and set(costs.target_tree) == {3, 5, 7} and set(costs.drafter) == {1, 2}
+    assert set(costs.overhead) == {1, 2, 3, 5, 7}
+    assert all(v > 0 for tab in (costs.target, costs.drafter, costs.target_tree, costs.overhead) for v in tab.values())
+    assert Costs.from_dict(__import__("json").loads(__import__("json").dumps(costs.as_dict()))) == costs
+    res = replay(trace, rules="strict", shapes=shapes, costs=costs)
+    for row in res.rows["strict"]:
+        p = row["predicted"]
+        assert p["tokens_per_second"] > 0 and p["speedup"] > 0
+    assert res.recommended["strict"]["shape"] in {s.label for s in shapes}
+
+
+def test_profile_report_gets_a_replay_section(profiled):
+    import json
+
+    from draftcert.report import write_report
+
+    summary = write_report(profiled, verbose=False)
+    md = (profiled / "report.md").read_text()
+    assert "## Replay" in md and "replay_tokens_per_forward.png" in md
+    assert "<h2>Replay</h2>" in (profiled / "report.html").read_text()
+    rep = json.loads((profiled / "summary.json").read_text())["replay"]
+    assert rep["soundness_violations"] == 0 and set(rep["rules"]) == set(summary["replay"]["rules"])
+    assert "notes" not in summary or not any("replay" in n for n in summary["notes"])

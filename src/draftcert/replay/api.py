@@ -93,6 +93,9 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
             dropped = [s for s in cand if max(s.widths) > 1]
             if dropped:
                 cand = [s for s in cand if max(s.widths) == 1]
+        if not cand:
+            res.notes.append(f"{spec}: none of the requested shapes applies (tree:M needs width M); skipped")
+            continue
         res.configs[spec] = [replay_config(tr, spec, s) for s in cand]
         rows = []
         for c in res.configs[spec]:

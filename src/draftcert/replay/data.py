@@ -36,6 +36,7 @@ class PromptTrace:
     accepted: dict[str, np.ndarray]  # spec -> (T,) bool: the rule accepts the drafter's rank-0 token
     accept_mask: dict[str, np.ndarray]  # spec -> (T,) int64 bit mask over the drafter's top-K (trace/2)
     draft_logp: np.ndarray | None  # (T, K) float64: log p of the drafter's top-K (trace/2)
+    draft_probs: np.ndarray | None  # (T, K) float64: q of the drafter's top-K
     target_topk_ids: np.ndarray  # (T, K) int64
     target_topk_probs: np.ndarray  # (T, K) float64
     margin: np.ndarray
@@ -106,7 +107,7 @@ def load_replay_trace(out_dir) -> ReplayTrace:
                              "mixes runs: profile into a fresh --out directory")
         want = ["prompt_id", "position", "target_token", "target_margin", "target_topk_ids", "target_topk_probs",
                 "draft_topk_ids", "kl_forward"]
-        opt = ["nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank"]
+        opt = ["nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank", "draft_topk_probs"]
         per = [f"{k}/{s}" for s in sp for k in ("accepted", "certified", "radius")]
         masks = [f"accept_mask/{s}" for s in sp if f"accept_mask/{s}" in names]
         if "draft_topk_target_logp" not in names:
@@ -157,6 +158,7 @@ def load_replay_trace(out_dir) -> ReplayTrace:
             bad |= v
     bad |= ~np.isfinite(kl)
     dlogp = get2("draft_topk_target_logp", np.float64)
+    dprobs = get2("draft_topk_probs", np.float64)
     drank = get1("draft_token_target_rank", np.int64)
     acc = {s: get1(f"accepted/{s}", bool) for s in specs}
     cert = {s: get1(f"certified/{s}", bool) for s in specs}
@@ -183,7 +185,8 @@ def load_replay_trace(out_dir) -> ReplayTrace:
             id=str(p), target_token=tt[sl], draft_ids=dids[sl],
             accepted={s: v[sl] & ~bad[sl] for s, v in acc.items()},
             accept_mask={s: np.where(bad[sl], 0, v[sl]) for s, v in masks.items()},
-            draft_logp=None if dlogp is None else dlogp[sl], target_topk_ids=tids[sl], target_topk_probs=tprobs[sl],
+            draft_logp=None if dlogp is None else dlogp[sl], draft_probs=None if dprobs is None else dprobs[sl],
+            target_topk_ids=tids[sl], target_topk_probs=tprobs[sl],
             margin=margin[sl], kl=kl[sl], radius={s: v[sl] for s, v in rad.items() if v is not None},
             certified={s: v[sl] for s, v in cert.items() if v is not None},
             draft_rank=None if drank is None else drank[sl], broken=bad[sl]))

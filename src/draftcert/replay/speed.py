@@ -1,14 +1,15 @@
 """Predicted speed of a replayed configuration.
 
 Cost model (seconds): one round = ``T(1 + nodes)`` (the target verifies the pending
-token and every draft node in one forward over its KV cache) + one drafter forward per
+token and every draft node in one forward over its KV cache) + ``O(1 + nodes)`` (the
+engine's acceptance walk and certificates on those rows) + one drafter forward per
 drafted depth, ``D(front)`` (the first is the catch-up over the pending token, then one
 per further depth: 1 token for chains and (m, depth) trees, the whole front for static
 trees).  The first round also pays the prompt prefills: ``T_pre - T(1)`` and
 ``D_pre - D(1)``.  The target alone pays ``T_pre + (N - 1) T(1)`` for N tokens.
 ``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``.
 
-``calibrate`` measures T(n), D(n) (median of interleaved repeats, at a fixed cached
+``calibrate`` measures T(n), D(n), O(n) (median of interleaved repeats, at a fixed cached
 context) and both prefills on this machine; tree verifications are timed with the
 engine's 4-D tree mask.  Without a calibration the speed is left out, unless a drafter
 cost ratio is given (``forward-count`` model: T(n) = 1, D(n) = ratio).
@@ -34,6 +35,7 @@ class Costs:
     target: dict[int, float]  # tokens verified (causal) -> seconds
     drafter: dict[int, float]
     target_tree: dict[int, float] = field(default_factory=dict)  # tokens verified with a tree mask -> seconds
+    overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
     target_prefill: float | None = None
     drafter_prefill: float | None = None
     context: int | None = None
@@ -43,7 +45,7 @@ class Costs:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        for k in ("target", "drafter", "target_tree"):
+        for k in ("target", "drafter", "target_tree", "overhead"):
             d[k] = {str(n): v for n, v in sorted(d[k].items())}
         return d
 
@@ -51,7 +53,7 @@ class Costs:
     def from_dict(cls, d: dict) -> "Costs":
         try:
             kw = dict(d)
-            for k in ("target", "drafter", "target_tree"):
+            for k in ("target", "drafter", "target_tree", "overhead"):
                 kw[k] = {int(n): float(v) for n, v in (d.get(k) or {}).items()}
             return cls(**kw)
         except (TypeError, ValueError) as exc:
@@ -78,6 +80,9 @@ class Costs:
     def d(self, n: int) -> float:
         return self._interp(self.drafter, n)
 
+    def o(self, n: int) -> float:
+        return self._interp(self.overhead, n) if self.overhead else 0.0
+
 
 def forward_count_costs(drafter_ratio: float) -> Costs:
     if not (drafter_ratio >= 0 and np.isfinite(drafter_ratio)):
@@ -91,7 +96,8 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
     """Predicted seconds, tokens/s and speedup of one replayed configuration."""
     tv, dv = rep.work()
     tree = rep.shape.kind != "chain"
-    t_spec = sum(c * costs.t(n, tree and n > 1) for n, c in tv.items()) + sum(c * costs.d(n) for n, c in dv.items())
+    t_spec = sum(c * (costs.t(n, tree and n > 1) + costs.o(n)) for n, c in tv.items())
+    t_spec += sum(c * costs.d(n) for n, c in dv.items())
     t1, d1 = costs.t(1), costs.d(1)
     if costs.target_prefill is not None:
         t_spec += n_prompts * (costs.target_prefill - t1)
@@ -132,6 +138,23 @@ def _tree_for(n_nodes: int):
     return t
 
 
+def _overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
+    """Arguments of the engine's acceptance step for a chain round verifying n rows (random logits:
+    the certificate work covers every drafted row whatever is accepted)."""
+    from ..criteria import Strict
+    from ..decode.stats import DecodeStats
+    from ..decode.tree import DraftTree
+
+    logits = (torch.randn(n, V, generator=g) * 3).to(dtype)
+    d = DraftTree()
+    for i in range(n - 1):
+        d.add(int(torch.randint(0, V, (1,), generator=g)), i - 1)
+        d.expanded.append(i - 1)
+        d.widths.append(1)
+    d.q = (torch.randn(n - 1, V, generator=g) * 3).to(dtype) if n > 1 else None
+    return Strict(), logits, d, True, 16, {}, DecodeStats("strict", max(1, n - 1), None)
+
+
 @torch.inference_mode()
 def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, prompt_length: int = 64,
               repeats: int = 5, vocab: int | None = None, seed: int = 0) -> Costs:
@@ -142,7 +165,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     machine then hits every size alike) and the median is kept.
     """
     from ..decode.drafters import model_forward, new_cache, vocab_size_of
-    from ..decode.engine import _verify
+    from ..decode.engine import _accept, _verify
     from ..decode.tree import crop_cache
 
     if repeats < 1 or context < 1 or prompt_length < 1:
@@ -156,7 +179,9 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     model_forward(drafter, dcache, ids[:context], 1)
     trees = {n: _tree_for(n - 1) for n in tree}
     jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
+    jobs += [("o", n) for n in sorted(chain | tree)]
     jobs += [("tp", prompt_length), ("dp", prompt_length)]
+    rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
     times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
     for _ in range(repeats + 1):  # the first pass warms up and is dropped
         for kind, n in jobs:
@@ -167,6 +192,8 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 _verify(target, tcache, context, ids[context:context + 1], trees[n])
             elif kind == "d":
                 model_forward(drafter, dcache, ids[context:context + n], 1)
+            elif kind == "o":
+                _accept(*rows[n])
             elif kind == "tp":
                 model_forward(target, new_cache(target), ids[:n], 1)
             else:
@@ -183,6 +210,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
         target={n: med[("t", n)] for n in sorted(chain)},
         drafter={n: med[("d", n)] for n in sorted(draft)},
         target_tree={n: med[("tt", n)] for n in sorted(tree)},
+        overhead={n: med[("o", n)] for n in sorted(chain | tree)},
         target_prefill=med[("tp", prompt_length)],
         drafter_prefill=med[("dp", prompt_length)],
         context=context, prompt_length=prompt_length, repeats=repeats,
