@@ -175,3 +175,19 @@ def test_bad_arguments(run_dir):
     assert main(["replay", str(run_dir / "nope")]) == 2
     res = replay(run_dir, ks=(1, 2), tree_widths=(2,), static=())
     assert "strict" in format_table(res)
+
+
+def test_old_trace_format_is_read_and_trees_of_relaxed_rules_are_skipped(tmp_path):
+    """A draftcert-trace/1 trace (no accept_mask / draft_topk_target_logp): chains for every rule,
+    trees for strict and tree:M, a note saying how to get the rest."""
+    from tests.report import tracegen
+
+    out = tmp_path / "old"
+    tracegen.write_run(out, tracegen.make_steps(lengths=(20, 18), nonfinite=(), draft_nonfinite=()))
+    res = replay(out, ks=(1, 2), tree_widths=(2,), static=())
+    assert any("draftcert-trace/1" in n for n in res.notes)
+    assert {c.shape.kind for c in res.configs["strict"]} == {"chain", "tree"}
+    assert {c.shape.kind for c in res.configs["additive:0.2"]} == {"chain"}
+    assert {c.shape.label for c in res.configs["tree:4"]} == {"tree 4x1", "tree 4x2"}
+    with pytest.raises(ValueError, match="accept_mask"):
+        replay_config(res.trace, "additive:0.2", Shape((2, 2)))
