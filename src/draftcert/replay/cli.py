@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 _REPLAY_EXAMPLES = """examples:
@@ -27,10 +28,10 @@ _EXPLAIN_EXAMPLES = """examples:
 
 Categories (a partition of the rejections; D = KL(p||q), r = the rule's radius):
   inside radius  D < r: impossible, a soundness violation (a bug), flagged loudly
-  low margin     D >= r, r <= eps: some drafter within eps of p is rejected here
-                 (p is nearly tied: relax the rule)
-  far off        D >= r > eps: every drafter within eps would pass; this one was
-                 further (fix the drafter)
+  low margin     r <= D <= eps: a drafter within eps of p was rejected, so r < eps:
+                 p is nearly tied here (relax the rule)
+  far off        D > eps and D >= r: the drafter was further than eps from p
+                 (fix the drafter)
 Surprise = log p(greedy) - max log p(drafter's candidates), nats.  Writes DIR/explain.json.
 """
 
@@ -165,15 +166,17 @@ def run_replay(args) -> int:
         res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs)
     paths = write_replay(args.dir, res, figures=not args.no_figures)
     tr = res.trace
-    print(f"replay of {tr.steps} steps ({len(tr.prompts)} prompts x <= {tr.max_new_tokens} tokens), "
-          f"drafter {tr.run.get('drafter')}")
+    wrap = lambda text: textwrap.fill(text, 80, subsequent_indent="  ")  # noqa: E731
+    print(wrap(f"replay of {tr.steps} steps ({len(tr.prompts)} prompts x <= {tr.max_new_tokens} tokens), "
+               f"drafter {tr.run.get('drafter')}"))
     print(format_table(res, full=args.full), end="")
     for n in res.notes:
-        print(f"note: {n}")
-    print("columns: tok/fwd = tokens per target forward, acc/rnd = mean accepted drafts per round, zero = "
-          "rounds accepting nothing, pos1/last = acceptance at position 1 / the deepest, exact = rounds replayed "
-          "exactly, speedup = predicted vs the target alone")
-    print("wrote " + ", ".join(str(p) for p in paths))
+        print(wrap(f"note: {n}"))
+    print(wrap("columns: tok/fwd = tokens per target forward, acc/rnd = mean accepted drafts per round, zero = "
+               "rounds accepting nothing, pos1/last = acceptance at position 1 / the deepest, exact = rounds "
+               "replayed exactly, speedup = predicted vs the target alone"))
+    for p in paths:
+        print(f"wrote {p}")
     return 0
 
 

@@ -14,10 +14,11 @@ Aggregate split (a partition of the events; eps = ``epsilon``, default 0.1 nats)
 
 * ``inside_radius``: D < r.  The certificate says this cannot be rejected: a soundness
   violation (a bug), flagged loudly.
-* ``low_margin``: D >= r and r <= eps.  p is so flat here that *some* drafter with
-  divergence below eps is rejected: relaxing the rule (larger radius) is what helps.
-* ``far_off``: D >= r > eps.  Every drafter within eps of p would have been accepted;
-  this drafter was further than r: the drafter is what needs fixing.
+* ``low_margin``: r <= D <= eps.  The drafter was within eps of p (as close as a good
+  drafter is) and still rejected: the radius is below eps, p is nearly tied here, and
+  relaxing the rule (a larger radius) is what helps.
+* ``far_off``: D > eps and D >= r.  The drafter was further from p than eps (and than
+  the radius): the drafter is what needs fixing.  ``kl / radius`` says by how much.
 * ``nonfinite``: the step's target or drafter logits were non-finite.
 """
 
@@ -69,7 +70,7 @@ def _category(kl: float, radius: float, eps: float) -> str:
         return "nonfinite"
     if kl < radius:
         return "inside_radius"
-    return "low_margin" if radius <= eps else "far_off"
+    return "low_margin" if kl <= eps else "far_off"
 
 
 def _logp_of(pt, s: int, tokens: list[int], ranks: list[int]) -> tuple[float, bool]:
@@ -172,8 +173,8 @@ def explain_json(ex: dict) -> dict:
     return _json_safe({"epsilon": ex["epsilon"], "definitions": {
         "surprise": "log p(greedy) - max log p(drafter candidates), nats",
         "inside_radius": "KL(p||q) < radius: impossible (soundness violation)",
-        "low_margin": "KL >= radius and radius <= epsilon: some drafter within epsilon is rejected here",
-        "far_off": "KL >= radius > epsilon: every drafter within epsilon would be accepted; this one is further",
+        "low_margin": "radius <= KL <= epsilon: a drafter within epsilon of p was rejected (p nearly tied)",
+        "far_off": "KL > epsilon and KL >= radius: the drafter was further than epsilon from p",
         "nonfinite": "non-finite target or drafter logits"},
         "rules": {s: {"config": r["config"], "split": r["split"], "split_fraction": r["split_fraction"],
                       "events": [e.as_dict() for e in r["events"]]} for s, r in ex["rules"].items()}})
@@ -192,16 +193,20 @@ def _short(s: str, n: int) -> str:
     return s if len(s) <= n else "…" + s[-(n - 1):]
 
 
+def _fit(line: str, n: int = 80) -> str:
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
 def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
     """Terminal text (80 columns): per rule the split, then the ``top`` most surprising events."""
-    lines = [f"eps = {ex['epsilon']:g} nats; categories: inside radius (soundness violation) | low margin "
-             "(radius <= eps) | far off (KL >= radius > eps)"]
+    lines = [f"eps = {ex['epsilon']:g} nats; inside radius: KL < radius (a soundness violation) |",
+             "low margin: radius <= KL <= eps | far off: KL > eps, KL >= radius"]
     for spec, r in ex["rules"].items():
         sp = r["split"]
         n = sum(sp.values())
         lines.append("")
-        lines.append(f"{spec} [{r['config']}]: {n} rejections: inside radius {sp['inside_radius']}, "
-                     f"low margin {sp['low_margin']}, far off {sp['far_off']}"
+        lines.append(f"{spec} [{r['config']}]: {n} rejections")
+        lines.append(f"  inside radius {sp['inside_radius']}, low margin {sp['low_margin']}, far off {sp['far_off']}"
                      + (f", nonfinite {sp['nonfinite']}" if sp["nonfinite"] else ""))
         if sp["inside_radius"]:
             msg = f"SOUNDNESS VIOLATION: {sp['inside_radius']} rejection(s) inside the radius under {spec}"
@@ -211,15 +216,16 @@ def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
                    "nonfinite": "nonfinite"}[e.category]
             sur = "inf" if math.isinf(e.surprise) else f"{e.surprise:.2f}"
             lines.append(f" #{i} prompt {e.prompt} pos {e.position} (depth {e.depth}): {cat}, surprise "
-                         f"{'>=' if e.surprise_is_lower_bound else ''}{sur} nats" + (" [estimated]" if e.estimated else ""))
+                         f"{'>=' if e.surprise_is_lower_bound else ''}{sur} nats" + (" [est.]" if e.estimated else ""))
             if e.text:
                 before = _short(e.text["before"], 34)
-                lines.append(f"    …{before}[target {e.text['target']!r} | drafter {e.text['drafter'][0]!r}]")
+                lines.append(f"    {before}[target {e.text['target']!r} | drafter {e.text['drafter'][0]!r}]")
             else:
                 lines.append(f"    ids …{e.context[-6:]} [target {e.target_token} | drafter {e.drafter_tokens[0]}]")
             rank = "?" if e.drafter_rank_under_p is None else str(e.drafter_rank_under_p)
-            lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}; margin {e.margin:.3f}; drafter token "
-                         f"rank {rank} under p")
+            ratio = f" ({e.kl / e.radius:.3g}x)" if e.radius > 0 and math.isfinite(e.radius) else ""
+            lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}{ratio}; margin {e.margin:.3f}")
+            lines.append(f"    drafter token's rank under p: {rank}")
             acc = ", ".join(e.accepted_by) if e.accepted_by else "none"
             lines.append("    accepted by: " + _short(acc, 62))
-    return "\n".join(lines) + "\n"
+    return "\n".join(_fit(x) for x in lines) + "\n"

@@ -16,9 +16,9 @@ HOW_TO_READ = (
     "accepted lengths are exactly those `draftcert decode` measures on the same prompts; relaxed rules "
     "are exact until they accept a non-greedy token (exact = fraction of rounds replayed exactly at k=4; "
     "the rest is an estimate on the recorded path). tok/fwd = tokens per target forward. Rejections "
-    "(chain k=4, tree Mx4 for tree:M) are split into inside radius (a soundness violation: must be 0), "
-    "low margin (radius <= eps: a drafter within eps can be rejected here; relax the rule) and far off "
-    "(KL >= radius > eps: fix the drafter). `draftcert replay DIR --calibrate` adds predicted speed; "
+    "(chain k=4, tree Mx4 for tree:M) are split into inside radius (KL < radius: a soundness violation, "
+    "must be 0), low margin (radius <= KL <= eps: a drafter within eps of p was rejected, p is nearly tied; "
+    "relax the rule) and far off (KL > eps, KL >= radius: fix the drafter). `draftcert replay DIR --calibrate` adds predicted speed; "
     "`draftcert explain DIR` lists the events."
 )
 
