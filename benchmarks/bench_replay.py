@@ -87,41 +87,58 @@ def main() -> None:
     shapes = sorted({s for _, s in configs}, key=lambda s: s.label)
     plen = round(statistics.mean(len(v) for v in ids.values()))
     ctx = plen + args.max_new_tokens // 2
-    costs = calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=args.repeats)
+    from draftcert.profile.generate import eos_token_ids
+    from draftcert.replay.speed import Costs
+
+    eos = sorted(eos_token_ids(target, tok))  # the EOS set the profile stopped at
+    saved = None
+    if args.save and Path(args.save).exists():  # resume an interrupted run (same settings)
+        saved = json.loads(Path(args.save).read_text())
+        if (saved.get("limit"), saved.get("max_new_tokens"), saved.get("threads"), saved.get("out")) != \
+                (args.limit, args.max_new_tokens, args.threads, str(out)):
+            sys.exit(f"{args.save} holds a run with other settings; remove it or pass another --save")
+        print(f"resuming: {len(saved['done'])} prompt(s) already measured", flush=True)
+        costs = Costs.from_dict(saved["costs"])
+    else:
+        costs = calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=args.repeats)
+        saved = {"out": str(out), "limit": args.limit, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+                 "configs": [[r, list(s.widths), s.expand_all] for r, s in configs], "n_strict": len(strict_shapes),
+                 "meas": {f"{r}|{s.label}": {"tok": 0, "fwd": 0, "sec": 0.0, "rounds": {}, "lens": {}, "tokens": {}}
+                          for r, s in configs},
+                 "base_tok": 0, "base_sec": 0.0, "costs": costs.as_dict(), "costs_after": None,
+                 "decode_seconds": 0.0, "done": []}
     print(f"calibration (before decoding): T(1) = {costs.t(1) * 1e3:.1f} ms, D(1) = {costs.d(1) * 1e3:.1f} ms, "
           f"T(5) = {costs.t(5) * 1e3:.1f} ms, O(5) = {costs.o(5) * 1e3:.2f} ms", flush=True)
 
-    from draftcert.profile.generate import eos_token_ids
-
-    eos = sorted(eos_token_ids(target, tok))  # the EOS set the profile stopped at
-    meas = {(r, s.label): {"tok": 0, "fwd": 0, "sec": 0.0, "rounds": {}} for r, s in configs}
-    base_tok, base_sec = 0, 0.0
-    t_dec = time.perf_counter()
     for p in prompts:
+        if p.id in saved["done"]:
+            continue
+        t_p = time.perf_counter()
         b0 = time.perf_counter()
         base = greedy_generate(target, ids[p.id], args.max_new_tokens)
         b1 = time.perf_counter() - b0
         for r, s in configs:
             st = speculative_generate(target, drafter, ids[p.id], r, max_new_tokens=args.max_new_tokens,
                                       eos_token_id=eos, **s.engine_args(r)).stats
-            m = meas[(r, s.label)]
+            m = saved["meas"][f"{r}|{s.label}"]
             m["tok"] += st.emitted
             m["fwd"] += st.target_forwards
             m["sec"] += st.seconds
             m["rounds"][p.id] = [x.accepted for x in st.rounds]
-            m.setdefault("lens", {})[p.id] = [len(x.emitted) for x in st.rounds]
-            m.setdefault("tokens", {})[p.id] = [t for x in st.rounds for t in x.emitted]
+            m["lens"][p.id] = [len(x.emitted) for x in st.rounds]
+            m["tokens"][p.id] = [t for x in st.rounds for t in x.emitted]
         b0 = time.perf_counter()
         greedy_generate(target, ids[p.id], args.max_new_tokens)
         b2 = time.perf_counter() - b0
-        base_tok += len(base)
-        base_sec += (b1 + b2) / 2
-        print(f"  prompt {p.id}: done ({time.perf_counter() - t_dec:.0f} s)", flush=True)
-    costs_after = calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=args.repeats)
-    saved = {"out": str(out), "limit": args.limit, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-             "configs": [[r, list(s.widths), s.expand_all] for r, s in configs], "n_strict": len(strict_shapes),
-             "meas": {f"{r}|{lab}": m for (r, lab), m in meas.items()}, "base_tok": base_tok, "base_sec": base_sec,
-             "costs": costs.as_dict(), "costs_after": costs_after.as_dict(), "decode_seconds": time.perf_counter() - t_dec}
+        saved["base_tok"] += len(base)
+        saved["base_sec"] += (b1 + b2) / 2
+        saved["decode_seconds"] += time.perf_counter() - t_p
+        saved["done"].append(p.id)
+        if args.save:
+            Path(args.save).write_text(json.dumps(saved))
+        print(f"  prompt {p.id}: done ({saved['decode_seconds']:.0f} s of decoding)", flush=True)
+    saved["costs_after"] = calibrate(target, drafter, shapes, context=ctx, prompt_length=plen,
+                                     repeats=args.repeats).as_dict()
     if args.save:
         Path(args.save).write_text(json.dumps(saved))
     analyze(saved, args)
@@ -136,11 +153,13 @@ def analyze(saved: dict, args) -> None:
     from draftcert.replay.speed import Costs
 
     trace = load_replay_trace(saved["out"])
+    trace.prompts = [pt for pt in trace.prompts if pt.id in set(saved["done"])]  # a partial run: measured prompts
     configs = [(r, Shape(tuple(w), e)) for r, w, e in saved["configs"]]
     strict_shapes = [s for _, s in configs[: saved["n_strict"]]]
     meas = {tuple(k.split("|", 1)): v for k, v in saved["meas"].items()}
     base_tok, base_sec = saved["base_tok"], saved["base_sec"]
-    costs, costs_after = Costs.from_dict(saved["costs"]), Costs.from_dict(saved["costs_after"])
+    costs = Costs.from_dict(saved["costs"])
+    costs_after = Costs.from_dict(saved["costs_after"]) if saved.get("costs_after") else costs
     shapes = sorted({s for _, s in configs}, key=lambda s: s.label)
     rules = sorted({r for r, _ in configs}, key=[r for r, _ in configs].index)
     n_prompts = len(trace.prompts)
