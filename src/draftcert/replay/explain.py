@@ -59,6 +59,7 @@ class Event:
     accepted_by: list[str]
     estimated: bool  # the round lies after the replay left the recorded path (relaxed rules)
     context: list[int] = field(default_factory=list)  # recorded tokens before the position
+    after: list[int] = field(default_factory=list)  # recorded tokens from the position on (p's greedy path)
     text: dict | None = None
 
     def as_dict(self) -> dict:
@@ -131,7 +132,8 @@ def explain(res: ReplayResult, *, configs: dict[str, str] | None = None, k: int 
                     drafter_tokens=toks, drafter_rank_under_p=rank, margin=float(pt.margin[s]), kl=kl, radius=rad,
                     surprise=max(0.0, la - lc) if math.isfinite(lc) else math.inf, surprise_is_lower_bound=bound,
                     category=cat, accepted_by=[o for o in tr.specs if o != spec and bool(pt.accepted[o][s])],
-                    estimated=not r.exact, context=[int(x) for x in pt.target_token[max(0, s - context):s]]))
+                    estimated=not r.exact, context=[int(x) for x in pt.target_token[max(0, s - context):s]],
+                    after=[int(x) for x in pt.target_token[s:s + context]]))
         events.sort(key=lambda e: (e.category != "inside_radius", -e.surprise if not math.isnan(e.surprise) else 0.0,
                                    -(e.radius if math.isfinite(e.radius) else 1e300)))
         split = {c: sum(e.category == c for e in events) for c in CATEGORIES}
@@ -166,7 +168,7 @@ def attach_text(ex: dict, tok) -> None:
                 e.text = None
                 continue
             e.text = {"before": tok.decode(e.context), "target": tok.decode([e.target_token]),
-                      "drafter": [tok.decode([t]) for t in e.drafter_tokens]}
+                      "after": tok.decode(e.after), "drafter": [tok.decode([t]) for t in e.drafter_tokens]}
 
 
 def explain_json(ex: dict) -> dict:
