@@ -189,7 +189,9 @@ def run_decode(args) -> int:
     msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['rounds']} rounds: "
            f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}, "
            f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
-           + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)"))
+           + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)")
+           + "; acceptance by position " + " ".join(f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
+           + "; accepted-length histogram " + " ".join(map(str, s["accepted_length_histogram"])))
     if args.baseline:
         msg += f", speedup {s['speedup']:.2f}x vs target alone" + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})")
     print(msg, file=sys.stderr)
@@ -222,6 +224,7 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
         crit = parse_criterion(spec)
         tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
         tot = {"tok": 0, "fwd": 0, "acc": 0, "rounds": 0, "drift": 0, "cert": 0, "chk": 0, "s": 0.0}
+        att, accd, hist = [], [], []
         for ids in prompts_ids:
             st = speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens, tokenizer=tokenizer).stats
             tot["tok"] += st.emitted
@@ -234,6 +237,7 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             tot["chk"] += st.checked_positions
             if on_run is not None:
                 on_run(spec)
+            att, accd, hist = _add(att, st.attempted_by_depth), _add(accd, st.accepted_by_depth), _add(hist, st.accepted_length_histogram)
         rows.append({
             "criterion": crit.spec,
             "draft": f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}",
@@ -242,8 +246,24 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             "drift": tot["drift"] / tot["tok"],
             "certified": tot["cert"] / tot["chk"] if tot["chk"] else None,
             "tokens_per_second": tot["tok"] / tot["s"],
+            "acceptance_by_position": [a / n if n else None for a, n in zip(accd, att)],
+            "accepted_length_histogram": hist,
         })
     return rows
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def format_positions(rows) -> str:
+    """Per criterion: acceptance rate at draft positions 1..k and the accepted-length histogram."""
+    lines = ["acceptance by draft position 1..k | rounds accepting 0, 1, ..., k drafts:"]
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
+        lines.append(f"  {r['criterion']}: {acc} | {' '.join(map(str, r['accepted_length_histogram']))}")
+    return "\n".join(lines)
 
 
 _BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean accepted", "drift", "certified", "tokens/s"]
@@ -315,4 +335,6 @@ def run_bench(args) -> int:
         print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
               "(tokens/s measured after an untimed warm-up round)\n")
         print(format_table(rows, width=terminal_width()))
+        print()
+        print(format_positions(rows))
     return 0

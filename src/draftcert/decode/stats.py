@@ -9,6 +9,8 @@ Definitions (all per run):
   (each round also emits one target token: correction or bonus).
 * acceptance rate at depth d = accepted / attempted drafts at depth d, where a
   depth is attempted when every shallower draft of that round was accepted.
+* accepted-length histogram: entry n = rounds that drafted at least one token and
+  accepted exactly n of them (rounds the length limit left without a draft are not counted).
 * drift = fraction of emitted tokens that differ from the target's greedy
   token at the same (emitted) prefix; 0 under ``strict``.
 * divergence spent (nats) = sum over emitted tokens x of
@@ -90,6 +92,15 @@ class DecodeStats:
         return [a / n if n else 0.0 for a, n in zip(self.accepted_by_depth, self.attempted_by_depth)]
 
     @property
+    def accepted_length_histogram(self) -> list[int]:
+        depth = max([len(self.tree) if self.tree else self.k] + [r.accepted for r in self.rounds])
+        hist = [0] * (depth + 1)
+        for r in self.rounds:
+            if r.drafted:
+                hist[r.accepted] += 1
+        return hist
+
+    @property
     def drift(self) -> float:
         return self.drift_tokens / self.emitted if self.emitted else 0.0
 
@@ -128,7 +139,10 @@ class DecodeStats:
             "drafter_forwards": self.drafter_forwards,
             "tokens_per_forward": self.tokens_per_forward,
             "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
+            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,  # = by draft position 1..k
+            "attempted_by_depth": list(self.attempted_by_depth),
+            "accepted_by_depth": list(self.accepted_by_depth),
+            "accepted_length_histogram": self.accepted_length_histogram,
             "drift": self.drift,
             "divergence_spent_nats": self.divergence_spent,
             "mean_forward_kl_accepted": self.mean_kl,

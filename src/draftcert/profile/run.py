@@ -63,7 +63,7 @@ DEFAULT_CRITERIA = (
     "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8",
 )
 DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
-TRACE_FORMAT = "draftcert-trace/1"
+TRACE_FORMAT = "draftcert-trace/2"  # /2: draft_topk_target_logp, draft_token_target_rank, accept_mask/<spec>
 # Settings that change the trace's contents; a resumed run must repeat them exactly.  The
 # prompt list itself may grow (a larger limit): the traced prompts must be its first ones.
 _TRACE_KEYS = ("format", "target", "drafter", "prompts", "max_new_tokens", "criteria", "divergences", "dtype", "topk")

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..certificates import accepts_rows, radius_rows
-from ..criteria import Criterion
+from ..criteria import Criterion, TreeCoverage
 from ..summary import Summary, summarize
 
 __all__ = [
@@ -90,8 +90,14 @@ def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with
             pa.field("kl_reverse", f64),
             pa.field("tv", f64),
             pa.field("draft_nonfinite", pa.bool_()),
+            # for replay/explain (draftcert.replay): p's log-probability of each of the drafter's
+            # top-k tokens, and the rank under p of the drafter's token (0 = p's argmax)
+            pa.field("draft_topk_target_logp", pa.list_(f32)),
+            pa.field("draft_token_target_rank", i32),
         ]
         fields += [pa.field(f"accepted/{c.spec}", pa.bool_()) for c in criteria]
+        # bit i set iff the rule accepts the drafter's rank-i token (level-set rules; replay of trees)
+        fields += [pa.field(f"accept_mask/{c.spec}", i32) for c in criteria if not isinstance(c, TreeCoverage)]
         fields += [pa.field(f"certified/{c.spec}", pa.bool_()) for c in criteria]
     return pa.schema(fields)
 
@@ -185,9 +191,19 @@ class StepCertifier:
             "draft_nonfinite": dbad,
         }
         ok = ~bad
+        # p's log-probability of the drafter's top-k tokens (as Summary.prob_of computes it)
+        # and the exact rank of its greedy token under p: #{y : p(y) > p(x)}
+        lp = summ.source.gather(-1, dids).double() - summ.log_norm[:, None]
+        cols["draft_topk_target_logp"] = torch.where(bad[:, None], nan, lp).to(torch.float32)
+        cols["draft_token_target_rank"] = _rank_under(summ.source, dids[:, 0]).to(torch.int32)
         acc = accepts_from_topk(self.criteria, summ, dvals, dids, y)
         for c in self.criteria:
             cols[f"accepted/{c.spec}"] = acc[c.spec] & ok
+        bits = (2 ** torch.arange(dids.shape[1], device=dids.device, dtype=torch.int64))
+        for c in self.criteria:
+            if not isinstance(c, TreeCoverage):
+                keep = ~c.rejected_mask(torch.exp(lp), c.threshold_from_summary(summ)[:, None]) & ok[:, None]
+                cols[f"accept_mask/{c.spec}"] = (keep.to(torch.int64) * bits).sum(1).to(torch.int32)
         # Floating-point contract (docs/theory.md, section 7): radii are lower bounds on the
         # exact radius; kl_f is float64 but not a proven upper bound, so rows whose kl_f lies
         # within 1e-6 of a radius are decided with the proven upper bound instead.
@@ -200,10 +216,10 @@ class StepCertifier:
         if idx.numel():
             from ..divergences import divergence_upper, log_probs
 
-            lp, ep, _, _ = log_probs(summ.source[idx], True, "target logits")
+            lpx, ep, _, _ = log_probs(summ.source[idx], True, "target logits")
             lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
             kl_cert = kl_f.clone()
-            kl_cert[idx] = divergence_upper(lp, lq, ep, eq, "forward")
+            kl_cert[idx] = divergence_upper(lpx, lq, ep, eq, "forward")
         for c in self.criteria:
             # NaN radius or NaN divergence compare False: a broken step never certifies.
             cols[f"certified/{c.spec}"] = kl_cert < radius[c.spec]
@@ -270,6 +286,17 @@ def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tens
         log_sq[i] = torch.logsumexp(y[i].double(), dim=1) - log_zq[i]
     # rounding can leave the KL of identical distributions at -1e-17: clamp to its true range
     return kl_f.clamp_min(0), kl_r.clamp_min(0), tv, log_zq + log_sq
+
+
+def _rank_under(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """#{y : x[n, y] > x[n, ids[n]]} per row (x: logits; a few rows at a time, no (N, V) bool temporary)."""
+    out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    step = max(1, CHUNK_ELEMENTS // max(1, x.shape[1])) if x.device.type == "cpu" else x.shape[0]
+    for i in range(0, x.shape[0], step):
+        j = min(x.shape[0], i + step)
+        v = x[i:j].gather(-1, ids[i:j, None])
+        out[i:j] = (x[i:j] > v).sum(1)
+    return out
 
 
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,11 +51,30 @@ def write_report(out_dir, *, verbose: bool = True) -> dict:
     summary = to_json_value(summary)
 
     figures = write_figures(summary, plot, out_dir / "figures", trace.has_drafter)
+    replay = _replay_section(out_dir, notes) if trace.has_drafter else None
+    if replay is not None:
+        summary["replay"] = replay["summary"]
     paths = [out_dir / "summary.json"]
     atomic_write(paths[0], json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    atomic_write(out_dir / "report.md", render_markdown(summary, run, notes, figures, out_dir))
-    atomic_write(out_dir / "report.html", render_html(summary, run, notes, figures))
+    md, page = render_markdown(summary, run, notes, figures, out_dir), render_html(summary, run, notes, figures)
+    if replay is not None:  # the replay section (draftcert.replay) goes last
+        md = md.rstrip("\n") + "\n\n" + replay["md"] + "\n"
+        page = page.replace("</body></html>", replay["html"] + "</body></html>")
+        figures = figures + replay["figures"]
+    atomic_write(out_dir / "report.md", md)
+    atomic_write(out_dir / "report.html", page)
     paths += [out_dir / "report.md", out_dir / "report.html"] + figures
     if verbose:
         print_terminal(summary, paths, notes)
     return summary
+
+
+def _replay_section(out_dir: Path, notes: list[str]) -> dict | None:
+    """The "Replay" section (draftcert.replay); a failure there leaves the rest of the report intact."""
+    try:
+        from ..replay.report import replay_section
+
+        return replay_section(out_dir)
+    except Exception as exc:  # noqa: BLE001 - the report is written anyway, with a note
+        notes.append(f"replay section skipped: {type(exc).__name__}: {exc}")
+        return None

@@ -1,0 +1,206 @@
+"""``draftcert replay DIR`` and ``draftcert explain DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+_REPLAY_EXAMPLES = """examples:
+  draftcert profile --drafter default --prompts mt-bench --limit 8 --out runs/r8
+  draftcert replay runs/r8                      # every rule x chain k=1..8, trees, static trees
+  draftcert replay runs/r8 --calibrate          # + time the models here: tokens/s, speedup, best config
+  draftcert replay runs/r8 --rules strict,tree:4 -k 1-6 --trees 2,4,8 --static 4,2,1 --full
+
+Strict rules (strict, tree:M) are replayed exactly: the accepted lengths are the ones
+`draftcert decode` measures on the same prompts, round by round.  Relaxed rules are
+exact until they accept a non-greedy token; later rounds are an estimate (column
+exact = fraction of rounds replayed exactly).  Writes DIR/replay.json and
+DIR/figures/replay_*.png; --calibrate also writes DIR/calibration.json, which later
+replays of DIR reuse.
+"""
+
+_EXPLAIN_EXAMPLES = """examples:
+  draftcert explain runs/r8                     # chain k=4 (tree Mx4 for tree:M), top 5 per rule
+  draftcert explain runs/r8 --rules strict --top 20 --epsilon 0.05
+
+Categories (a partition of the rejections; D = KL(p||q), r = the rule's radius):
+  inside radius  D < r: impossible, a soundness violation (a bug), flagged loudly
+  low margin     r <= D <= eps: a drafter within eps of p was rejected, so r < eps:
+                 p is nearly tied here (relax the rule)
+  far off        D > eps and D >= r: the drafter was further than eps from p
+                 (fix the drafter)
+Surprise = log p(greedy) - max log p(drafter's candidates), nats.  Writes DIR/explain.json.
+"""
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "replay", help="replay a profile trace under every rule, draft length and tree; predicted speed",
+        description="Replay a profile trace (recorded with --drafter) under every rule, chain length and tree shape.",
+        epilog=_REPLAY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p)
+    p.add_argument("--trees", default="2,4", help="widths m of the (m, depth) trees, depth = each k (default 2,4; '' for none)")
+    p.add_argument("--static", default="4,2,1;3,2,2,1", help="static trees, ';'-separated width lists (default '4,2,1;3,2,2,1')")
+    p.add_argument("--calibrate", action="store_true", help="time target and drafter forwards on this machine "
+                   "(loads the run's models) and predict tokens/s and speedup")
+    p.add_argument("--repeats", type=int, default=5, help="timing repeats per size with --calibrate (default 5)")
+    p.add_argument("--drafter-cost", type=float, default=None, metavar="R",
+                   help="without calibration: predict speedup with a drafter forward costing R target forwards")
+    p.add_argument("--full", action="store_true", help="print every configuration (default: chains, best depth per tree width, static trees)")
+    p.add_argument("--no-figures", action="store_true", help="do not write figures")
+    p.set_defaults(func=run_replay)
+
+    e = subparsers.add_parser(
+        "explain", help="rank the replay's rejections by surprise and say why each happened",
+        description="Rejection events of a replay, ranked by surprise, with the inside-radius / low-margin / far-off split.",
+        epilog=_EXPLAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("dir", help="output directory of `draftcert profile --drafter ...`")
+    e.add_argument("--rules", default=None, help="comma-separated rules of the trace (default all)")
+    e.add_argument("-k", type=int, default=4, help="draft length of the replayed configuration (default 4)")
+    e.add_argument("--epsilon", type=float, default=0.1, help="eps of the low-margin / far-off split, nats (default 0.1)")
+    e.add_argument("--top", type=int, default=5, help="events printed per rule (default 5; explain.json has all)")
+    e.add_argument("--no-color", action="store_true", help="never colour the output")
+    e.set_defaults(func=run_explain)
+
+
+def _common(p) -> None:
+    p.add_argument("dir", help="output directory of `draftcert profile --drafter ...`")
+    p.add_argument("--rules", default=None, help="comma-separated rules of the trace (default all)")
+    p.add_argument("-k", default="1-8", help="chain lengths / tree depths: a range 1-8 or a list 1,2,4 (default 1-8)")
+
+
+def _static(text: str):
+    out = []
+    for part in (text or "").split(";"):
+        part = part.strip().strip("[]")
+        if not part:
+            continue
+        try:
+            w = tuple(int(x) for x in part.split(","))
+        except ValueError:
+            raise ValueError(f"--static: expected width lists like 4,2,1;3,2,2,1, got {text!r}") from None
+        if not w or min(w) < 1:
+            raise ValueError(f"--static: widths must be integers >= 1, got {part!r}")
+        out.append(w)
+    return tuple(out)
+
+
+def _widths(text: str):
+    try:
+        w = tuple(int(x) for x in (text or "").split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--trees: expected widths like 2,4, got {text!r}") from None
+    if any(x < 2 for x in w):
+        raise ValueError(f"--trees: tree widths must be >= 2 (width 1 is a chain), got {text!r}")
+    return w
+
+
+def _load_costs(args, trace, shapes_for_cal):
+    from .speed import Costs, calibrate, forward_count_costs
+
+    cal = Path(args.dir) / "calibration.json"
+    if args.calibrate:
+        costs = _calibrate_run(trace, shapes_for_cal, args.repeats)
+        from .api import _atomic
+
+        _atomic(cal, json.dumps(costs.as_dict(), indent=2) + "\n")
+        return costs
+    if args.drafter_cost is not None:
+        return forward_count_costs(args.drafter_cost)
+    if cal.exists():
+        try:
+            return Costs.from_dict(json.loads(cal.read_text()))
+        except json.JSONDecodeError:
+            raise ValueError(f"calibration: {cal} is not valid JSON; delete it or rerun with --calibrate") from None
+    return None
+
+
+def _calibrate_run(trace, shapes, repeats: int):
+    import torch
+
+    from .speed import calibrate
+
+    run = trace.run
+    tspec, dspec = run.get("target"), run.get("drafter")
+    if not dspec or str(tspec).startswith("object:") or str(dspec).startswith("object:"):
+        raise ValueError("--calibrate: the run's target or drafter was a Python object, which cannot be reloaded; "
+                         "call draftcert.replay.speed.calibrate(target, drafter, shapes) and pass costs= to replay()")
+    from ..models import load_drafter, load_target
+
+    dtype = (run.get("settings") or {}).get("dtype")
+    dtype = None if dtype in (None, "default") else dtype
+    target, tok = load_target(None if tspec == "embedded" else tspec, dtype=dtype)
+    drafter = load_drafter(dspec, target, tok, dtype=dtype)
+    plen = 64
+    try:  # the mean prompt length of the run, when its prompts can be read again
+        from ..prompts import encode_prompt, load_prompts
+
+        ps = load_prompts(run.get("prompts"), limit=run.get("limit"))
+        lens = [len(encode_prompt(tok, p.text)) for p in ps]
+        plen = max(1, round(sum(lens) / len(lens)))
+    except Exception:
+        pass
+    ctx = plen + trace.max_new_tokens // 2
+    print(f"calibrating on this machine ({torch.get_num_threads()} threads): context {ctx}, prompt {plen} tokens, "
+          f"{repeats} repeats ...", file=sys.stderr)
+    return calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=repeats)
+
+
+def run_replay(args) -> int:
+    from .api import _parse_ks, format_table, replay, write_replay
+    from .data import load_replay_trace
+    from .walk import default_shapes
+
+    ks = _parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
+    tw, st = _widths(args.trees), _static(args.static)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats: expected an integer >= 1, got {args.repeats}")
+    trace = load_replay_trace(args.dir)
+    res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st)  # validates before any model work
+    shapes = sorted({s for reps in res.configs.values() for s in (c.shape for c in reps)}, key=lambda s: s.label)
+    costs = _load_costs(args, trace, shapes)
+    if costs is not None:
+        res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs)
+    paths = write_replay(args.dir, res, figures=not args.no_figures)
+    tr = res.trace
+    wrap = lambda text: textwrap.fill(text, 80, subsequent_indent="  ")  # noqa: E731
+    print(wrap(f"replay of {tr.steps} steps ({len(tr.prompts)} prompts x <= {tr.max_new_tokens} tokens), "
+               f"drafter {tr.run.get('drafter')}"))
+    print(format_table(res, full=args.full), end="")
+    for n in res.notes:
+        print(wrap(f"note: {n}"))
+    print(wrap("columns: tok/fwd = tokens per target forward, acc/rnd = mean accepted drafts per round, zero = "
+               "rounds accepting nothing, pos1/last = acceptance at position 1 / the deepest, exact = rounds "
+               "replayed exactly, speedup = predicted vs the target alone"))
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+def run_explain(args) -> int:
+    import os
+
+    from .api import replay
+    from .data import load_replay_trace
+    from .explain import attach_text, explain, format_explain, load_tokenizer, write_explain
+
+    if args.top < 0:
+        raise ValueError(f"--top: expected an integer >= 0, got {args.top}")
+    if args.k < 1:
+        raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
+    trace = load_replay_trace(args.dir)
+    res = replay(trace, rules=args.rules, ks=(args.k,), tree_widths=(), static=())
+    ex = explain(res, k=args.k, epsilon=args.epsilon)
+    attach_text(ex, load_tokenizer(trace.run))
+    path = write_explain(args.dir, ex)
+    color = not args.no_color and not os.environ.get("NO_COLOR") and sys.stdout.isatty()
+    print(format_explain(ex, top=args.top, color=color), end="")
+    bad = sum(r["split"]["inside_radius"] for r in ex["rules"].values())
+    if bad:
+        print(f"draftcert: {bad} SOUNDNESS VIOLATION(S): rejected inside the radius; this is a bug in draftcert, "
+              f"please report it with {path}", file=sys.stderr)
+    print(f"wrote {path}")
+    return 1 if bad else 0

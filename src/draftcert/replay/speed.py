@@ -1,0 +1,219 @@
+"""Predicted speed of a replayed configuration.
+
+Cost model (seconds): one round = ``T(1 + nodes)`` (the target verifies the pending
+token and every draft node in one forward over its KV cache) + ``O(1 + nodes)`` (the
+engine's acceptance walk and certificates on those rows) + one drafter forward per
+drafted depth, ``D(front)`` (the first is the catch-up over the pending token, then one
+per further depth: 1 token for chains and (m, depth) trees, the whole front for static
+trees).  The first round also pays the prompt prefills: ``T_pre - T(1)`` and
+``D_pre - D(1)``.  The target alone pays ``T_pre + (N - 1) T(1)`` for N tokens.
+``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``.
+
+``calibrate`` measures T(n), D(n), O(n) (median of interleaved repeats, at a fixed cached
+context) and both prefills on this machine; tree verifications are timed with the
+engine's 4-D tree mask.  Without a calibration the speed is left out, unless a drafter
+cost ratio is given (``forward-count`` model: T(n) = 1, D(n) = ratio).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from .walk import ConfigReplay, Shape
+
+__all__ = ["Costs", "calibrate", "predict", "forward_count_costs"]
+
+
+@dataclass
+class Costs:
+    source: str  # "calibrated" | "forward-count"
+    target: dict[int, float]  # tokens verified (causal) -> seconds
+    drafter: dict[int, float]
+    target_tree: dict[int, float] = field(default_factory=dict)  # tokens verified with a tree mask -> seconds
+    overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
+    target_prefill: float | None = None
+    drafter_prefill: float | None = None
+    context: int | None = None
+    prompt_length: int | None = None
+    repeats: int | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("target", "drafter", "target_tree", "overhead"):
+            d[k] = {str(n): v for n, v in sorted(d[k].items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Costs":
+        try:
+            kw = dict(d)
+            for k in ("target", "drafter", "target_tree", "overhead"):
+                kw[k] = {int(n): float(v) for n, v in (d.get(k) or {}).items()}
+            return cls(**kw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"calibration: unreadable costs ({exc}); rerun `draftcert replay DIR --calibrate`") from None
+
+    @staticmethod
+    def _interp(table: dict[int, float], n: int) -> float:
+        if not table:
+            raise ValueError("calibration: no timings")
+        if n in table:
+            return table[n]
+        xs = sorted(table)
+        ys = [table[x] for x in xs]
+        if len(xs) == 1:
+            return ys[0]
+        if n > xs[-1]:  # extrapolate with the slope of the two largest sizes
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + max(slope, 0.0) * (n - xs[-1])
+        return float(np.interp(n, xs, ys))
+
+    def t(self, n: int, tree: bool = False) -> float:
+        return self._interp(self.target_tree if tree and self.target_tree else self.target, n)
+
+    def d(self, n: int) -> float:
+        return self._interp(self.drafter, n)
+
+    def o(self, n: int) -> float:
+        return self._interp(self.overhead, n) if self.overhead else 0.0
+
+
+def forward_count_costs(drafter_ratio: float) -> Costs:
+    if not (drafter_ratio >= 0 and np.isfinite(drafter_ratio)):
+        raise ValueError(f"drafter cost: expected a finite ratio >= 0 (drafter forward / target forward), got {drafter_ratio!r}")
+    return Costs("forward-count", {1: 1.0}, {1: float(drafter_ratio)}, note=(
+        f"forward-count model: every target forward costs 1, every drafter forward {drafter_ratio:g} "
+        "(no calibration; run `draftcert replay DIR --calibrate` to time the models)"))
+
+
+def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: int) -> dict:
+    """Predicted seconds, tokens/s and speedup of one replayed configuration."""
+    tv, dv = rep.work()
+    tree = rep.shape.kind != "chain"
+    t_spec = sum(c * (costs.t(n, tree and n > 1) + costs.o(n)) for n, c in tv.items())
+    t_spec += sum(c * costs.d(n) for n, c in dv.items())
+    t1, d1 = costs.t(1), costs.d(1)
+    if costs.target_prefill is not None:
+        t_spec += n_prompts * (costs.target_prefill - t1)
+    if costs.drafter_prefill is not None:
+        t_spec += n_prompts * (costs.drafter_prefill - d1)
+    t_base = baseline_tokens * t1 + (n_prompts * (costs.target_prefill - t1) if costs.target_prefill is not None else 0.0)
+    emitted = sum(r.emitted for rs in rep.rounds.values() for r in rs)
+    tps = emitted / t_spec if t_spec > 0 else float("inf")
+    tps_base = baseline_tokens / t_base if t_base > 0 else float("inf")
+    return {
+        "seconds": t_spec if costs.source == "calibrated" else None,
+        "tokens_per_second": tps if costs.source == "calibrated" else None,
+        "baseline_tokens_per_second": tps_base if costs.source == "calibrated" else None,
+        "speedup": tps / tps_base if np.isfinite(tps_base) and tps_base > 0 else None,
+    }
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _sizes(shapes: list[Shape]) -> tuple[set[int], set[int], set[int]]:
+    chain, tree, draft = {1}, set(), {1}
+    for s in shapes:
+        for b in range(0, s.depth + 1):
+            n = 1 + s.nodes(b)
+            (chain if s.kind == "chain" or b == 0 else tree).add(n)
+            draft.update(s.drafter_fronts(b))
+    return chain, tree, draft
+
+
+def _tree_for(n_nodes: int):
+    """A draft tree with ``n_nodes`` nodes (a width-n root fan: same tokens and mask size as any tree of n)."""
+    from ..decode.tree import DraftTree
+
+    t = DraftTree()
+    for i in range(n_nodes):
+        t.add(0, -1 if i == 0 else i - 1 if i % 2 else 0)
+    return t
+
+
+def _overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
+    """Arguments of the engine's acceptance step for a chain round verifying n rows (random logits:
+    the certificate work covers every drafted row whatever is accepted)."""
+    from ..criteria import Strict
+    from ..decode.stats import DecodeStats
+    from ..decode.tree import DraftTree
+
+    logits = (torch.randn(n, V, generator=g) * 3).to(dtype)
+    d = DraftTree()
+    for i in range(n - 1):
+        d.add(int(torch.randint(0, V, (1,), generator=g)), i - 1)
+        d.expanded.append(i - 1)
+        d.widths.append(1)
+    d.q = (torch.randn(n - 1, V, generator=g) * 3).to(dtype) if n > 1 else None
+    return Strict(), logits, d, True, 16, {}, DecodeStats("strict", max(1, n - 1), None)
+
+
+@torch.inference_mode()
+def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, prompt_length: int = 64,
+              repeats: int = 5, vocab: int | None = None, seed: int = 0) -> Costs:
+    """Time target and drafter forwards on this machine for every size the shapes need.
+
+    The target's cache holds ``context`` tokens; each timed forward appends n tokens and
+    is cropped back.  Sizes are interleaved round-robin ``repeats`` times (load on a shared
+    machine then hits every size alike) and the median is kept.
+    """
+    from ..decode.drafters import model_forward, new_cache, vocab_size_of
+    from ..decode.engine import _accept, _verify
+    from ..decode.tree import crop_cache
+
+    if repeats < 1 or context < 1 or prompt_length < 1:
+        raise ValueError("calibrate: repeats, context and prompt_length must be >= 1")
+    chain, tree, draft = _sizes(shapes)
+    V = vocab or vocab_size_of(target)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
+    tcache, dcache = new_cache(target), new_cache(drafter)
+    model_forward(target, tcache, ids[:context], 1)
+    model_forward(drafter, dcache, ids[:context], 1)
+    trees = {n: _tree_for(n - 1) for n in tree}
+    jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
+    jobs += [("o", n) for n in sorted(chain | tree)]
+    jobs += [("tp", prompt_length), ("dp", prompt_length)]
+    rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
+    times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
+    for _ in range(repeats + 1):  # the first pass warms up and is dropped
+        for kind, n in jobs:
+            t0 = time.perf_counter()
+            if kind == "t":
+                model_forward(target, tcache, ids[context:context + n], n)
+            elif kind == "tt":
+                _verify(target, tcache, context, ids[context:context + 1], trees[n])
+            elif kind == "d":
+                model_forward(drafter, dcache, ids[context:context + n], 1)
+            elif kind == "o":
+                _accept(*rows[n])
+            elif kind == "tp":
+                model_forward(target, new_cache(target), ids[:n], 1)
+            else:
+                model_forward(drafter, new_cache(drafter), ids[:n], 1)
+            dt = time.perf_counter() - t0
+            if kind in ("t", "tt"):
+                crop_cache(tcache, context)
+            elif kind == "d":
+                crop_cache(dcache, context)
+            times[(kind, n)].append(dt)
+    med = {j: statistics.median(v[1:]) for j, v in times.items()}
+    return Costs(
+        "calibrated",
+        target={n: med[("t", n)] for n in sorted(chain)},
+        drafter={n: med[("d", n)] for n in sorted(draft)},
+        target_tree={n: med[("tt", n)] for n in sorted(tree)},
+        overhead={n: med[("o", n)] for n in sorted(chain | tree)},
+        target_prefill=med[("tp", prompt_length)],
+        drafter_prefill=med[("dp", prompt_length)],
+        context=context, prompt_length=prompt_length, repeats=repeats,
+        note=f"timed on this machine: median of {repeats} interleaved repeats, cached context {context}, "
+             f"prompt {prompt_length} tokens",
+    )

@@ -1,0 +1,51 @@
+"""Per-position acceptance and the accepted-length histogram in DecodeStats, decode --json and bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftcert.cli import main
+from draftcert.decode import speculative_generate
+
+
+@pytest.mark.parametrize("spec,tree", [("strict", None), ("additive:0.05", None), ("strict", (2, 3)), ("strict", [2, 2, 1])])
+def test_histogram_and_positions_count_the_rounds(tiny, prompts, spec, tree):
+    target, drafter, _ = tiny
+    st = speculative_generate(target, drafter, prompts[1], spec, k=4, tree=tree, max_new_tokens=20).stats
+    hist = st.accepted_length_histogram
+    drafted = [r for r in st.rounds if r.drafted]
+    assert sum(hist) == len(drafted) and len(hist) == (len(tree) if isinstance(tree, list) else 3 if tree else 4) + 1
+    assert sum(n * h for n, h in enumerate(hist)) == sum(r.accepted for r in st.rounds)
+    assert st.attempted_by_depth[0] == len(drafted)
+    # a depth is attempted exactly when the previous one was accepted (and the node had children)
+    assert all(a <= b for a, b in zip(st.attempted_by_depth[1:], st.accepted_by_depth))
+    assert st.acceptance_rate_by_depth == [a / n for a, n in zip(st.accepted_by_depth, st.attempted_by_depth)]
+    s = st.summary()
+    assert s["accepted_length_histogram"] == hist and s["attempted_by_depth"] == st.attempted_by_depth
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, target_factory):
+    model, tok = target_factory(seed=2, layers=3)
+    model.to(torch.float32)
+    path = tmp_path_factory.mktemp("tiny-pos") / "ckpt"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_decode_json_and_bench_report_positions(ckpt, capsys):
+    assert main(["decode", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hello", "-k", "3",
+                 "--max-new-tokens", "10", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out.splitlines()[-1])["summary"]
+    assert len(s["acceptance_rate_by_depth"]) >= 1 and sum(s["accepted_length_histogram"]) >= 1
+    assert main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hi", "--prompt", "yo",
+                 "--criteria", "strict,tree:2", "-k", "3", "--max-new-tokens", "8", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(len(r["accepted_length_histogram"]) == 4 and len(r["acceptance_by_position"]) <= 3 for r in rows)
+    assert main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hi", "--criteria", "strict",
+                 "-k", "2", "--max-new-tokens", "6"]) == 0
+    assert "acceptance by draft position" in capsys.readouterr().out
