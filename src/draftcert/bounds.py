@@ -80,12 +80,65 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
     return co
 
 
+#: Relative and absolute amounts the closed-form bounds are rounded down by, so that they
+#: never exceed the radius as the library computes it at the extremal distribution itself
+#: (both are float64 sums of O(1) terms with round-off of a few ulps of each term).
+_REL_SHAVE = 2.0**-30
+_ABS_SHAVE = 2.0**-50
+
+
+def _shave(v: torch.Tensor, n_terms: int) -> torch.Tensor:
+    return (v * (1 - _REL_SHAVE) - n_terms * _ABS_SHAVE).clamp_min(0)
+
+
+def _phi1p(u: torch.Tensor) -> torch.Tensor:
+    """(1+u) log(1+u) - u >= 0, accurate for small |u| (the Bregman term of KL at ratio 1+u)."""
+    return torch.where(u.abs() > 0.5, torch.special.xlogy(1 + u, 1 + u), (1 + u) * torch.log1p(u)) - u
+
+
+def _tree_bound(m: int, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
+    """Exact infimum of the tree:m radius over all p with p(1st) - p((m+1)-th) = G
+    (docs/theory.md, section 5): attained at V = m + 1 by p = (a, t, ..., t, b),
+    a - b = G, a + (m-1) t + b = 1, with t the geometric (forward), harmonic (reverse)
+    mean of a and b, or t = min(1/(m+1), (1-G)/(m-1)) (tv).  co = 1 - G (no cancellation)."""
+    n = m + 1
+    if kind == "tv":
+        v = torch.maximum(G / 2, G - 1.0 / n) if m > 1 else G / 2
+        return _shave(v, 1)
+    one_m_g2 = co * (1 + G)  # 1 - G^2
+    if kind == "forward":
+        # t = sqrt(ab) solves (4 - (m-1)^2) t^2 + 2 (m-1) t - (1 - G^2) = 0 (stable root)
+        t = one_m_g2 / ((m - 1) + torch.sqrt(4 * one_m_g2 + (m - 1) ** 2 * G * G))
+        S = torch.sqrt(G * G + 4 * t * t)  # a + b
+        b = 2 * t * t / (S + G)  # (S - G)/2 without cancellation
+        a = b + G
+        # sum over the pool (level 1/n) of L phi(p/L), u = n p - 1
+        v = (_phi1p(n * a - 1) + (m - 1) * _phi1p(n * t - 1) + _phi1p(n * b - 1)) / n
+        return _shave(v, n)
+    # reverse: S = a + b solves n S^2 - 2 S - (m-1) G^2 = 0; t = 2ab / S
+    D = torch.sqrt(1 + (m * m - 1) * G * G)
+    S = (1 + D) / n
+    s2g2 = 2 * one_m_g2 * (D + 1) / (n * (D + m))  # S^2 - G^2 = 4ab
+    t = s2g2 / (2 * S)
+    b = s2g2 / (2 * (S + G))
+    a = b + G
+    e = (m * m - 1) * G * G / (D + 1)  # n S - 2 = D - 1
+    ua, ub, ut = (e + n * G) / 2, (e - n * G) / 2, -G * G / S  # n p - 1 for a, b, t
+    small = G < 0.5
+    near = torch.log1p(ua) + (m - 1) * torch.log1p(ut) + torch.log1p(torch.where(small, ub, torch.zeros_like(ub)))
+    far = torch.log(n * a) + (m - 1) * torch.log(n * t) + torch.log(n * b)
+    v = -torch.where(small, near, far) / n
+    return _shave(v.clamp_min(0), n)
+
+
 def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
     """H_D(G, s_max) with s_max - G and 1 - s_max computed from co = 1 - G without cancellation.
 
     For reverse KL, 1 - (sqrt(hi) - sqrt(lo))^2 = (1 - s) + 2 sqrt(hi lo): when p(y) is below
     ~1e-16 the left side cancels to 0 (bound +inf, above the true radius), the right does not.
     """
+    if isinstance(crit, TreeCoverage):
+        return _tree_bound(crit.m, G, co, kind)
     if kind == "tv":
         return G / 2
     d = _lo_mass(crit, G, co).clamp_min(0)  # s - G
