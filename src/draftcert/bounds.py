@@ -1,8 +1,7 @@
 """Margin bounds: lower bounds on the radius that see p only through one number.
 
-Every bound here is the *two-token relaxation* of the radius problem: keep
-only the constraint q(y) >= q(1st) for the cheapest rejected token y (trees:
-q(y) >= q(a) for a token no likelier than the (m+1)-th), which gives
+Single-token rules use the *two-token relaxation* of the radius problem: keep only the
+constraint q(y) >= q(1st) for the cheapest rejected token y, which gives
 
     H_D(G, s):  p(1st) = (s + G)/2,  p(y) = (s - G)/2
       forward  s * g(G/s),   g(x) = (1+x)/2 log(1+x) + (1-x)/2 log(1-x)
@@ -10,26 +9,31 @@ q(y) >= q(a) for a token no likelier than the (m+1)-th), which gives
       tv       G / 2
 
 decreasing in the pooled mass s = p(1st) + p(y) and increasing in the gap
-G = p(1st) - p(y).  The margin statistic fixes G (or bounds it below), and
-each rule's rejection condition caps s at ``s_max(G)``; ``H_D(G, s_max(G))``
-is then a bound depending on p only through the statistic.  Statistics:
+G = p(1st) - p(y).  The margin statistic fixes G, and each rule's rejection condition
+caps s at ``s_max(G)``; ``H_D(G, s_max(G))`` is then a bound depending on p only through
+the statistic.  Trees use the exact infimum instead (``_tree_bound``).  "sharp" = the
+infimum of the radius over all distributions (any V) with that statistic:
 
-==================  ====================================================  ========================================
-criterion           statistic G                                           s_max(G)
-==================  ====================================================  ========================================
-strict              p(1st) - p(2nd)                                       1  (sharp: the infimum over p)
-additive:DELTA      p(1st) - max_{y in R(p)} p(y)   ("rejection gap")     1  (sharp)
-multiplicative:A    rejection gap                                         min(1, G (1+A)/(1-A))  (sharp)
-topm:M              rejection gap                                         min(1, G + 2(1-G)/(M+1))  (sharp)
-entropy:E:D         rejection gap                                         min(1, 2E + G, G (1+D)/(1-D) if D < 1)
-mars:THETA          rejection gap                                         min(1, max(s_A, s_B)) (docs/theory.md)
-LevelSet (user)     rejection gap                                         1
-tree:M              p(1st) - p((M+1)-th)                                  min(1, (2 + (M-1) G)/(M+1))
-==================  ====================================================  ========================================
+==================  ===================================  ==================================================
+criterion           statistic G                          bound
+==================  ===================================  ==================================================
+strict              p(1st) - p(2nd)                      H_D(G, 1)  (sharp, attained at V = 2)
+additive:DELTA      p(1st) - max_{y in R(p)} p(y)        H_D(G, 1)  (sharp)
+                    ("rejection gap")
+multiplicative:A    rejection gap                        H_D(G, min(1, G (1+A)/(1-A)))  (sharp)
+topm:M              rejection gap                        H_D(G, min(1, G + 2(1-G)/(M+1)))  (sharp)
+mars:THETA          rejection gap                        H_D(G, min(1, max(s_A, s_B)))  (sharp)
+entropy:E:D         rejection gap                        H_D(G, min(1, 2E + G, G (1+D)/(1-D) if D < 1))
+                                                         (valid, not sharp)
+LevelSet (user)     rejection gap                        H_D(G, 1)  (valid)
+tree:M              p(1st) - p((M+1)-th)                 closed forms at the extremal (a, t x (M-1), b)
+                                                         (sharp, attained at V = M + 1)
+==================  ===================================  ==================================================
 
-Where no token can be rejected the statistic is undefined and the bound is
-+inf, like the radius.  Proofs and measured gaps to the exact infimum:
-docs/theory.md, section 5.
+Every bound is rounded down by 2^-32 relative and 2^-51 per summed term absolute, so it
+never exceeds the radius as the library computes it, even at the extremal distribution.
+Where no token can be rejected the statistic is undefined and the bound is +inf, like the
+radius.  Proofs, extremal families and measured gaps: docs/theory.md, section 5.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
         return co
     if isinstance(crit, Multiplicative):
         return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
-    if isinstance(crit, (TopM, TreeCoverage)):
+    if isinstance(crit, TopM):
         return 2 * co / (crit.m + 1)
     if isinstance(crit, EntropyThreshold):
         d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
@@ -83,8 +87,8 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
 #: Relative and absolute amounts the closed-form bounds are rounded down by, so that they
 #: never exceed the radius as the library computes it at the extremal distribution itself
 #: (both are float64 sums of O(1) terms with round-off of a few ulps of each term).
-_REL_SHAVE = 2.0**-30
-_ABS_SHAVE = 2.0**-50
+_REL_SHAVE = 2.0**-32
+_ABS_SHAVE = 2.0**-51  # per summed term
 
 
 def _shave(v: torch.Tensor, n_terms: int) -> torch.Tensor:
@@ -108,7 +112,10 @@ def _tree_bound(m: int, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.T
     one_m_g2 = co * (1 + G)  # 1 - G^2
     if kind == "forward":
         # t = sqrt(ab) solves (4 - (m-1)^2) t^2 + 2 (m-1) t - (1 - G^2) = 0 (stable root)
-        t = one_m_g2 / ((m - 1) + torch.sqrt(4 * one_m_g2 + (m - 1) ** 2 * G * G))
+        if m == 1:  # no intermediates: the strict pair ((1+G)/2, (1-G)/2), t = sqrt(ab)
+            t = torch.sqrt(one_m_g2) / 2
+        else:
+            t = one_m_g2 / ((m - 1) + torch.sqrt(4 * one_m_g2 + (m - 1) ** 2 * G * G))
         S = torch.sqrt(G * G + 4 * t * t)  # a + b
         b = 2 * t * t / (S + G)  # (S - G)/2 without cancellation
         a = b + G
@@ -125,8 +132,10 @@ def _tree_bound(m: int, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.T
     e = (m * m - 1) * G * G / (D + 1)  # n S - 2 = D - 1
     ua, ub, ut = (e + n * G) / 2, (e - n * G) / 2, -G * G / S  # n p - 1 for a, b, t
     small = G < 0.5
-    near = torch.log1p(ua) + (m - 1) * torch.log1p(ut) + torch.log1p(torch.where(small, ub, torch.zeros_like(ub)))
-    far = torch.log(n * a) + (m - 1) * torch.log(n * t) + torch.log(n * b)
+    near = torch.log1p(ua) + torch.log1p(torch.where(small, ub, torch.zeros_like(ub)))
+    far = torch.log(n * a) + torch.log(n * b)
+    if m > 1:
+        near, far = near + (m - 1) * torch.log1p(ut), far + (m - 1) * torch.log(n * t)
     v = -torch.where(small, near, far) / n
     return _shave(v.clamp_min(0), n)
 
@@ -139,6 +148,10 @@ def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -
     """
     if isinstance(crit, TreeCoverage):
         return _tree_bound(crit.m, G, co, kind)
+    return _shave(_pair_bound(crit, G, co, kind), 2)
+
+
+def _pair_bound(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "tv":
         return G / 2
     d = _lo_mass(crit, G, co).clamp_min(0)  # s - G
