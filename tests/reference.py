@@ -58,38 +58,75 @@ def entropy(p: np.ndarray) -> float:
 def rejected_set(spec: str, p: np.ndarray, user=None) -> np.ndarray:
     """Indices of tokens the rule rejects at target p (definition, not library code).
 
-    ``user`` = (threshold_fn_numpy, inclusive) for a user LevelSet.
+    Decided exactly on the given values: the row is renormalised (p / sum p) exactly, as
+    the floating-point contract of docs/theory.md (section 7) demands.  Order statistics
+    (strict, top-M, MARS's threshold) are exact comparisons of the given values; other
+    thresholds are computed in float64 and every token within 1e-9 of the threshold is
+    re-decided in 2400-bit arithmetic (mpmath).  ``user`` = (threshold_fn_numpy,
+    inclusive) for a user LevelSet, whose threshold is its value on p / sum(p).
     """
     p = np.asarray(p, dtype=np.float64)
-    mx = p.max()
     name, *args = spec.split(":")
+    srt = np.sort(p)[::-1]
+    if name == "strict":
+        return np.flatnonzero(p < srt[0])
+    if name == "topm":
+        return np.flatnonzero(p < srt[int(args[0]) - 1])
+    if name == "mars":
+        import mpmath
+
+        theta = float(args[0])
+        with mpmath.workprec(2400):
+            close = srt[1] > 0 and mpmath.log(mpmath.mpf(srt[0]) / mpmath.mpf(srt[1])) <= mpmath.mpf(theta)
+        return np.flatnonzero(p < (srt[1] if close else srt[0]))
+    P = p / p.sum()
+    inclusive = name in ("entropy", "typical")
     if name == "levelset":
         fn, inclusive = user
-        tau = float(fn(p))
-        return np.flatnonzero(p <= tau) if inclusive else np.flatnonzero(p < tau)
-    if name == "strict":
-        return np.flatnonzero(p < mx)
-    if name == "additive":
-        return np.flatnonzero(p < mx - float(args[0]))
-    if name == "multiplicative":
-        return np.flatnonzero(p < float(args[0]) * mx)
-    if name == "topm":
-        m = int(args[0])
-        tau = np.sort(p)[::-1][m - 1]
-        return np.flatnonzero(p < tau)
-    if name == "entropy":
+        tau = float(fn(P))
+    elif name == "additive":
+        tau = P.max() - float(args[0])
+    elif name == "multiplicative":
+        tau = float(args[0]) * P.max()
+    elif name in ("entropy", "typical"):
         eps = float(args[0]) if len(args) > 0 else 0.09
         dl = float(args[1]) if len(args) > 1 else 0.3
-        tau = min(eps, dl * math.exp(-entropy(p)))
-        return np.flatnonzero(p <= tau)
-    if name == "mars":
-        theta = float(args[0])
-        s = np.sort(p)[::-1]
-        p1, p2 = s[0], s[1]
-        close = p2 > 0 and math.log(p1) - math.log(p2) <= theta
-        tau = p2 if close else p1
-        return np.flatnonzero(p < tau)
-    raise ValueError(spec)
+        h = entropy(P) if name == "entropy" else float(-(P * np.log(P + 1e-5)).sum())
+        tau = min(eps, dl * math.exp(-h))
+    else:
+        raise ValueError(spec)
+    rej = P <= tau if inclusive else P < tau
+    near = np.abs(P - tau) <= 1e-9 * abs(tau) + 1e-300
+    if near.any():
+        exact = _rejected_exact(name, args, p, user, inclusive)
+        rej[near] = exact[near]
+    return np.flatnonzero(rej)
+
+
+def _rejected_exact(name, args, p, user, inclusive) -> np.ndarray:
+    import mpmath
+
+    with mpmath.workprec(2400):
+        mp = mpmath.mp
+        S = mp.fsum(mp.mpf(float(v)) for v in p)
+        P = [mp.mpf(float(v)) / S for v in p]
+        mx = max(P)
+        if name == "levelset":
+            tau = mp.mpf(float(user[0](p / p.sum())))
+        elif name == "additive":
+            tau = mx - mp.mpf(float(args[0]))
+        elif name == "multiplicative":
+            tau = mp.mpf(float(args[0])) * mx
+        else:
+            eps = float(args[0]) if len(args) > 0 else 0.09
+            dl = float(args[1]) if len(args) > 1 else 0.3
+            if name == "entropy":
+                h = -mp.fsum(v * mp.log(v) for v in P if v > 0)
+            else:
+                h = -mp.fsum(v * mp.log(v + mp.mpf(1e-5)) for v in P)
+            tau = min(mp.mpf(eps), mp.mpf(dl) * mp.exp(-h))
+        tol = mp.mpf(2) ** -2200  # agreement to 2200 bits counts as an exact tie (e.g. tau = 1/3 = p)
+        return np.array([(v <= tau + tol) if inclusive else (v < tau - tol) for v in P])
 
 
 def argmax_lowest(p: np.ndarray) -> int:

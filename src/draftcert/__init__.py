@@ -18,6 +18,7 @@ from .criteria import (
     Strict,
     TopM,
     TreeCoverage,
+    TypicalAcceptance,
     parse_criterion,
 )
 from .divergences import DIVERGENCES, divergence
@@ -33,6 +34,7 @@ __all__ = [
     "Multiplicative",
     "TopM",
     "EntropyThreshold",
+    "TypicalAcceptance",
     "MarginAware",
     "TreeCoverage",
     "LevelSet",

@@ -28,10 +28,14 @@ class OutputSpec:
     batch_shape: tuple[int, ...]
     device: torch.device
 
-    def wrap(self, t: torch.Tensor) -> ArrayLike:
-        """(N,) result (any float/bool dtype) -> caller's type, shape batch_shape."""
+    def wrap(self, t: torch.Tensor, direction: str | None = None) -> ArrayLike:
+        """(N,) result (any float/bool dtype) -> caller's type, shape batch_shape.
+        ``direction``: ``down`` (radii) or ``up`` (divergences) rounds a float64 result
+        toward that side when it is handed back in float32 (docs/theory.md, section 7)."""
         if t.dtype.is_floating_point:
-            t = t.to(self.dtype)
+            from ._fp import round_out
+
+            t = round_out(t, self.dtype, direction) if t.dtype == torch.float64 else t.to(self.dtype)
         t = t.reshape(self.batch_shape)
         if self.is_numpy:
             return t.detach().cpu().numpy()
@@ -42,12 +46,22 @@ def to_tensor(x: ArrayLike, name: str) -> tuple[torch.Tensor, bool]:
     """Wrap ``x`` as a torch tensor (no copy for numpy). Returns (tensor, was_numpy)."""
     if isinstance(x, torch.Tensor):
         t, is_numpy = x.detach(), False
+        if t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name}: expected real numbers (float16, bfloat16, float32 or float64), got dtype {t.dtype}")
     elif isinstance(x, np.ndarray) or isinstance(x, (list, tuple)):
-        a = np.asarray(x)
+        try:
+            a = np.asarray(x)
+        except ValueError as exc:
+            raise ValueError(f"{name}: not a rectangular array of numbers ({exc})") from None
+        if a.dtype == np.bool_ or np.issubdtype(a.dtype, np.complexfloating):
+            raise ValueError(f"{name}: expected real numbers (float16, float32 or float64), got dtype {a.dtype}")
+        if np.issubdtype(a.dtype, np.floating) and a.dtype.itemsize > 8:
+            raise ValueError(f"{name}: dtype {a.dtype} (long double) is not supported; convert to float64 "
+                             "(the certificates are computed in float64, and a long double would be rounded)")
         if a.dtype == np.float16:
-            a = a.astype(np.float32)
+            a = a.astype(np.float32)  # exact
         if not np.issubdtype(a.dtype, np.floating):
-            if np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_:
+            if np.issubdtype(a.dtype, np.integer):
                 a = a.astype(np.float64)
             else:
                 raise ValueError(f"{name}: expected a float array, got dtype {a.dtype}")

@@ -14,22 +14,7 @@ caps s at ``s_max(G)``; ``H_D(G, s_max(G))`` is then a bound depending on p only
 the statistic.  Trees use the exact infimum instead (``_tree_bound``).  "sharp" = the
 infimum of the radius over all distributions (any V) with that statistic:
 
-==================  ===================================  ==================================================
-criterion           statistic G                          bound
-==================  ===================================  ==================================================
-strict              p(1st) - p(2nd)                      H_D(G, 1)  (sharp, attained at V = 2)
-additive:DELTA      p(1st) - max_{y in R(p)} p(y)        H_D(G, 1)  (sharp)
-                    ("rejection gap")
-multiplicative:A    rejection gap                        H_D(G, min(1, G (1+A)/(1-A)))  (sharp)
-topm:M              rejection gap                        H_D(G, min(1, G + 2(1-G)/(M+1)))  (sharp)
-mars:THETA          rejection gap                        H_D(G, min(1, max(s_A, s_B)))  (sharp)
-entropy:E:D         rejection gap                        H_D(G, min(1, 2E + G, G (1+D)/(1-D) if D < 1))
-                                                         (valid, not sharp)
-LevelSet (user)     rejection gap                        H_D(G, 1)  (valid)
-tree:M              p(1st) - p((M+1)-th)                 closed forms at the extremal (a, t x (M-1), b)
-                                                         (sharp, attained at V = M + 1)
-==================  ===================================  ==================================================
-
+==================  ===================================  ===========================================
 Every bound is rounded down by 2^-32 relative and 2^-51 per summed term absolute, so it
 never exceeds the radius as the library computes it, even at the extremal distribution.
 Where no token can be rejected the statistic is undefined and the bound is +inf, like the
@@ -53,11 +38,12 @@ from .criteria import (
     Strict,
     TopM,
     TreeCoverage,
+    TypicalAcceptance,
     as_criterion,
 )
-from .certificates import _first_rejected, deep_gap
+from .certificates import _first_rejected, deep_gap, radius_rows
 from .divergences import check_divergence
-from .summary import DEFAULT_TOPK, Summary, summarize
+from .summary import DEFAULT_TOPK, TYPICAL_EPS, Summary, summarize
 
 __all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic"]
 
@@ -71,6 +57,13 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
         return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
     if isinstance(crit, TopM):
         return 2 * co / (crit.m + 1)
+    if isinstance(crit, TypicalAcceptance):
+        # b <= tau <= EPSILON, and H~ >= -log(p(1st) + 1e-5) (every p <= p(1st)) gives
+        # b <= DELTA (p(1st) + 1e-5) = DELTA (G + b + 1e-5), i.e. b <= DELTA (G + 1e-5) / (1 - DELTA)
+        d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
+        if crit.delta < 1:
+            d = torch.minimum(d, (G + TYPICAL_EPS) * 2 * crit.delta / (1 - crit.delta))
+        return d
     if isinstance(crit, EntropyThreshold):
         d = torch.minimum(co, torch.full_like(G, 2 * crit.epsilon))
         if crit.delta < 1:
@@ -224,9 +217,11 @@ def margin_bound(
 ) -> ArrayLike:
     """Lower bound on ``radius(criterion, probs, divergence)`` through one margin statistic.
 
-    Never exceeds the radius; for ``strict`` it is sharp in all three divergences:
-    forward g(Δ), reverse -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd),
-    the infimum of the radius over all distributions with that margin.
+    Never exceeds the radius.  Sharp (the infimum of the radius over all distributions with
+    the same statistic, up to rounding down) for strict, additive, multiplicative, topm, mars
+    and tree:M in all three divergences; for ``strict``: forward g(Δ), reverse
+    -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  Valid, not sharp, for entropy and
+    typical (docs/theory.md, section 5).
     """
     crit = as_criterion(criterion)
     check_divergence(divergence)
@@ -240,4 +235,10 @@ def margin_bound(
     inf = torch.isinf(G)
     Gf = torch.where(inf, torch.zeros_like(G), G)
     out = _bound_rows(crit, Gf, torch.where(inf, torch.ones_like(G), rest + b), divergence)
-    return summ.out.wrap(torch.where(inf, torch.full_like(out, torch.inf), out))
+    out = torch.where(inf, torch.full_like(out, torch.inf), out)
+    # Floating-point contract: the bound, evaluated in float64 on float64 statistics, is
+    # capped by the radius (itself a proven lower bound on the exact radius), so it can
+    # never claim more than the certificate; where no token can be rejected both are +inf.
+    rad = radius_rows(crit, summ, divergence)
+    out = torch.where(torch.isinf(rad), rad, torch.minimum(out, rad))
+    return summ.out.wrap(out, direction="down")

@@ -19,48 +19,38 @@ from typing import Iterable
 
 import torch
 
-from ._arrays import ArrayLike
+from ._arrays import ArrayLike, check_probs, to_tensor
 from .criteria import Criterion, LevelSet, TreeCoverage, as_criterion
-from .divergences import check_divergence, divergence_rows, pool_above, pool_below, probs_from
+from ._fp import TINY, U, gamma
+from .divergences import check_divergence, divergence_upper, log_probs
 from .summary import DEFAULT_TOPK, Summary, summarize
 
 __all__ = ["radius", "radii", "radius_rows", "accepts", "certified", "certified_run_length"]
 
 
 def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted position of the most probable rejected token and whether one exists in s."""
+    """Sorted position of the most probable rejected token and whether one exists in s
+    (s float64 probabilities compared with tau: the margin statistic's view)."""
     rej = crit.rejected_mask(s, tau[:, None])  # monotone along a descending row
     n_rej = rej.sum(1)
     r = (s.shape[1] - n_rej).clamp(max=s.shape[1] - 1)
     return r, n_rej > 0
 
 
+def _first_cut(vals: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position of the first value < cut in rows of descending given values, and whether
+    there is one (exact comparisons in the values' dtype)."""
+    n_rej = (vals < cut[:, None]).sum(1)
+    r = (vals.shape[1] - n_rej).clamp(max=vals.shape[1] - 1)
+    return r, n_rej > 0
+
+
 def _deep_rejected(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor):
-    """For rows whose top-k holds no rejected token: which of them have one at all (the row
-    minimum decides), and for those the probability b of the most probable one."""
+    """For rows whose top-k holds no rejected token (float64 view, for margin bounds):
+    which of them have one at all, and for those the probability b of the most probable one."""
     sel = crit.rejected_mask(summ.min_prob(rows), tau).nonzero().squeeze(1)
     b = summ.max_prob_where(rows[sel], tau[sel], crit.inclusive) if sel.numel() else None
     return sel, b
-
-
-def _deep_radius(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor, kind: str) -> torch.Tensor:
-    out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
-    sel, b = _deep_rejected(crit, summ, rows, tau)
-    if sel.numel() == 0:
-        return out
-    rws, tau_s = rows[sel], tau[sel]
-    s = torch.cat([summ.top_probs[rws], b[:, None]], 1)
-    r = torch.full_like(sel, s.shape[1] - 1)
-    cost, level = pool_above(s, r, kind, return_level=True)
-    # Exact unless a token beyond the top-k lies above the level (it would join the pool).
-    flat = summ.top_probs[rws, -1] > level
-    if bool(flat.any()):
-        f = flat.nonzero().squeeze(1)
-        full = summ.sorted_rows(rws[f])
-        r2, _ = _first_rejected(crit, full, tau_s[f])
-        cost[f] = pool_above(full, r2, kind, tail=torch.zeros_like(cost[f]))
-    out[sel] = cost
-    return out
 
 
 def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -72,49 +62,260 @@ def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tenso
     return out
 
 
-def _known_tail(summ: Summary, kind: str) -> torch.Tensor | None:
-    """Mass beyond the top-k, needed by reverse KL: exactly 0 for a complete summary
-    (1 - sum would leave round-off that caps reverse-KL radii near -log(1e-16)).  For an
-    incomplete one 1 - sum(top-k) is exact enough unless the tail is tiny; those rows
-    (reverse KL only) get it summed directly from the source, one pass each, once per
-    summary (cached: ``radii`` asks for it once per criterion)."""
+def _tail_bound(summ: Summary) -> torch.Tensor:
+    """(N,) upper bound on the exact mass beyond the top-k (0 for a complete summary).
+    1 - sum(top-k) (with the top-k at their lower bounds) where that is not tiny; where it
+    is, the tail summed directly from the given values (one pass over those rows, once
+    per summary: ``radii`` asks once per criterion)."""
     if summ.complete:
         return torch.zeros_like(summ.top_probs[:, 0])
-    if kind != "reverse":
-        return None
     if summ.tail_cache is None:
-        tail = (1 - summ.top_probs.sum(1)).clamp_min(0)
-        rows = (tail < 1e-6).nonzero().squeeze(1)
+        top = summ.top_probs
+        lo = top * (1 - summ.entry_err(summ.top_vals) - 8 * U) / (1 + summ.common_err()[:, None])
+        tail = (1 - lo.sum(1)).clamp_min(0) + gamma(summ.k + 4)
+        rows = (tail < 1e-3).nonzero().squeeze(1)
         if rows.numel():
             P = summ.probs_f64(rows)
+            err = summ.entry_err(summ.source[rows], rows)
+            P = P * (1 + err + 8 * U) + TINY
             P.scatter_(1, summ.top_ids[rows], 0.0)
-            tail[rows] = P.sum(1)
+            direct = P.sum(1) * (1 + gamma(summ.vocab_size + 4)) * (1 + 2 * summ.common_err(rows))
+            tail[rows] = torch.minimum(tail[rows], direct)
         summ.tail_cache = tail
     return summ.tail_cache
 
 
+_SIGMA_FLOOR = 2.0**-40
+
+
+def _bounds_lo_hi(s: torch.Tensor, es: torch.Tensor, zero: torch.Tensor):
+    """Per-entry bounds on the exact probabilities up to the common factor:
+    p_lo <= p / kappa <= p_hi (TINY covers underflow of a nonzero probability)."""
+    lo = (s * (1 - es - 8 * U)).clamp_min(0)
+    hi = s * (1 + es + 8 * U) + TINY * (~zero)
+    return lo, hi
+
+
+def single_bound(s: torch.Tensor, es: torch.Tensor, zero: torch.Tensor, r: torch.Tensor, kind: str,
+                 uc: torch.Tensor, outside_extra: torch.Tensor | None):
+    """Lower bound on the exact cost of making the token at sorted position r a maximiser,
+    from float64 probabilities s (N, K) (descending; position r holds b) with per-entry
+    relative errors es, exact-zero mask ``zero`` and common factor error uc.
+
+    The pool (the water level, docs/theory.md section 3) is computed as before; the value is
+    then a Lagrange dual bound (section 7): weak duality makes it a lower bound for *any*
+    multipliers, so rounding in the level costs nothing, and the dual is linear in p, so
+    the input errors enter as pessimised coefficients.  Returns (bound, level)."""
+    n, K = s.shape
+    dev = s.device
+    pos = torch.arange(K, device=dev)[None, :]
+    b = s.gather(1, r[:, None]).squeeze(1)
+    b_zero = zero.gather(1, r[:, None]).squeeze(1)
+    j = torch.arange(K + 1, device=dev)
+    valid = j[None, :] <= r[:, None]
+    zcol = torch.zeros(n, 1, dtype=s.dtype, device=dev)
+    above = pos < r[:, None]
+    lo, hi = _bounds_lo_hi(s, es, zero)
+    b_hi = hi.gather(1, r[:, None]).squeeze(1)
+    if kind == "reverse":
+        logs = torch.log(torch.where(above, s, torch.ones_like(s)))
+        logC = torch.cat([zcol, logs.cumsum(1)], 1)
+        logG = ((torch.log(b)[:, None] + logC) / (j + 1)).masked_fill(~valid, -torch.inf)
+        logG_star, jstar = logG.max(1)
+        J = pos < jstar[:, None]
+        eps = gamma(jstar.double() + 34)  # |J| + 1 nonzero terms per sum (zeros add no rounding)
+        mu = torch.where(J, (logs - logG_star[:, None]).clamp_min(0), torch.zeros_like(s))
+        mu = torch.where(torch.isfinite(mu), mu, torch.zeros_like(mu))
+        S = mu.sum(1)
+        S_hi = S * (1 + gamma(jstar.double() + 2)) + TINY
+        A = (lo * -torch.expm1(-mu)).sum(1) * (1 - eps)
+        B = b_hi * torch.expm1(S_hi) * (1 + eps)
+        x_lo = ((A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)).clamp(max=1.0)
+        r1 = -torch.log1p(-x_lo) * (1 - 4 * U)
+        out_mask = ~J & (pos != r[:, None])
+        outside = torch.where(out_mask, hi, torch.zeros_like(hi)).sum(1) * (1 + gamma(K + 4))
+        if outside_extra is not None:
+            outside = outside + outside_extra
+        Z = (outside + (hi * torch.exp(-mu)).where(J, torch.zeros_like(hi)).sum(1) * (1 + eps)
+             + b_hi * torch.exp(S_hi) * (1 + eps)) * (1 + eps) * (1 + 2 * uc) + TINY
+        r2 = torch.where(Z < 1, -torch.log(Z) * (1 - 4 * U), torch.zeros_like(Z))
+        cost = torch.maximum(r1, r2)
+        cost = torch.where(b_zero, torch.full_like(cost, torch.inf), cost)
+        return cost, torch.exp(logG_star)
+    C = torch.cat([zcol, s.cumsum(1)], 1)
+    L = ((b[:, None] + C) / (j + 1)).masked_fill(~valid, -torch.inf)
+    L_star, jstar = L.max(1)
+    J = pos < jstar[:, None]
+    eps = gamma(jstar.double() + 34)
+    if kind == "tv":
+        d = torch.where(J, lo - b_hi[:, None], torch.zeros_like(s))
+        tot = d.clamp_min(0).sum(1) * (1 - eps) - (-d).clamp_min(0).sum(1) * (1 + eps)
+        cost = (tot / (jstar + 1)).clamp_min(0) / (1 + uc) * (1 - 4 * U)
+        return cost, L_star
+    mu = torch.where(J, (s / L_star[:, None] - 1).clamp_min(0), torch.zeros_like(s))
+    S_hi = mu.sum(1) * (1 + gamma(jstar.double() + 2)) + TINY
+    kappa = torch.where(S_hi > 1 - _SIGMA_FLOOR, (1 - _SIGMA_FLOOR) / S_hi * (1 - 4 * U), torch.ones_like(S_hi))
+    mu = mu * kappa[:, None]
+    S_hi = mu.sum(1) * (1 + gamma(jstar.double() + 2)) + TINY
+    # b log(1 - sum mu) <= b log1p(-S_hi): log1p keeps it exact near 1 (near-ties), where
+    # log(1 - S) would carry an absolute error U that swamps a radius ~ gap^2
+    A = (lo * torch.log1p(mu)).sum(1) * (1 - eps)
+    B = torch.where(b_hi > 0, b_hi * -torch.log1p(-S_hi), torch.zeros_like(b_hi)) * (1 + eps)
+    cost = (A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)
+    return cost, L_star
+
+
+def tree_bound(s: torch.Tensor, es: torch.Tensor, zero: torch.Tensor, m: int, kind: str,
+               uc: torch.Tensor, outside_extra: torch.Tensor | None) -> torch.Tensor:
+    """Lower bound on the exact tree:m radius (docs/theory.md sections 3 and 7): the pool
+    of ``divergences.pool_below`` turned into Lagrange multipliers, the dual evaluated
+    with pessimised coefficients.  s (N, K) float64 descending, K >= m + 1."""
+    n, K = s.shape
+    dev = s.device
+    lo, hi = _bounds_lo_hi(s, es, zero)
+    a, a_lo, a_hi = s[:, 0], lo[:, 0], hi[:, 0]
+    T = s[:, 1 : m + 1].flip(1)  # ascending: the smallest competitor first
+    T_hi, T_zero = hi[:, 1 : m + 1].flip(1), zero[:, 1 : m + 1].flip(1)
+    j = torch.arange(1, m + 1, device=dev)
+    idx_pos = torch.arange(m, device=dev)[None, :]
+    if kind == "reverse":
+        logT = torch.log(T)
+        logG = (torch.log(a)[:, None] + logT.cumsum(1)) / (j + 1)
+        logG_star, idx = logG.min(1)
+        pooled = idx_pos <= idx[:, None]
+        eps = gamma(idx.double() + 36)
+        mu = logG_star[:, None] - logT  # NaN where both are -inf
+        mu = torch.where(torch.isnan(mu), torch.full_like(mu, 600.0), mu).clamp(0, 600)
+        # an exactly-zero competitor (weight 0 in the dual) takes mu = inf: then a's term vanishes
+        mu = torch.where(pooled, torch.where(T_zero, torch.full_like(mu, torch.inf), mu), torch.zeros_like(mu))
+        nz = lambda t: torch.where(T_zero, torch.zeros_like(t), T_hi * t)  # noqa: E731
+        S = mu.sum(1)
+        S_lo, S_hi = S * (1 - gamma(m + 2)), S * (1 + gamma(m + 2))
+        A = a_lo * -torch.expm1(-S_lo) * (1 - eps)
+        B = nz(torch.expm1(mu)).sum(1) * (1 + eps)
+        x_lo = ((A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)).clamp(max=1.0)
+        r1 = -torch.log1p(-x_lo) * (1 - 4 * U)
+        outside = (torch.where(pooled, torch.zeros_like(T_hi), T_hi).sum(1) + hi[:, m + 1 :].sum(1)) * (1 + gamma(K + 4))
+        if outside_extra is not None:
+            outside = outside + outside_extra
+        a_term = a_hi * torch.exp(-S_lo) * (1 + eps) + TINY * torch.isfinite(S_lo)  # TINY: underflow
+        Z = (outside + nz(torch.exp(mu)).sum(1) * (1 + eps) + a_term) * (1 + eps) * (1 + 2 * uc)
+        r2 = torch.where(Z < 1, -torch.log(Z) * (1 - 4 * U), torch.zeros_like(Z))
+        return torch.maximum(r1, r2)
+    C = T.cumsum(1)
+    L = (a[:, None] + C) / (j + 1)
+    L_star, idx = L.min(1)
+    pooled = idx_pos <= idx[:, None]
+    eps = gamma(idx.double() + 36)
+    if kind == "tv":
+        d = torch.where(pooled, a_lo[:, None] - T_hi, torch.zeros_like(T))
+        tot = d.clamp_min(0).sum(1) * (1 - eps) - (-d).clamp_min(0).sum(1) * (1 + eps)
+        return (tot / (idx + 2)).clamp_min(0) / (1 + uc) * (1 - 4 * U)
+    lam = torch.where(pooled, (T / L_star[:, None]).clamp(2.0**-1000, 1.0), torch.ones_like(T))
+    S_lo = (1 - lam).sum(1) * (1 - gamma(m + 2))
+    A = a_lo * torch.log1p(S_lo) * (1 - eps)
+    B = -torch.special.xlogy(T_hi, lam).sum(1) * (1 + eps)
+    return (A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)
+
+
+def _exact_cut(crit: LevelSet, summ: Summary, i: int, cut: torch.Tensor) -> torch.Tensor:
+    """Row i's candidates for the most probable rejected token lie within rounding of the
+    threshold: walk its distinct values below ``cut`` (descending) and settle each in
+    arbitrary precision until one is surely or exactly rejected.  Returns the exact cut
+    (just above that value; -inf if the rule rejects nothing)."""
+    row = summ.source[i]
+    tau_hat = float(crit.threshold_from_summary(summ)[i])
+    uniq = torch.unique(row[row < cut]).flip(0)  # distinct candidates, descending
+    dt = summ.cut_dtype()
+    ri = torch.tensor([i], device=row.device)
+    for n, v in enumerate(uniq):
+        acc, rej = crit.sure(summ, ri, v.reshape(1))
+        if n >= 64:  # pathological: keep the conservative cut (sound, maybe below exact)
+            return cut
+        if bool(rej) or (not bool(acc) and not _exact_ok(crit, summ, row, v, tau_hat)):
+            c = v.to(dt)
+            return torch.nextafter(c, torch.full_like(c, torch.inf))  # x < c  <=>  x <= v
+    return torch.full((), -torch.inf, dtype=dt, device=row.device)
+
+
+def _exact_ok(crit, summ, row, v, tau_hat) -> bool:
+    from .criteria import exact_accept
+
+    x = int((row == v).nonzero()[0, 0])
+    return exact_accept(crit, row, summ.is_logits, x, tau_hat)
+
+
+def _level_set_radius(crit: LevelSet, summ: Summary, kind: str) -> torch.Tensor:
+    top, vals = summ.top_probs, summ.top_vals
+    n = top.shape[0]
+    cut = crit.rejection_cut(summ)
+    r, found = _first_cut(vals, cut)
+    uc = summ.common_err()
+    es = summ.entry_err(vals)
+    zero = summ.zero_mask(vals)
+    extra = _tail_bound(summ) if kind == "reverse" else None
+    out = torch.full((n,), torch.inf, dtype=torch.float64, device=top.device)
+    redo = []  # rows settled in arbitrary precision, then from a full sort
+    if not crit.exact_order:
+        f = found.nonzero().squeeze(1)
+        if f.numel():
+            _, rej = crit.sure(summ, f, vals[f].gather(1, r[f, None])[:, 0])
+            redo += f[~rej].tolist()
+    f = found.nonzero().squeeze(1)
+    if f.numel():
+        out[f] = single_bound(top[f], es[f], zero[f], r[f], kind, uc[f], None if extra is None else extra[f])[0]
+    if not summ.complete:
+        deep = (~found).nonzero().squeeze(1)
+        if deep.numel():
+            # is any token beyond the top-k below the cut?  (the row minimum decides)
+            has = deep[summ.row_min_src(deep) < cut[deep]]
+            if has.numel():
+                b_src = summ.max_src_below(has, cut[has])
+                bv = b_src[:, None].to(vals.dtype)
+                if not crit.exact_order:
+                    _, rej = crit.sure(summ, has, bv[:, 0])
+                    redo += has[~rej].tolist()
+                s = torch.cat([top[has], summ._to_prob(bv, has)], 1)
+                e2 = torch.cat([es[has], summ.entry_err(bv, has)], 1)
+                z2 = torch.cat([zero[has], summ.zero_mask(bv)], 1)
+                rr = torch.full((has.numel(),), s.shape[1] - 1, dtype=torch.long, device=top.device)
+                cost, level = single_bound(s, e2, z2, rr, kind, uc[has], None if extra is None else extra[has])
+                # Exact unless a token beyond the top-k lies above the level (it would join the pool).
+                flat = top[has, -1] >= level * (1 - 1e-9)
+                out[has] = cost
+                redo += has[flat].tolist()
+    if redo:
+        rows = torch.tensor(sorted(set(redo)), dtype=torch.long, device=top.device)
+        cut = cut.clone()
+        if not crit.exact_order:
+            for i in rows.tolist():
+                cut[i] = _exact_cut(crit, summ, i, cut[i])
+        full, fvals = summ.sorted_rows(rows)
+        r2, found2 = _first_cut(fvals, cut[rows])
+        cost = single_bound(full, summ.entry_err(fvals, rows), summ.zero_mask(fvals), r2, kind, uc[rows], None)[0]
+        out[rows] = torch.where(found2, cost, torch.full_like(cost, torch.inf))
+    return out
+
+
 def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
-    """Exact radius for every row of a summary: (N,) float64 (+inf where no drafter can be rejected)."""
+    """Radius for every row of a summary: (N,) float64 (+inf where no drafter can be rejected).
+
+    Never above the exact radius of the given values, and equal to it up to the error
+    model of docs/theory.md, section 7."""
     top = summ.top_probs
     if isinstance(crit, TreeCoverage):
         if crit.m >= summ.vocab_size:
             return torch.full((top.shape[0],), torch.inf, dtype=torch.float64, device=top.device)
         if summ.k < crit.m + 1:
             raise ValueError(f"summary holds top-{summ.k}; tree:{crit.m} needs k >= {crit.m + 1}")
-        return pool_below(top, crit.m, kind, tail=_known_tail(summ, kind))
+        extra = _tail_bound(summ) if kind == "reverse" else None
+        return tree_bound(top, summ.entry_err(summ.top_vals), summ.zero_mask(summ.top_vals), crit.m, kind,
+                          summ.common_err(), extra)
     if not isinstance(crit, LevelSet):
         raise ValueError(f"criterion: unsupported type {type(crit).__name__}")
     if summ.k < min(crit.min_k, summ.vocab_size):
         raise ValueError(f"summary holds top-{summ.k}; {crit.spec} needs k >= {crit.min_k}")
-    tau = crit.threshold_from_summary(summ)
-    r, found = _first_rejected(crit, top, tau)
-    out = pool_above(top, r, kind, tail=_known_tail(summ, kind))
-    out = torch.where(found, out, torch.full_like(out, torch.inf))
-    if not summ.complete:
-        deep = (~found).nonzero().squeeze(1)
-        if deep.numel():
-            out[deep] = _deep_radius(crit, summ, deep, tau[deep], kind)
-    return out
+    return _level_set_radius(crit, summ, kind)
 
 
 def radius(
@@ -125,20 +326,22 @@ def radius(
     logits: ArrayLike | None = None,
     k: int = DEFAULT_TOPK,
 ) -> ArrayLike:
-    """Exact radius of ``criterion`` at target distributions ``probs`` (..., V) -> (...).
+    """Radius of ``criterion`` at target distributions ``probs`` (..., V) -> (...).
 
     ``divergence`` is ``forward`` (KL(p||q)), ``reverse`` (KL(q||p)) or ``tv``.
-    Any drafter q with D(p, q) < radius(p) is accepted.  ``k`` only tunes the
-    partial sort; results are exact for every k.
+    Any drafter q with D(p, q) < radius(p) is accepted.  The value never exceeds the exact
+    radius of the given values (float32 results are rounded down) and equals it up to the
+    error model of docs/theory.md, section 7.  ``k`` only tunes the partial sort; the
+    result does not depend on it.
     """
     crit = as_criterion(criterion)
     check_divergence(divergence)
     summ = summarize(probs, logits=logits, k=max(k, crit.min_k), entropy=crit.needs_entropy)
-    return summ.out.wrap(radius_rows(crit, summ, divergence))
+    return summ.out.wrap(radius_rows(crit, summ, divergence), direction="down")
 
 
 def radii(
-    criteria: Iterable[str | Criterion],
+    criteria: str | Criterion | Iterable[str | Criterion],
     probs: ArrayLike | None = None,
     divergence: str | Iterable[str] = "forward",
     *,
@@ -148,12 +351,21 @@ def radii(
     """Radii of several criteria (and divergences) from one pass over the input.
 
     Returns ``{spec: array}`` for a single divergence, or
-    ``{(spec, divergence): array}`` when several divergences are asked for.
+    ``{(spec, divergence): array}`` when several divergences are asked for.  A single
+    spec string (or Criterion) counts as one criterion: ``radii("strict", p)`` is
+    ``{"strict": radius("strict", p)}``.
     """
-    crits = [as_criterion(c) for c in criteria]
+    if isinstance(criteria, (str, Criterion)):
+        criteria = [criteria]
+    try:
+        crits = [as_criterion(c) for c in criteria]
+    except TypeError:
+        raise ValueError(f"criteria: expected a spec string or a list of them, got {type(criteria).__name__}") from None
     if not crits:
         raise ValueError("criteria: pass at least one criterion")
     kinds = [divergence] if isinstance(divergence, str) else list(divergence)
+    if not kinds:
+        raise ValueError("divergence: pass at least one of forward, reverse, tv")
     for d in kinds:
         check_divergence(d)
     summ = summarize(
@@ -166,38 +378,57 @@ def radii(
     for c in crits:
         for d in kinds:
             key = c.spec if isinstance(divergence, str) else (c.spec, d)
-            res[key] = summ.out.wrap(radius_rows(c, summ, d))
+            res[key] = summ.out.wrap(radius_rows(c, summ, d), direction="down")
     return res
 
 
-def _two_inputs(target_probs, draft_probs, target_logits, draft_logits):
+def _pair(target_probs, draft_probs, target_logits, draft_logits):
+    """Validated (target values, target is logits, target name, draft values, ..., the
+    common batch shape): the two inputs broadcast against each other like ``divergence``."""
     if (target_probs is None) == (target_logits is None):
         raise ValueError("pass exactly one of target_probs or target_logits=")
     if (draft_probs is None) == (draft_logits is None):
         raise ValueError("pass exactly one of draft_probs or draft_logits=")
+    tn = "target_probs" if target_logits is None else "target_logits"
+    dn = "draft_probs" if draft_logits is None else "draft_logits"
+    t, t_np = to_tensor(target_probs if target_logits is None else target_logits, tn)
+    d, _ = to_tensor(draft_probs if draft_logits is None else draft_logits, dn)
+    if t.shape[-1] != d.shape[-1]:
+        raise ValueError(f"{dn}: vocabulary size {d.shape[-1]} differs from the target's {t.shape[-1]}")
+    d = d.to(t.device)
+    try:
+        bt, bd = torch.broadcast_tensors(t, d)
+    except RuntimeError:
+        raise ValueError(f"{dn}: shape {tuple(d.shape)} does not broadcast with target shape {tuple(t.shape)}") from None
+    if t_np:
+        bt = bt.numpy()
+    return bt, target_logits is not None, tn, bd, draft_logits is not None, dn
 
 
-def _draft_rows(draft, is_logits: bool, summ: Summary, name: str) -> torch.Tensor:
-    q, _ = probs_from(draft, is_logits, name)
-    if q.shape[-1] != summ.vocab_size:
-        raise ValueError(f"{name}: vocabulary size {q.shape[-1]} differs from the target's {summ.vocab_size}")
-    if tuple(q.shape[:-1]) != summ.out.batch_shape:
-        raise ValueError(f"{name}: batch shape {tuple(q.shape[:-1])} differs from the target's {summ.out.batch_shape}")
-    return q.reshape(-1, summ.vocab_size).to(summ.source.device)
+def _draft_source(d: torch.Tensor, is_logits: bool, name: str, V: int) -> torch.Tensor:
+    """The drafter's given values as (N, V), validated (its proposal is their argmax)."""
+    q = d.reshape(-1, V)
+    if is_logits:
+        m = q.amax(-1)
+        if not bool(torch.isfinite(m).all()):
+            raise ValueError(f"{name}: logits contain NaN or +inf, or a row is entirely -inf")
+    else:
+        check_probs(q, name)
+    return q
 
 
 def accepts_rows(crit: Criterion, summ: Summary, q: torch.Tensor) -> torch.Tensor:
-    """(N,) bool: is the drafter's proposal accepted?  Drafter proposes argmax q
-    (lowest index among ties), or its top-m for trees (ties to the lower index)."""
+    """(N,) bool: is the drafter's proposal accepted, by the rule evaluated exactly on the
+    given values?  The drafter proposes the argmax of its given values q (logits or
+    probabilities; lowest index among ties), or its top-m for trees (ties to the lower index)."""
     if isinstance(crit, TreeCoverage):
-        a = torch.argmax(summ.source, dim=-1)  # lowest-index maximiser of p
+        a = torch.argmax(summ.source, dim=-1)  # lowest-index maximiser of the given target values
         qa = q.gather(1, a[:, None])
         ids = torch.arange(q.shape[1], device=q.device)[None, :]
         ahead = (q > qa) | ((q == qa) & (ids < a[:, None]))
         return ahead.sum(1) < crit.m
-    x = torch.argmax(q, dim=-1)
-    px = summ.prob_of(x)
-    return ~crit.rejected_mask(px, crit.threshold_from_summary(summ))
+    x = torch.argmax(q, dim=-1)  # first maximal value: the lowest index
+    return crit.accept_ids(summ, x)
 
 
 def accepts(
@@ -208,12 +439,30 @@ def accepts(
     target_logits: ArrayLike | None = None,
     draft_logits: ArrayLike | None = None,
 ) -> ArrayLike:
-    """Would ``criterion`` accept the drafter's greedy proposal (top-m for trees)? (..., V) -> (...) bool."""
+    """Would ``criterion`` accept the drafter's greedy proposal (top-m for trees)? (..., V) -> (...) bool.
+
+    The proposal is the argmax of the drafter's given values (lowest index among ties);
+    the decision is that of the rule evaluated exactly on the target's given values
+    (renormalised probabilities or softmax of the logits).  Target and drafter broadcast."""
     crit = as_criterion(criterion)
-    _two_inputs(target_probs, draft_probs, target_logits, draft_logits)
-    summ = summarize(target_probs, logits=target_logits, k=crit.min_k, entropy=crit.needs_entropy, name="target_probs")
-    q = _draft_rows(draft_probs if draft_logits is None else draft_logits, draft_logits is not None, summ, "draft_probs" if draft_logits is None else "draft_logits")
+    t, t_log, tn, d, d_log, dn = _pair(target_probs, draft_probs, target_logits, draft_logits)
+    summ = summarize(None if t_log else t, logits=t if t_log else None, k=crit.min_k,
+                     entropy=crit.needs_entropy, name=tn)
+    q = _draft_source(d, d_log, dn, summ.vocab_size)
     return summ.out.wrap(accepts_rows(crit, summ, q))
+
+
+def certified_rows(crit: Criterion, summ: Summary, lq: torch.Tensor, eq: torch.Tensor, kind: str) -> torch.Tensor:
+    """(N,) bool certificate from a summary and the drafter's float64 log-probabilities."""
+    if summ.is_logits:
+        lp = summ.source.double() - summ.log_norm[:, None]
+        ep = summ.log_norm_err()
+    else:
+        S = summ.row_norm()
+        lp = torch.log(summ.source.double()) - torch.log(S)[:, None]
+        ep = gamma(summ.vocab_size + 2) + 4 * U * (torch.log(S).abs() + 1)
+    d_up = divergence_upper(lp, lq, ep, eq, kind)
+    return d_up < radius_rows(crit, summ, kind)
 
 
 def certified(
@@ -225,14 +474,20 @@ def certified(
     target_logits: ArrayLike | None = None,
     draft_logits: ArrayLike | None = None,
 ) -> ArrayLike:
-    """Certificate D(p, q) < radius(p) (which implies acceptance). (..., V) -> (...) bool."""
+    """Certificate D(p, q) < radius(p), which implies acceptance. (..., V) -> (...) bool.
+
+    Floating-point contract (docs/theory.md, section 7): the comparison is between an upper
+    bound on the exact divergence and a lower bound on the exact radius of the given values,
+    so True implies that the rule evaluated exactly on the given values accepts the
+    drafter's proposal; within the error margin the answer is False.  Target and drafter
+    broadcast like ``divergence``."""
     crit = as_criterion(criterion)
     check_divergence(divergence)
-    _two_inputs(target_probs, draft_probs, target_logits, draft_logits)
-    summ = summarize(target_probs, logits=target_logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy, name="target_probs")
-    q = _draft_rows(draft_probs if draft_logits is None else draft_logits, draft_logits is not None, summ, "draft_probs" if draft_logits is None else "draft_logits")
-    d = divergence_rows(summ.probs_f64(), q.double(), divergence)
-    return summ.out.wrap(d < radius_rows(crit, summ, divergence))
+    t, t_log, tn, d, d_log, dn = _pair(target_probs, draft_probs, target_logits, draft_logits)
+    summ = summarize(None if t_log else t, logits=t if t_log else None, k=max(DEFAULT_TOPK, crit.min_k),
+                     entropy=crit.needs_entropy, name=tn)
+    lq, eq, _, _ = log_probs(d.reshape(-1, summ.vocab_size), d_log, dn)
+    return summ.out.wrap(certified_rows(crit, summ, lq, eq, divergence))
 
 
 def certified_run_length(radii: ArrayLike, epsilon: float, block: int | None = None) -> ArrayLike:
@@ -243,21 +498,35 @@ def certified_run_length(radii: ArrayLike, epsilon: float, block: int | None = N
     Returns (..., T) integers: L[t] = number of consecutive certified steps
     t, t+1, ..., capped at ``block`` when given.
     """
+    import math
+
     import numpy as np
 
     if isinstance(radii, torch.Tensor):
         r, is_np = radii.detach(), False
+        if r.dtype.is_complex or r.dtype == torch.bool:
+            raise ValueError(f"radii: expected real numbers, got dtype {r.dtype}")
     else:
-        r, is_np = torch.as_tensor(np.asarray(radii, dtype=np.float64)), True
+        try:
+            a = np.asarray(radii)
+        except ValueError as exc:
+            raise ValueError(f"radii: not a rectangular array of numbers ({exc})") from None
+        if a.dtype == np.bool_ or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            raise ValueError(f"radii: expected real numbers, got dtype {a.dtype}")
+        r, is_np = torch.as_tensor(a.astype(np.float64)), True
     if r.ndim < 1:
         raise ValueError("radii: expected shape (..., T) with a time axis")
     if bool(torch.isnan(r).any()) or bool((r < 0).any()):
         raise ValueError("radii: must be non-negative and not NaN (+inf is allowed)")
+    if isinstance(epsilon, (bool, str, bytes)) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise ValueError(f"epsilon: expected a finite number >= 0, got {epsilon!r}")
     eps = float(epsilon)
-    if not eps >= 0 or eps != eps or eps == float("inf"):
+    if not eps >= 0 or eps == float("inf"):
         raise ValueError(f"epsilon: expected a finite value >= 0, got {epsilon!r}")
-    if block is not None and (int(block) != block or block < 1):
-        raise ValueError(f"block: expected an integer >= 1 or None, got {block!r}")
+    if block is not None:
+        if isinstance(block, bool) or not isinstance(block, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(block) or int(block) != block or block < 1:
+            raise ValueError(f"block: expected an integer >= 1 or None, got {block!r}")
     T = r.shape[-1]
     ok = r >= eps
     idx = torch.arange(T, device=r.device).expand(r.shape)

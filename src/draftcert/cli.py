@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
             "and how far can the drafter drift from the target before it can be rejected?"
         ),
         epilog="Criterion specs: strict | additive:DELTA | multiplicative:ALPHA | topm:M | "
-        "entropy[:EPSILON[:DELTA]] | mars:THETA | tree:M.  Run `draftcert COMMAND --help` for details.",
+        "entropy[:EPSILON[:DELTA]] | typical[:EPSILON[:DELTA]] | mars:THETA | tree:M.  Run `draftcert COMMAND --help` for details.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"draftcert: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`draftcert demo | head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

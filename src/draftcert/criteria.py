@@ -14,7 +14,7 @@ greedy token must be among the drafter's top-m.
 Spec grammar (``parse_criterion``)::
 
     strict | additive:DELTA | multiplicative:ALPHA | topm:M
-    | entropy[:EPSILON[:DELTA]] | mars:THETA | tree:M
+    | entropy[:EPSILON[:DELTA]] | typical[:EPSILON[:DELTA]] | mars:THETA | tree:M
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from ._arrays import ArrayLike
-from .summary import Summary, summarize
+from ._fp import TINY, U, gamma
+from .summary import TYPICAL_EPS, Summary, summarize
 
 __all__ = [
     "Criterion",
@@ -35,6 +36,7 @@ __all__ = [
     "Multiplicative",
     "TopM",
     "EntropyThreshold",
+    "TypicalAcceptance",
     "MarginAware",
     "TreeCoverage",
     "parse_criterion",
@@ -93,7 +95,58 @@ class LevelSet(Criterion):
         tau = tau.reshape(-1)
         if tau.shape[0] != s.top_probs.shape[0]:
             raise ValueError(f"threshold of {self.spec!r} returned shape {tuple(tau.shape)}; expected one value per row")
+        if bool(torch.isnan(tau).any()):
+            raise ValueError(f"threshold: the threshold function of {self.spec!r} returned NaN; it must return a number per row")
         return tau
+
+    # -- floating-point contract (docs/theory.md, section 7) -------------------
+    def tau_bounds(self, s: Summary) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tau_lo, tau_hi) bracketing the threshold of the exact distribution.  A user rule's
+        threshold is its function's value on the float64 probabilities, taken as given."""
+        t = self.threshold_from_summary(s)
+        return t, t
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        """(N,) cut c with R(p) contained in {y : x_y < c} (x the given values): the tokens the
+        exact rule might reject, decided by exact comparisons of the given values."""
+        return s.cut_from_tau(self.tau_bounds(s)[1], self.inclusive)
+
+    #: the rejection region is decided by exact comparisons of the given values (rules
+    #: whose threshold is one of the values); otherwise near-threshold tokens are settled
+    #: in arbitrary precision
+    exact_order: bool = False
+
+    def sure(self, s: Summary, rows: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(surely accepted, surely rejected) for tokens with given values ``vals`` (n,) in
+        rows ``rows`` (n,), from float64 and the error bounds of docs/theory.md, section 7."""
+        v = vals[:, None]
+        px = s._to_prob(v, rows)[:, 0]
+        tau_lo, tau_hi = self.tau_bounds(s)
+        tau_lo, tau_hi = tau_lo[rows], tau_hi[rows]
+        e = s.common_err(rows) + s.entry_err(v, rows)[:, 0] + 4 * U
+        px_lo, px_hi = px * (1 - e), px * (1 + e) + TINY * ~s.zero_mask(v)[:, 0]
+        if self.inclusive:  # accept iff p > tau
+            return px_lo > tau_hi, px_hi <= tau_lo
+        return px_lo >= tau_hi, px_hi < tau_lo  # accept iff p >= tau
+
+    def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
+        """(N,) bool: is token ids[n] accepted by the rule evaluated exactly on the given
+        values?  float64 decides every row whose p(x) is clear of the threshold by more
+        than the error bounds; the others are decided in arbitrary precision (mpmath)."""
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        acc, rej = self.sure(s, rows, s.source.gather(-1, ids[:, None])[:, 0])
+        out = acc.clone()
+        unsure = (~acc & ~rej).nonzero().squeeze(1)
+        if unsure.numel():
+            tau = self.threshold_from_summary(s)
+            for i in unsure.tolist():
+                out[i] = exact_accept(self, s.source[i], s.is_logits, int(ids[i]), float(tau[i]))
+        return out
+
+    def exact_tau(self, P: list, tau_hat: float, mp):
+        """The threshold of the exact distribution P (mpmath numbers); a user rule's is
+        its function's float64 value."""
+        return mp.mpf(tau_hat)
 
     def threshold(self, probs: ArrayLike | None = None, *, logits: ArrayLike | None = None) -> ArrayLike:
         """tau(p) for a batch (..., V) -> (...)."""
@@ -114,8 +167,7 @@ class LevelSet(Criterion):
             raise ValueError(f"tokens: expected {s.source.shape[0]} ids (one per row), got {ids.shape[0]}")
         if bool(((ids < 0) | (ids >= s.vocab_size)).any()):
             raise ValueError(f"tokens: ids must lie in [0, {s.vocab_size})")
-        ok = ~self.rejected_mask(s.prob_of(ids), self.threshold_from_summary(s))
-        return s.out.wrap(ok)
+        return s.out.wrap(self.accept_ids(s, ids))
 
 
 def _check_param(name: str, value: float, ok: bool, what: str) -> float:
@@ -142,6 +194,23 @@ class Strict(LevelSet):
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
         return s.top_probs[:, 0]
 
+    exact_order = True
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        return s.top_vals[:, 0]  # reject exactly the values below the maximum
+
+    def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
+        return s.source.gather(-1, ids[:, None])[:, 0] >= s.top_vals[:, 0]
+
+    def exact_tau(self, P, tau_hat, mp):
+        return max(P)
+
+
+def _p1_bounds(s: Summary) -> tuple[torch.Tensor, torch.Tensor]:
+    p1 = s.top_probs[:, 0]
+    e = s.common_err() + s.entry_err(s.top_vals[:, :1])[:, 0] + 4 * U
+    return p1 * (1 - e), p1 * (1 + e)
+
 
 class Additive(LevelSet):
     """Additive relaxation: accept x iff p(x) >= max p - DELTA.
@@ -157,6 +226,33 @@ class Additive(LevelSet):
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
         return s.top_probs[:, 0] - self.delta
 
+    def tau_bounds(self, s: Summary):
+        lo, hi = _p1_bounds(s)
+        return (lo - self.delta) - U * (lo + self.delta), (hi - self.delta) + U * (hi + self.delta)
+
+    def exact_tau(self, P, tau_hat, mp):
+        return max(P) - mp.mpf(self.delta)
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        # reject iff p(y) < p1 - DELTA, i.e. x_y - x_1 < log(1 - DELTA / p1) (logits) or
+        # x_y < x_1 - DELTA * sum(x) (probabilities): relative to x_1, exact when DELTA = 0
+        x1 = s.top_vals[:, 0].double()
+        if self.delta == 0:
+            return s.top_vals[:, 0]
+        if s.is_logits:
+            _, p1_hi = _p1_bounds(s)
+            v = self.delta / p1_hi
+            ell = torch.log1p(-v.clamp(max=1.0))
+            ell_hi = ell + 4 * U * (v / (1 - v).clamp_min(TINY) + ell.abs() + 1)
+            t = x1 + ell_hi
+        else:
+            S_lo = s.row_norm() * (1 - gamma(s.vocab_size + 2))
+            t = x1 - self.delta * S_lo
+        none = torch.isnan(t) | torch.isneginf(t)  # p1 <= DELTA: nothing is rejected
+        t = torch.nextafter(t, torch.full_like(t, torch.inf))
+        c = s.cut_up(t, inclusive=False)
+        return torch.where(none, torch.full_like(c, -torch.inf), c)
+
 
 class Multiplicative(LevelSet):
     """Multiplicative relaxation: accept x iff p(x) >= ALPHA * max p.
@@ -171,6 +267,27 @@ class Multiplicative(LevelSet):
 
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
         return self.alpha * s.top_probs[:, 0]
+
+    def tau_bounds(self, s: Summary):
+        lo, hi = _p1_bounds(s)
+        return self.alpha * lo * (1 - 2 * U), self.alpha * hi * (1 + 2 * U)
+
+    def exact_tau(self, P, tau_hat, mp):
+        return mp.mpf(self.alpha) * max(P)
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        # reject iff x_y - x_1 < log ALPHA (logits) or x_y < ALPHA x_1 (probabilities):
+        # the normaliser cancels; exact when ALPHA = 1
+        if self.alpha == 1:
+            return s.top_vals[:, 0]
+        x1 = s.top_vals[:, 0].double()
+        if s.is_logits:
+            ell = math.log(self.alpha)
+            t = x1 + (ell + 4 * U * abs(ell))
+        else:
+            t = x1 * self.alpha
+        t = torch.nextafter(t, torch.full_like(t, torch.inf))
+        return s.cut_up(t, inclusive=False)
 
 
 class TopM(LevelSet):
@@ -192,13 +309,28 @@ class TopM(LevelSet):
             raise ValueError(f"M: topm:{self.m} exceeds the vocabulary size V = {s.vocab_size}")
         return s.top_probs[:, self.m - 1]
 
+    exact_order = True
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        self.threshold_from_summary(s)  # the V check
+        return s.top_vals[:, self.m - 1]
+
+    def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
+        self.threshold_from_summary(s)
+        return s.source.gather(-1, ids[:, None])[:, 0] >= s.top_vals[:, self.m - 1]
+
+    def exact_tau(self, P, tau_hat, mp):
+        return sorted(P, reverse=True)[self.m - 1]
+
 
 class EntropyThreshold(LevelSet):
-    """Medusa's typical acceptance (as vLLM implements it):
-    accept x iff p(x) > min(EPSILON, DELTA * exp(-H(p))).
+    """Medusa's typical acceptance with the textbook Shannon entropy:
+    accept x iff p(x) > min(EPSILON, DELTA * exp(-H(p))),  H(p) = -sum p log p.
 
     tau(p) = min(EPSILON, DELTA exp(-H(p))),  R(p) = {y : p(y) <= tau(p)}  (inclusive).
     Defaults EPSILON = 0.09 (posterior threshold), DELTA = 0.3 (posterior alpha).
+    Medusa's code and vLLM's TypicalAcceptanceSampler compute the entropy as
+    -sum p log(p + 1e-5) instead: that rule is :class:`TypicalAcceptance` (``typical:``).
     """
 
     needs_entropy = True
@@ -213,6 +345,55 @@ class EntropyThreshold(LevelSet):
         if s.entropy is None:
             raise ValueError("entropy criterion needs the entropy; summarize(..., entropy=True)")
         return torch.minimum(torch.full_like(s.entropy, self.epsilon), self.delta * torch.exp(-s.entropy))
+
+    def _h_bounds(self, s: Summary):
+        if s.entropy is None:
+            raise ValueError("entropy criterion needs the entropy; summarize(..., entropy=True)")
+        e = s.entropy_err()
+        return s.entropy - e, s.entropy + e
+
+    def tau_bounds(self, s: Summary):
+        h_lo, h_hi = self._h_bounds(s)
+        eps = torch.full_like(h_lo, self.epsilon)
+        lo = torch.minimum(eps, self.delta * torch.exp(-h_hi) * (1 - 4 * U))
+        hi = torch.minimum(eps, self.delta * torch.exp(-h_lo) * (1 + 4 * U))
+        return lo, hi
+
+    def _exact_h(self, P, mp):
+        return -mp.fsum(p * mp.log(p) for p in P if p > 0)
+
+    def exact_tau(self, P, tau_hat, mp):
+        return min(mp.mpf(self.epsilon), mp.mpf(self.delta) * mp.exp(-self._exact_h(P, mp)))
+
+
+class TypicalAcceptance(EntropyThreshold):
+    """Medusa's typical acceptance exactly as Medusa and vLLM's TypicalAcceptanceSampler
+    compute it: accept x iff p(x) > min(EPSILON, DELTA * exp(-H~(p))) with
+    H~(p) = -sum p log(p + 1e-5).
+
+    tau(p) = min(EPSILON, DELTA exp(-H~(p))),  R(p) = {y : p(y) <= tau(p)}  (inclusive).
+    H~ needs the normaliser first, so it costs a second pass over the rows (float64).
+    """
+
+    needs_entropy = False
+
+    def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
+        self.epsilon = _check_param("EPSILON", epsilon, float(epsilon) > 0, "typical:EPSILON:DELTA needs EPSILON > 0")
+        self.delta = _check_param("DELTA", delta, float(delta) > 0, "typical:EPSILON:DELTA needs DELTA > 0")
+        self.inclusive = True
+        self.spec = f"typical:{_fmt(self.epsilon)}:{_fmt(self.delta)}"
+
+    def threshold_from_summary(self, s: Summary) -> torch.Tensor:
+        h = s.tilde_entropy()
+        return torch.minimum(torch.full_like(h, self.epsilon), self.delta * torch.exp(-h))
+
+    def _h_bounds(self, s: Summary):
+        h, e = s.tilde_entropy(), s.tilde_entropy_err()
+        return h - e, h + e
+
+    def _exact_h(self, P, mp):
+        c = mp.mpf(TYPICAL_EPS)
+        return -mp.fsum(p * mp.log(p + c) for p in P)
 
 
 class MarginAware(LevelSet):
@@ -232,6 +413,40 @@ class MarginAware(LevelSet):
         p1, p2 = s.top_probs[:, 0], s.top_probs[:, 1]
         close = torch.log(p1) - torch.log(p2) <= self.theta  # p2 = 0 gives +inf: not close
         return torch.where(close, p2, p1)
+
+    def _close(self, s: Summary):
+        """(surely close, surely not close) from log p1 - log p2 = the difference of the
+        given logits, or log(x1 / x2) of probabilities (the normaliser cancels)."""
+        v1, v2 = s.top_vals[:, 0].double(), s.top_vals[:, 1].double()
+        if s.is_logits:
+            d = v1 - v2
+            err = 2 * U * (v1.abs() + v2.abs())
+        else:
+            d = torch.log(v1 / v2)
+            err = 4 * U * (1 + d.abs())
+        d = torch.where(torch.isnan(d), torch.full_like(d, torch.inf), d)  # both -inf / both 0: p2 = 0
+        return d + err <= self.theta, d - err > self.theta
+
+    exact_order = True
+
+    def _close_exact(self, s: Summary) -> torch.Tensor:
+        sure, not_close = self._close(s)
+        close = sure.clone()
+        for i in (~sure & ~not_close).nonzero().squeeze(1).tolist():
+            close[i] = _exact_mars_close(self.theta, s.top_vals[i, 0].item(), s.top_vals[i, 1].item(), s.is_logits)
+        return close
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        return torch.where(self._close_exact(s), s.top_vals[:, 1], s.top_vals[:, 0])
+
+    def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
+        return s.source.gather(-1, ids[:, None])[:, 0] >= self.rejection_cut(s)
+
+    def exact_tau(self, P, tau_hat, mp):
+        srt = sorted(P, reverse=True)
+        p1, p2 = srt[0], srt[1]
+        close = p2 > 0 and mp.log(p1) - mp.log(p2) <= mp.mpf(self.theta)
+        return p2 if close else p1
 
 
 class TreeCoverage(Criterion):
@@ -255,12 +470,13 @@ _DEFAULTS = {
     "multiplicative": (Multiplicative, (float,)),
     "topm": (TopM, (int,)),
     "entropy": (EntropyThreshold, (float, float)),
-    "typical": (EntropyThreshold, (float, float)),
+    "typical": (TypicalAcceptance, (float, float)),
     "mars": (MarginAware, (float,)),
     "tree": (TreeCoverage, (int,)),
 }
 
-SPEC_HELP = "strict | additive:DELTA | multiplicative:ALPHA | topm:M | entropy[:EPSILON[:DELTA]] | mars:THETA | tree:M"
+SPEC_HELP = ("strict | additive:DELTA | multiplicative:ALPHA | topm:M | entropy[:EPSILON[:DELTA]] "
+             "| typical[:EPSILON[:DELTA]] | mars:THETA | tree:M")
 
 
 def parse_criterion(spec: str | Criterion) -> Criterion:
@@ -294,3 +510,51 @@ def _parse_int(a: str) -> int:
 
 def as_criterion(c: str | Criterion) -> Criterion:
     return parse_criterion(c)
+
+
+# -- arbitrary-precision decisions (the rare rows float64 cannot settle) ----------------
+_PRECS = (256, 2400)  # bits; 2400 sums any float64 values exactly
+
+
+def _exact_probs(vals: list, is_logits: bool, mp) -> list:
+    if is_logits:
+        fin = [v for v in vals if v != -math.inf]
+        m = mp.mpf(max(fin))
+        e = [mp.exp(mp.mpf(v) - m) if v != -math.inf else mp.mpf(0) for v in vals]
+    else:
+        e = [mp.mpf(v) for v in vals]
+    S = mp.fsum(e)
+    return [x / S for x in e]
+
+
+def exact_accept(crit: LevelSet, row: torch.Tensor, is_logits: bool, x: int, tau_hat: float) -> bool:
+    """Does ``crit`` accept token x of one row of given values, decided in arbitrary
+    precision (mpmath, escalating; a difference below 2^-2300 counts as an exact tie)?"""
+    import mpmath
+
+    vals = row.double().tolist()
+    for prec in _PRECS:
+        with mpmath.workprec(prec):
+            P = _exact_probs(vals, is_logits, mpmath.mp)
+            tau = crit.exact_tau(P, tau_hat, mpmath.mp)
+            diff = P[x] - tau
+            if abs(diff) > mpmath.mpf(2) ** (100 - prec) or prec == _PRECS[-1]:
+                if abs(diff) <= mpmath.mpf(2) ** (100 - prec):
+                    diff = 0
+                return bool(diff > 0) if crit.inclusive else bool(diff >= 0)
+    raise AssertionError("unreachable")
+
+
+def _exact_mars_close(theta: float, v1: float, v2: float, is_logits: bool) -> bool:
+    from fractions import Fraction
+
+    import mpmath
+
+    if is_logits:
+        if v2 == -math.inf:
+            return False
+        return Fraction(v1) - Fraction(v2) <= Fraction(theta)
+    if v2 == 0:
+        return False
+    with mpmath.workprec(2400):
+        return bool(mpmath.log(mpmath.mpf(v1) / mpmath.mpf(v2)) <= mpmath.mpf(theta))

@@ -13,7 +13,6 @@ import numpy as np
 
 from .bounds import margin_bound
 from .certificates import radii
-from .criteria import parse_criterion
 from .divergences import DIVERGENCES
 
 DEFAULT_CRITERIA = "strict,additive:0.1,multiplicative:0.5,topm:2,entropy:0.09:0.3,mars:0.5,tree:2,tree:4,tree:8"
@@ -37,38 +36,63 @@ def example_distributions(vocab: int = 32) -> dict[str, np.ndarray]:
     }
 
 
-def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32) -> str:
+_DIV_TITLE = {"forward": "forward KL(p||q)", "reverse": "reverse KL(q||p)", "tv": "total variation"}
+
+
+def _short(name: str) -> str:
+    """Column label of an example: its name without the parenthesised head ("near-tie")."""
+    return name.split(" (")[0]
+
+
+def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width: int = 80) -> str:
+    """The demo's text: a legend of the examples, then per divergence one table with a row of
+    radii per criterion and, under it, the margin bound.  Numbers have 4 significant digits
+    (compact scientific notation below 1e-3) and are never cut; the table is as narrow as
+    its widest cell allows (75 columns with the default criteria), and its explanatory
+    text is wrapped at ``width``."""
+    import textwrap
+
+    from ._textfit import compact_number
+
     dists = example_distributions(vocab)
     names = list(dists)
     P = np.stack([dists[n] for n in names])
-    lines = []
+    wrap = lambda text: textwrap.fill(text, width=width, subsequent_indent="  ")  # noqa: E731
+    lines = [wrap(f"Example target distributions p over {vocab} tokens (largest probabilities first; "
+                  "the rest of the mass is spread over a fixed random tail):")]
+    lines += [f"  {n}" for n in names]
+    lines.append(wrap("Each table: the exact radius of every criterion, i.e. the smallest divergence D(p,q) of "
+                      "a drafter q that can be rejected (a drafter with D(p,q) < radius is certified to be "
+                      "accepted; inf: never rejected), and under it the margin bound (a lower bound on the "
+                      "radius from the margin statistic alone)."))
+    labels = [_short(n) for n in names]
     for div in divergences:
         res = radii(criteria, P, div)
-        header = f"{'criterion':<20}" + "".join(f"{n[:26]:>28}" for n in names)
-        lines.append(f"\nradius ({div}{' = KL(p||q)' if div == 'forward' else ' = KL(q||p)' if div == 'reverse' else ''}), "
-                     f"with the margin bound in brackets; a drafter with D(p,q) < radius is certified to be accepted")
-        lines.append(header)
-        lines.append("-" * len(header))
+        body = []
         for spec in res:
             mb = margin_bound(spec, P, div)
-            cells = "".join(f"{_fmt(r):>17} [{_fmt(b):>8}]" for r, b in zip(res[spec], mb))
-            lines.append(f"{spec:<20}{cells}")
+            body.append([spec] + [compact_number(r, 4) for r in res[spec]])
+            body.append(["  margin bound"] + [compact_number(b, 4) for b in mb])
+        w0 = max(len("criterion"), *(len(r[0]) for r in body))
+        ws = [max(len(lab), *(len(r[i + 1]) for r in body)) for i, lab in enumerate(labels)]
+        header = "criterion".ljust(w0) + "".join(f"  {lab:>{w}}" for lab, w in zip(labels, ws))
+        lines += ["", wrap(f"radius, {_DIV_TITLE.get(div, div)} (nats)" if div != "tv" else "radius, total variation"),
+                  header, "-" * len(header)]
+        lines += [r[0].ljust(w0) + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], ws)) for r in body]
     return "\n".join(lines)
 
 
-def _fmt(x: float) -> str:
-    return "inf" if not np.isfinite(x) else f"{x:.4g}"
-
-
 def _main(args: argparse.Namespace) -> int:
-    crits = [c.strip() for c in args.criteria.split(",") if c.strip()]
-    for c in crits:
-        parse_criterion(c)  # clear error on a bad spec before any output
+    from ._cli_checks import check_specs
+
+    crits = [c.spec for c in check_specs(args.criteria, "--criteria")]  # clear error before any output
     divs = [d.strip() for d in args.divergences.split(",") if d.strip()]
     for d in divs:
         if d not in DIVERGENCES:
             raise ValueError(f"--divergences: unknown divergence {d!r}; expected some of {','.join(DIVERGENCES)}")
-    print(run_demo(crits, divs, args.vocab))
+    from ._textfit import terminal_width
+
+    print(run_demo(crits, divs, args.vocab, width=min(terminal_width(), 100)))
     return 0
 
 

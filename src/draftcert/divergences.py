@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from ._arrays import ArrayLike, check_probs, output_spec, to_tensor
+from ._arrays import ArrayLike, OutputSpec, check_probs, output_spec, to_tensor
+from ._fp import TINY, U, gamma, psi
 
 DIVERGENCES = ("forward", "reverse", "tv")
 
@@ -129,29 +130,84 @@ def pool_below(s: torch.Tensor, m: int, kind: str, tail: torch.Tensor | None = N
     return terms.sum(1) + _bregman_kl(a, L_star)
 
 
-def divergence_rows(p: torch.Tensor, q: torch.Tensor, kind: str) -> torch.Tensor:
-    """(N, V) x (N, V) -> (N,) in the inputs' dtype (float64 recommended).
+def log_probs(arr: ArrayLike, is_logits: bool, name: str) -> tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]:
+    """Validated float64 log-probabilities of (..., V) probabilities or logits.
 
-    KL is clamped at 0: it is non-negative, and a round-off negative would
-    "certify" against a radius of exactly 0 (a rule that already rejects q = p).
-    """
-    if kind == "forward":
-        return (torch.special.xlogy(p, p) - torch.special.xlogy(p, q)).sum(-1).clamp_min(0)
-    if kind == "reverse":
-        return (torch.special.xlogy(q, q) - torch.special.xlogy(q, p)).sum(-1).clamp_min(0)
-    return 0.5 * (p - q).abs().sum(-1)
-
-
-def probs_from(arr: ArrayLike, is_logits: bool, name: str) -> tuple[torch.Tensor, bool]:
-    """Validated probabilities (same dtype) from probabilities or logits."""
+    Returns (log p (..., V) float64, e_L (...) bound on the error of the row's
+    log-normaliser, was_numpy, the given values as a tensor).  Logits: log-sum-exp in
+    float64.  Probabilities: renormalised in float64, log p = log x - log(sum x)."""
     t, is_numpy = to_tensor(arr, name)
+    V = t.shape[-1]
+    x = t.double()
     if is_logits:
-        lse = torch.logsumexp(t, -1)
-        if not bool(torch.isfinite(lse).all()):
+        m = x.amax(-1, keepdim=True)
+        if not bool(torch.isfinite(m).all()):
             raise ValueError(f"{name}: logits contain NaN or +inf, or a row is entirely -inf")
-        return torch.exp(t - lse[..., None]), is_numpy
-    check_probs(t, name)
-    return t, is_numpy
+        s = torch.exp(x - m).sum(-1, keepdim=True)
+        log_s = torch.log(s)
+        L = m + log_s
+        if not bool(torch.isfinite(L).all()):
+            raise ValueError(f"{name}: logits contain NaN or +inf, or a row is entirely -inf")
+        lp = x - L
+        err = gamma(2 * V + 8) + 4 * U * (L.abs() + log_s.abs() + 2)
+    else:
+        S = x.sum(-1, keepdim=True)
+        check_probs(t, name, row_sum=S[..., 0])
+        logS = torch.log(S)
+        lp = torch.log(x) - logS
+        err = gamma(V + 2) + 4 * U * (logS.abs() + 1)
+    return lp, err[..., 0], is_numpy, t
+
+
+def divergence_upper(lp: torch.Tensor, lq: torch.Tensor, ep: torch.Tensor, eq: torch.Tensor, kind: str) -> torch.Tensor:
+    """Upper bound on the exact D(p, q) from float64 log-probabilities (N, V) with
+    log-normaliser error bounds ep, eq (N,): docs/theory.md, section 7.
+
+    KL is summed in log space as nonnegative Bregman terms, KL(p||q) = sum q psi(log p/q)
+    and KL(q||p) = sum p psi(log q/p) with psi(w) = 1 + (w - 1) e^w (``_fp.psi``: a series
+    where it would cancel), so nothing cancels at any size; the common normaliser errors
+    only scale the sum (generalised KL of c p and d q is >= c KL(p||q)), and every
+    per-entry rounding adds a first-order term to the bound."""
+    V = lp.shape[-1]
+    fin = lambda t: torch.where(torch.isfinite(t), t, torch.zeros_like(t)).abs()  # noqa: E731
+    # bounds on the normaliser errors (broadcast per row)
+    Lp_mag, Lq_mag = ep[:, None], eq[:, None]
+    if kind == "tv":
+        p, q = torch.exp(lp), torch.exp(lq)
+        bp = U * (2 * fin(lp) + 6)
+        bq = U * (2 * fin(lq) + 6)
+        main = (p - q).abs().sum(-1) * (1 + gamma(V + 4))
+        slack = (p * torch.expm1(Lp_mag + bp)).sum(-1) + (q * torch.expm1(Lq_mag + bq)).sum(-1)
+        return (0.5 * (main + slack * (1 + gamma(V + 4)))) * (1 + 4 * U) + TINY
+    if kind == "reverse":
+        lp, lq = lq, lp
+        ep, eq = eq, ep
+    # forward form: KL(P||Q) = sum_i Q_i psi(log P_i - log Q_i)
+    w = lp - lq
+    q = torch.exp(lq)
+    p = torch.exp(lp)
+    ps, perr = psi(torch.where(torch.isnan(w), torch.zeros_like(w), w))
+    beta = U * (2 * fin(lq) + 6) * 1.01
+    eta = U * (2 * fin(lp) + 2 * fin(lq) + fin(w) + 10) * 1.01
+    wf = fin(w)
+    term = q * ps
+    bad = torch.isposinf(lq.neg()) & torch.isposinf(w)  # q = 0 < p: infinite
+    term = torch.where(torch.isnan(term) | bad, torch.where(p > 0, torch.full_like(term, torch.inf), torch.zeros_like(term)), term)
+    deriv = torch.where(torch.isfinite(lp), p * eta * (wf + eta) * torch.exp(eta) * (1 + 8 * U), torch.zeros_like(p))
+    err = term * (8 * U + beta) / (1 - beta) + torch.where(torch.isfinite(lq), q * perr, torch.zeros_like(q)) + deriv
+    err = torch.where(torch.isnan(err), torch.zeros_like(err), err)
+    total = (term.sum(-1) + err.sum(-1)) * (1 + gamma(V + 4))
+    both_zero = torch.isneginf(lp) & torch.isneginf(lq)
+    del both_zero
+    return total * torch.exp(ep) * (1 + 8 * U) + TINY
+
+
+def divergence_rows(p: torch.Tensor, q: torch.Tensor, kind: str) -> torch.Tensor:
+    """(N, V) x (N, V) float64 probabilities -> (N,) upper bound on D(p, q) (exact rows
+    assumed normalised; see :func:`divergence_upper`)."""
+    lp, lq = torch.log(p.double()), torch.log(q.double())
+    z = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device) + gamma(p.shape[-1] + 2)
+    return divergence_upper(lp, lq, z, z, kind)
 
 
 def divergence(
@@ -166,20 +222,34 @@ def divergence(
 
     kind: ``forward`` = KL(p||q) = sum p log(p/q); ``reverse`` = KL(q||p);
     ``tv`` = (1/2) sum |p - q|.  Infinite where the support condition fails.
+    Computed in float64 from the given values (probability rows renormalised) and
+    rounded up: never below the exact divergence (docs/theory.md, section 7).
     """
     check_divergence(kind)
     if (target_probs is None) == (target_logits is None):
         raise ValueError("pass exactly one of target_probs or target_logits=")
     if (draft_probs is None) == (draft_logits is None):
         raise ValueError("pass exactly one of draft_probs or draft_logits=")
-    p, p_np = probs_from(target_probs if target_logits is None else target_logits, target_logits is not None, "target_probs" if target_logits is None else "target_logits")
-    q, _ = probs_from(draft_probs if draft_logits is None else draft_logits, draft_logits is not None, "draft_probs" if draft_logits is None else "draft_logits")
-    if p.shape[-1] != q.shape[-1]:
-        raise ValueError(f"draft_probs: vocabulary size {q.shape[-1]} differs from the target's {p.shape[-1]}")
+    tn = "target_probs" if target_logits is None else "target_logits"
+    dn = "draft_probs" if draft_logits is None else "draft_logits"
+    lp, ep, p_np, pt = log_probs(target_probs if target_logits is None else target_logits, target_logits is not None, tn)
+    lq, eq, _, qt = log_probs(draft_probs if draft_logits is None else draft_logits, draft_logits is not None, dn)
+    d, shape = _pair_rows(lp, ep, lq, eq, tn, dn, kind)
+    out = output_spec(pt if pt.dtype == torch.float64 or qt.dtype != torch.float64 else qt, p_np)
+    out = OutputSpec(out.is_numpy, out.dtype, tuple(shape), pt.device)
+    return out.wrap(d, direction="up")
+
+
+def _pair_rows(lp, ep, lq, eq, tn, dn, kind):
+    if lp.shape[-1] != lq.shape[-1]:
+        raise ValueError(f"{dn}: vocabulary size {lq.shape[-1]} differs from the target's {lp.shape[-1]}")
+    lq, eq = lq.to(lp.device), eq.to(lp.device)
     try:
-        p, q = torch.broadcast_tensors(p, q.to(p.device))
+        lp, lq = torch.broadcast_tensors(lp, lq)
+        ep, eq = torch.broadcast_tensors(ep, eq)
     except RuntimeError:
-        raise ValueError(f"draft_probs: shape {tuple(q.shape)} does not broadcast with target shape {tuple(p.shape)}") from None
-    out = output_spec(p if p.dtype == torch.float64 or q.dtype != torch.float64 else q, p_np)
-    d = divergence_rows(p.double(), q.double(), kind)
-    return out.wrap(d)
+        raise ValueError(f"{dn}: shape {tuple(lq.shape)} does not broadcast with target shape {tuple(lp.shape)}") from None
+    V = lp.shape[-1]
+    shape = lp.shape[:-1]
+    d = divergence_upper(lp.reshape(-1, V), lq.reshape(-1, V), ep.reshape(-1), eq.reshape(-1), kind)
+    return d, shape

@@ -19,11 +19,14 @@ import os
 import warnings
 from dataclasses import dataclass, field
 
+import math
+
 import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_logits_rows, check_probs, output_spec, pick_input, to_tensor
+from ._fp import U, gamma, round_out
 
-DEFAULT_TOPK = 64
+DEFAULT_TOPK = 16  # exactness never depends on it; 16 measured fastest for radii at V = 151,936 (benchmarks/bench_certificates.py)
 # Inputs at least this large go through the compiled one-pass kernel.
 _COMPILE_MIN_NUMEL = 1 << 22
 
@@ -54,49 +57,39 @@ def _sum_f64(a: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
 def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: bool = False):
     """s = sum exp(x - m);  d = sum exp(x - m) * (x - m)  (0 where exp underflows / x = -inf);
     and the row minimum (it settles "is any token rejected?" for every level-set rule).
+    Everything in float64 whatever the input dtype: the exponentials too, so that the
+    log-normaliser carries only float64 round-off (docs/theory.md, section 7: a float32
+    exp would leave p summing to 1 - 1e-7 at V = 151,936).  ``m`` is float64 (N, 1).
     ``fused``: plain reductions, for torch.compile to fuse into one pass."""
-    z = x - m
+    z = x.to(torch.float64) - m
     e = torch.exp(z)
-    # Accumulate in float64 whatever the input dtype: a float32 accumulator over a
-    # 150k-token row (batched reductions are not pairwise) moves the entropy by ~1e-6,
-    # which moves the entropy rule's threshold and hence its radius by ~1e-5 relative.
-    sum64 = (lambda a: a.sum(-1, dtype=torch.float64)) if fused else _sum_f64
-    s = sum64(e)
+    s = e.sum(-1)
     lo = x.amin(-1)
     if not want_entropy:
         return s, None, lo
-    if fused:  # one fused pass anyway: the plain guard is the cheapest form for inductor
-        d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1, dtype=torch.float64)
-        return s, d, lo
-    # e * z, with 0 * -inf (x = -inf, a masked token) counted as 0: nan_to_num_ turns z = -inf
-    # into 0 in place, then the product reuses z's memory -- two cheap passes where the
-    # where(e > 0, e * z, 0) above takes four in eager mode.  (It also maps NaN to 0 and +inf
-    # to the float max, but those only occur in rows whose normaliser s is already NaN, which
-    # are flagged downstream; elsewhere both forms give the same products.)
-    d = sum64(z.nan_to_num_(neginf=0.0).mul_(e))
+    d = torch.where(e > 0, e * z, torch.zeros((), dtype=e.dtype, device=e.device)).sum(-1)
     return s, d, lo
 
 
 def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
-    """_logit_moments a few rows at a time through reused buffers (on the CPU; the same values
-    up to float64 rounding of the sums): fresh
-    (N, V) temporaries for every step's logits cost page faults that exceed the arithmetic."""
+    """_logit_moments a few rows at a time through reused float64 buffers (on the CPU; the
+    same values up to float64 rounding of the sums): fresh (N, V) temporaries for every
+    step's logits cost page faults that exceed the arithmetic."""
     n, V = x.shape
     step = max(1, min(n, _SUM_CHUNK // max(V, 1)))
     if x.device.type != "cpu" or step >= n:
         return _logit_moments(x, m, want_entropy)
-    zb, eb = torch.empty(step, V, dtype=x.dtype), torch.empty(step, V, dtype=x.dtype)
-    buf = torch.empty(step, V, dtype=torch.float64)
+    zb, eb = torch.empty(step, V, dtype=torch.float64), torch.empty(step, V, dtype=torch.float64)
     s = torch.empty(n, dtype=torch.float64)
     d = torch.empty(n, dtype=torch.float64) if want_entropy else None
     for i in range(0, n, step):
         j = min(n, i + step)
-        z, e, b = zb[: j - i], eb[: j - i], buf[: j - i]
-        torch.sub(x[i:j], m[i:j], out=z)
+        z, e = zb[: j - i], eb[: j - i]
+        z.copy_(x[i:j]).sub_(m[i:j])
         torch.exp(z, out=e)
-        s[i:j] = b.copy_(e).sum(-1)  # float64 accumulation, as in _sum_f64
+        s[i:j] = e.sum(-1)
         if want_entropy:  # e * z with 0 * -inf counted as 0, as in _logit_moments
-            d[i:j] = b.copy_(z.nan_to_num_(neginf=0.0).mul_(e)).sum(-1)
+            d[i:j] = z.nan_to_num_(neginf=0.0).mul_(e).sum(-1)
     return s, d, x.amin(-1)
 
 
@@ -110,39 +103,20 @@ def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
     lo = p.amin(-1)
     if not want_entropy:
         return s, None, lo
-    return s, torch.special.entr(p).sum(-1, dtype=torch.float64), lo
+    return s, torch.special.entr(p.double()).sum(-1), lo
 
 
-def _band_eager(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """For rows x[rows]: the largest value below lo, how many values fall in [lo, hi], and
-    the largest and smallest of those (-inf / +inf if none).
-    (Compiled, the row gather is fused into the reduction instead of copying rows.)"""
+def _below(x: torch.Tensor, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+    """For rows x[rows]: the largest value < cut (per row; -inf if none).  One fused
+    reduction when compiled (the row gather is fused in instead of copying the rows)."""
     xr = x[rows]
-    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
-    below = torch.where(xr < lo, xr, -inf).amax(-1)
-    band = (xr >= lo) & (xr <= hi)
-    n_band = band.sum(-1)
-    band_max, band_min = torch.full_like(below, -torch.inf), torch.full_like(below, torch.inf)
-    some = (n_band > 0).nonzero().squeeze(1)
-    if some.numel():  # eager: only the (rare) rows with tokens in the band pay two more passes
-        xs, bs = xr[some], band[some]
-        band_max[some] = torch.where(bs, xs, -inf).amax(-1)
-        band_min[some] = torch.where(bs, xs, inf).amin(-1)
-    return below, n_band, band_max, band_min
-
-
-def _band_fused(x: torch.Tensor, rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
-    """_band_eager as one fused reduction for torch.compile (no data-dependent branches)."""
-    xr = x[rows]
-    inf = torch.full((), torch.inf, dtype=x.dtype, device=x.device)
-    below = torch.where(xr < lo, xr, -inf).amax(-1)
-    band = (xr >= lo) & (xr <= hi)
-    return below, band.sum(-1), torch.where(band, xr, -inf).amax(-1), torch.where(band, xr, inf).amin(-1)
+    neg = torch.full((), -torch.inf, dtype=x.dtype, device=x.device)
+    return torch.where(xr < cut, xr, neg).amax(-1)
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "band": _band_fused}[fn_name]
+    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "below": _below}[fn_name]
     return torch.compile(fn, dynamic=True)
 
 
@@ -155,7 +129,7 @@ def _moments(kind: str, *args, **kw):
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
-    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "band": _band_eager}[kind]
+    eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "below": _below}[kind]
     use_compile = (
         not _compile_broken
         and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
@@ -183,6 +157,12 @@ class Summary:
     log_norm  : (N,) float64 log-normaliser of logits (None for probability input).
     vocab_size: V.
     out       : how results are handed back to the caller.
+
+    Probabilities are renormalised in float64 (``p = x / sum(x)``); logits give
+    ``p = exp(x - log_norm)``.  Either way every float64 value carries the error bounds
+    of docs/theory.md, section 7 (:meth:`common_err`, :meth:`entry_err`).  The order of
+    the tokens is exactly the order of the given values (``top_vals``), never of rounded
+    probabilities.
     """
 
     top_probs: torch.Tensor
@@ -194,7 +174,17 @@ class Summary:
     source: torch.Tensor = field(repr=False)  # (N, V) original values, for exact fallbacks
     is_logits: bool = False
     row_min: torch.Tensor | None = field(default=None, repr=False)  # (N,) smallest source value
-    tail_cache: torch.Tensor | None = field(default=None, repr=False)  # mass beyond the top-k, once computed
+    tail_cache: torch.Tensor | None = field(default=None, repr=False)  # upper bound on the mass beyond the top-k
+    top_vals: torch.Tensor | None = field(default=None, repr=False)  # (N, k) source values of top_ids
+    norm: torch.Tensor | None = field(default=None, repr=False)  # (N,) float64 row sums (probability input)
+    lse_err: torch.Tensor | None = field(default=None, repr=False)  # (N,) bound on |log_norm - exact|
+    entropy_tilde: torch.Tensor | None = field(default=None, repr=False)  # (N,) -sum p log(p + 1e-5)
+
+    def __post_init__(self):
+        # the given values of the top-k (built from top_ids when a caller assembles a Summary
+        # by hand; left None when its source does not hold the vocabulary)
+        if self.top_vals is None and self.source is not None and self.source.shape[-1] == self.vocab_size:
+            self.top_vals = self.source.gather(-1, self.top_ids)
 
     @property
     def k(self) -> int:
@@ -205,74 +195,145 @@ class Summary:
         """True when ``top_probs`` holds the whole sorted distribution."""
         return self.k == self.vocab_size
 
+    # -- normalisation and its error bounds (docs/theory.md, section 7) -----------------
+    def row_norm(self) -> torch.Tensor:
+        """float64 row sums of probability input (what p is renormalised by)."""
+        if self.norm is None:
+            self.norm = self.source.sum(-1, dtype=torch.float64)
+        return self.norm
+
+    def log_norm_err(self) -> torch.Tensor:
+        """(N,) bound on |log_norm - exact log-sum-exp| (logit input)."""
+        if self.lse_err is None:
+            V = self.vocab_size
+            self.lse_err = gamma(2 * V + 8) + 4 * U * (self.log_norm.abs() + math.log(V) + 2)
+        return self.lse_err
+
+    def common_err(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(N,) u_c: the computed probabilities are p_i * c * theta_i with |c - 1| <= u_c a
+        factor common to the row (the normaliser's error) and |theta_i - 1| <= entry_err."""
+        if self.is_logits:
+            e = torch.expm1(self.log_norm_err())
+        else:
+            e = torch.full((self.top_probs.shape[0],), float(gamma(self.vocab_size + 2)), dtype=torch.float64,
+                           device=self.top_probs.device)
+        return e if rows is None else e[rows]
+
+    def entry_err(self, vals: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Relative per-entry error bound of the float64 probabilities of source values
+        ``vals`` (N', K) of the given rows: 2U (|x - log_norm| + 4) for logits (the
+        subtraction and a 1-ulp exp), 2U for probabilities (one division)."""
+        if not self.is_logits:
+            return torch.full(vals.shape, 2 * U, dtype=torch.float64, device=vals.device)
+        ln = self.log_norm if rows is None else self.log_norm[rows]
+        z = (vals.double() - ln[:, None]).abs()
+        return 2 * U * (torch.where(torch.isinf(z), torch.zeros_like(z), z) + 4)
+
     def probs_f64(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Full float64 probabilities of the given rows (all rows if None)."""
         src = self.source if rows is None else self.source[rows]
-        if self.is_logits:
-            ln = self.log_norm if rows is None else self.log_norm[rows]
-            return torch.exp(src.double() - ln[:, None])
-        return src.double()
+        return self._to_prob(src, torch.arange(src.shape[0], device=src.device) if rows is None else rows)
 
-    def sorted_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """Exact full descending sort (float64) of the selected rows: the fallback
-        for rows whose decisive token lies beyond the top-k."""
-        return torch.sort(self.probs_f64(rows), dim=-1, descending=True, stable=True).values
+    def sorted_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact full descending sort of the selected rows, by the given values (stable:
+        lower id first among ties): (float64 probabilities, source values)."""
+        vals = torch.sort(self.source[rows], dim=-1, descending=True, stable=True).values
+        return self._to_prob(vals, rows), vals
 
     def _to_prob(self, vals: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         v = vals.double()
-        return torch.exp(v - self.log_norm[rows][:, None]) if self.is_logits else v
+        if self.is_logits:
+            return torch.exp(v - self.log_norm[rows][:, None])
+        return v / self.row_norm()[rows][:, None]
 
     def min_prob(self, rows: torch.Tensor) -> torch.Tensor:
         """float64 smallest probability of the selected rows, computed as top_probs is."""
         lo = self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)
         return self._to_prob(lo[:, None], rows)[:, 0]
 
-    def max_prob_where(self, rows: torch.Tensor, tau: torch.Tensor, inclusive: bool) -> torch.Tensor:
-        """float64 b = max{p(y) : p(y) < tau} (``<=`` if inclusive) for each selected row.
+    def row_min_src(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)
 
-        Logits are compared in their own dtype against log(tau) + log_norm with a
-        safety margin of a few ulps; only the rare tokens inside the margin are
-        evaluated exactly (as top_probs is), so the answer is exact at the cost of
-        one fused pass over the selected rows.
-        """
-        if not self.is_logits:
-            P = self.source[rows].double()
-            rej = P <= tau[:, None] if inclusive else P < tau[:, None]
-            return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
-        with torch.no_grad():
-            x = self.source
-            t = torch.log(tau) + self.log_norm[rows]  # float64, -inf when tau = 0
-            # float32 -> float64 conversion of t and the float64 exp are far more accurate
-            # than 8 float32 ulps, so values outside [lo, hi] are decided by comparison alone.
-            margin = 8 * torch.finfo(x.dtype).eps * (1 + t.abs())
-            lo, hi = (t - margin).to(x.dtype), (t + margin).to(x.dtype)
-            below, n_band, band_max, band_min = _moments("band", x, rows, lo[:, None], hi[:, None])
-            b = self._to_prob(below[:, None], rows)[:, 0]  # surely rejected: far below the threshold
-            # Tokens within the margin are decided exactly, as top_probs would decide them.
-            # Usually the band holds one distinct value (or none): decide it from the kernel's
-            # band maximum, without touching the row again.
-            one = (n_band > 0) & (band_max == band_min)
-            if bool(one.any()):
-                pv = self._to_prob(band_max[:, None], rows)[:, 0]
-                rej = pv <= tau if inclusive else pv < tau
-                b = torch.where(one & rej, torch.maximum(b, pv), b)
-            near = ((n_band > 0) & ~one).nonzero().squeeze(1)
-            if near.numel():  # several distinct values in the band (rare): each one exactly
-                xs = self.source[rows[near]]
-                r_idx, c_idx = ((xs >= (t[near] - margin[near]).to(xs.dtype)[:, None])
-                                & (xs <= (t[near] + margin[near]).to(xs.dtype)[:, None])).nonzero(as_tuple=True)
-                pv = torch.exp(xs[r_idx, c_idx].double() - self.log_norm[rows[near]][r_idx])
-                tv = tau[near][r_idx]
-                rej = pv <= tv if inclusive else pv < tv
-                cand = torch.where(rej, pv, torch.full_like(pv, -1.0))
-                b_near = b[near].scatter_reduce(0, r_idx, cand, reduce="amax")
-                b[near] = b_near
-        return b.clamp_min(0)
+    def max_src_below(self, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tensor:
+        """For each selected row the largest source value < cut (exact comparison in the
+        values' own dtype; -inf if none): one pass over those rows."""
+        return _moments("below", self.source, rows, cut[:, None])
+
+    def max_prob_where(self, rows: torch.Tensor, tau: torch.Tensor, inclusive: bool) -> torch.Tensor:
+        """float64 b = max{p(y) : p(y) < tau} (``<=`` if inclusive) for each selected row,
+        p computed as top_probs is (the float64 probabilities compared with tau)."""
+        P = self.probs_f64(rows)
+        rej = P <= tau[:, None] if inclusive else P < tau[:, None]
+        return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
 
     def prob_of(self, ids: torch.Tensor) -> torch.Tensor:
         """float64 probability of token ``ids[n]`` in row n, computed exactly as top_probs is."""
-        v = self.source.gather(-1, ids[:, None]).squeeze(-1).double()
-        return torch.exp(v - self.log_norm) if self.is_logits else v
+        v = self.source.gather(-1, ids[:, None])
+        return self._to_prob(v, torch.arange(v.shape[0], device=v.device))[:, 0]
+
+    def cut_dtype(self) -> torch.dtype:
+        return torch.float64 if self.source.dtype == torch.float64 else torch.float32
+
+    def cut_from_tau(self, tau_hi: torch.Tensor, inclusive: bool = True) -> torch.Tensor:
+        """A cut c in the values' domain with {y : exact p(y) <= tau_hi} (``<`` if not
+        inclusive) contained in {y : x_y < c}: the conservative rejection region of a
+        threshold known only up to tau <= tau_hi (docs/theory.md, section 7).  Exact
+        comparisons follow in the values' own dtype (a float32 cut for 32-bit and narrower
+        values: they promote exactly)."""
+        tau_hi = tau_hi.double()
+        if self.is_logits:
+            lt = torch.log(tau_hi.clamp_min(0))
+            ln = self.log_norm
+            t = lt + ln + self.log_norm_err() + 4 * U * (lt.abs() + ln.abs() + 1)
+            t = torch.where(torch.isneginf(lt), lt, t)
+        else:
+            t = tau_hi * self.row_norm() * (1 + gamma(self.vocab_size + 2) + 4 * U)
+        c = self.cut_up(t, inclusive)
+        return torch.where(tau_hi < 0, torch.full_like(c, -torch.inf), c)
+
+    def cut_up(self, t: torch.Tensor, inclusive: bool) -> torch.Tensor:
+        """float64 bound t on the exact cut in the values' domain -> the cut in the cut
+        dtype, rounded up; ``inclusive``: x <= t must imply x < cut."""
+        c = round_out(t, self.cut_dtype(), "up")
+        if inclusive:
+            c = torch.nextafter(c, torch.full_like(c, torch.inf))
+        return c
+
+    def zero_mask(self, vals: torch.Tensor) -> torch.Tensor:
+        """Source values whose probability is exactly 0 (a -inf logit, a 0 probability)."""
+        return torch.isneginf(vals) if self.is_logits else vals == 0
+
+    # -- entropies with their error bounds -----------------------------------------------
+    def entropy_err(self) -> torch.Tensor:
+        """(N,) bound on |entropy - exact Shannon entropy of the given values|."""
+        V = self.vocab_size
+        return U * ((4 * V + 300) * (self.entropy + 1) + 2 * (math.log(V) + 20) ** 2)
+
+    def tilde_entropy(self) -> torch.Tensor:
+        """(N,) H~ = -sum p log(p + 1e-5), the entropy of Medusa / vLLM's typical acceptance,
+        in float64 (a second pass over the rows: it needs the normaliser first)."""
+        if self.entropy_tilde is None:
+            n = self.source.shape[0]
+            out = torch.empty(n, dtype=torch.float64, device=self.source.device)
+            step = max(1, min(n, _SUM_CHUNK // max(self.vocab_size, 1))) if self.source.device.type == "cpu" else n
+            for i in range(0, n, step):
+                j = min(n, i + step)
+                P = self.probs_f64(torch.arange(i, j, device=self.source.device))
+                out[i:j] = -(P * torch.log(P + TYPICAL_EPS)).sum(-1)
+            self.entropy_tilde = out
+        return self.entropy_tilde
+
+    def tilde_entropy_err(self) -> torch.Tensor:
+        """(N,) bound on |H~ - exact H~|: the common factor moves each term by at most
+        u_c p |log(p + 1e-5) + p / (p + 1e-5)| <= 12.6 u_c p; per-entry errors likewise,
+        and the float64 sum adds gamma_V sum |term|."""
+        V = self.vocab_size
+        uc = self.common_err()
+        span = 2 * U * (math.log(V) + 4) if self.is_logits else 2 * U  # sum_i p_i theta_i, |log p| <= ...: H <= log V
+        return 13 * (uc + span) + gamma(V + 8) * (self.tilde_entropy().abs() + 1e-5) + 64 * U
+
+
+TYPICAL_EPS = 1e-5  # the constant inside Medusa's / vLLM's log(p + 1e-5)
 
 
 def summarize(
@@ -289,6 +350,7 @@ def summarize(
     Parameters
     ----------
     probs, logits : array (..., V); exactly one.  Logits may contain -inf (masked tokens).
+        Probability rows are validated (sum within 1e-4 of 1) and renormalised in float64.
     k : number of top probabilities kept (clipped to V).  Any k gives exact
         answers; it only decides how often the exact fallback runs.
     entropy : compute the Shannon entropy (needed by the entropy criterion).
@@ -306,22 +368,30 @@ def summarize(
     kk = max(1, min(int(k), V))
     top_vals, top_ids = topk_rows(x2, kk)
     if is_logits:
-        m = top_vals[:, :1]
+        m = top_vals[:, :1].double()
+        if validate and not bool(torch.isfinite(m).all()):
+            check_logits_rows(m[:, 0], arg)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # broken rows: NaN below, flagged
         s, d, row_min = _moments("logit", x2, m, want_entropy=entropy)
-        s64 = s.double()
-        log_norm = m[:, 0].double() + torch.log(s64)
+        log_s = torch.log(s)
+        log_norm = m[:, 0] + log_s
         if validate:
             check_logits_rows(log_norm, arg)
+        lse_err = gamma(2 * V + 8) + 4 * U * (log_norm.abs() + log_s.abs() + 2)
         top = torch.exp(top_vals.double() - log_norm[:, None])
-        ent = (torch.log(s64) - d.double() / s64) if entropy else None
+        ent = (log_s - d / s) if entropy else None
+        norm = None
     else:
+        norm = x2.sum(-1, dtype=torch.float64)
         if validate:
-            check_probs(x2, arg)
+            check_probs(x2, arg, row_sum=norm)
         _, h, row_min = _moments("prob", x2, want_entropy=entropy)
-        log_norm = None
-        top = top_vals.double()
-        ent = h.double() if entropy else None
-    return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits, row_min)
+        log_norm, lse_err = None, None
+        top = top_vals.double() / norm[:, None]
+        # H(x / S) = sum entr(x) / S + log S
+        ent = (h / norm + torch.log(norm)) if entropy else None
+    return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits, row_min,
+                   top_vals=top_vals, norm=norm, lse_err=lse_err)
 
 
 # Block size of topk_rows' candidate search (32-64 measured fastest at V = 49k and 152k).

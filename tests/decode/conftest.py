@@ -42,3 +42,15 @@ def tiny():
 def prompts():
     g = torch.Generator().manual_seed(1)
     return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 13)]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, target_factory):
+    """A tiny float32 checkpoint directory for the command-line tests (--target PATH)."""
+    model, tok = target_factory(seed=2, layers=3)
+    model.to(torch.float32)
+    model.generation_config.eos_token_id = None
+    path = tmp_path_factory.mktemp("tiny") / "ckpt"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

@@ -5,22 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from draftcert.cli import main
 from draftcert.decode import greedy_generate
 from draftcert.prompts import encode_prompt
 
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory, target_factory):
-    model, tok = target_factory(seed=2, layers=3)
-    model.to(torch.float32)
-    model.generation_config.eos_token_id = None
-    path = tmp_path_factory.mktemp("tiny") / "ckpt"
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def _loaded(path):

@@ -49,3 +49,19 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def target(tokenizer):
     return tiny_qwen3(seed=0), tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, tokenizer):
+    """A tiny Qwen3 checkpoint directory (model + tokenizer), as a user would pass to --target."""
+    d = tmp_path_factory.mktemp("tiny-ckpt")
+    tiny_qwen3(0).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("prompts") / "prompts.txt"
+    f.write_text("\n".join(text for _, text in PROMPTS) + "\n")
+    return f

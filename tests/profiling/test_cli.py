@@ -14,22 +14,9 @@ import torch
 
 from draftcert.cli import main
 
-from .conftest import PROMPTS, tiny_qwen3
+from .conftest import PROMPTS
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, tokenizer):
-    d = tmp_path_factory.mktemp("tiny-ckpt")
-    tiny_qwen3(0).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    f = tmp_path_factory.mktemp("prompts") / "prompts.txt"
-    f.write_text("\n".join(text for _, text in PROMPTS) + "\n")
-    return f
 
 
 def test_help_lists_the_options_and_examples(capsys):

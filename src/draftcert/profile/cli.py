@@ -22,9 +22,15 @@ examples:
   # data-parallel over 4 GPUs (each rank writes its own shards)
   torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B --prompts mt-bench --device cuda --out runs/q4
 
-Rerunning the same command resumes an interrupted run (finished prompts are skipped).
-Output: OUT/trace/rank*-*.parquet (one row per generated token), OUT/run.json, and the
-report (OUT/summary.json, figures) when the report module is installed.
+Rerunning the same command resumes an interrupted run (finished prompts are
+skipped); rerunning it with a larger --limit extends the run: the shards it
+has are reused and only the new prompts are profiled (the prompts already
+traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
+generated token), OUT/run.json (settings and "status": running, complete,
+interrupted after Ctrl-C or SIGTERM, or failed), and the report
+(OUT/summary.json, figures) when the report module is installed. The table is
+printed at the terminal's width ($COLUMNS); when it does not fit, its columns
+are split over two tables, and numbers are never cut.
 """
 
 PAPER_EPILOG = """\
@@ -60,7 +66,8 @@ def add_parser(subparsers) -> None:
                         "path sharing the target's tokenizer (default: none, radii only)")
     p.add_argument("--prompts", required=True, metavar="SOURCE",
                    help="mt-bench, humaneval, a .jsonl/.txt file, or a Hugging Face dataset name")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="use the first N prompts")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="use the first N prompts (raise it on a rerun to extend the run)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
     p.add_argument("--criteria", default=",".join(DEFAULT_CRITERIA), metavar="SPECS",
                    help="comma-separated criterion specs (default: %(default)s)")
@@ -92,8 +99,11 @@ def add_parser(subparsers) -> None:
 
 
 def _run_profile(args) -> int:
+    from .._cli_checks import check_out_dir, check_specs
     from .run import profile
 
+    check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
+    check_out_dir(args.out, "--out")
     res = profile(
         args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
         max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,
@@ -103,8 +113,9 @@ def _run_profile(args) -> int:
     if res.rank == 0:
         t = res.timings
         print(f"profile: {res.prompts} prompts, {res.steps} steps in {res.out_dir} "
-              f"({res.new_prompts} prompts / {res.new_steps} steps new; model {t.get('model', 0):.1f}s, "
-              f"certificates {t.get('certificate', 0):.2f}s, trace {t.get('trace', 0):.2f}s, wall {t.get('wall', 0):.1f}s)")
+              f"({res.new_prompts} prompts / {res.new_steps} steps new)\n"
+              f"profile: model {t.get('model', 0):.1f}s, certificates {t.get('certificate', 0):.2f}s, "
+              f"trace {t.get('trace', 0):.2f}s, wall {t.get('wall', 0):.1f}s")
         if res.nonfinite_steps:
             print(f"profile: {res.nonfinite_steps} step(s) had non-finite target logits (flagged `nonfinite`)",
                   file=sys.stderr)

@@ -14,7 +14,14 @@ Pipeline per batch of prompts (see generate.py and trace.py):
 Resume: shards record the prompt ids they hold and the hash of the settings;
 rerunning the same command skips every prompt already in a shard, so an
 interrupted run loses at most the batch in flight.  ``run.json`` holds the
-settings; a rerun with different trace-affecting settings is refused.
+settings and a ``status`` (running, complete, interrupted on Ctrl-C/SIGTERM,
+failed); a rerun with different trace-affecting settings is refused.
+
+Extend: a rerun with a larger ``limit`` (or the same file with prompts
+appended) keeps every shard and profiles only the new prompts, provided the
+prompts already traced are exactly the first ones of the new prompt set.  Each
+run plans its batches (longest prompts first) over the prompts still to do, so
+a resumed run reproduces an uninterrupted one batch for batch.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -55,14 +64,26 @@ DEFAULT_CRITERIA = (
 )
 DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
 TRACE_FORMAT = "draftcert-trace/1"
-# Settings that change the trace's contents; a resumed run must repeat them exactly.
-_TRACE_KEYS = ("format", "target", "drafter", "prompts", "prompts_sha256", "limit", "max_new_tokens",
-               "criteria", "divergences", "dtype", "topk")
+# Settings that change the trace's contents; a resumed run must repeat them exactly.  The
+# prompt list itself may grow (a larger limit): the traced prompts must be its first ones.
+_TRACE_KEYS = ("format", "target", "drafter", "prompts", "max_new_tokens", "criteria", "divergences", "dtype", "topk")
+# Shards written before runs could be extended hashed the prompt list and limit too.
+_LEGACY_TRACE_KEYS = ("format", "target", "drafter", "prompts", "prompts_sha256", "limit", "max_new_tokens",
+                      "criteria", "divergences", "dtype", "topk")
 _RED, _RESET = "\033[1;91m", "\033[0m"
 
 
 class _PeerFailed(RuntimeError):
     """Another rank reported a failure through a collective."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during a profile run: stops it like Ctrl-C (finished shards kept, run.json
+    marked "interrupted"); rerunning the same command resumes."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated("terminated (SIGTERM)")
 
 
 @dataclass
@@ -251,8 +272,7 @@ def _load_drafter(drafter, spec, model, tok, device, dtype):
         except ValueError:
             raise
         except (OSError, RuntimeError) as exc:
-            raise ValueError(f"--drafter {spec!r}: {exc} (or pass self:skip=LAYERS, self:quant=BITS or "
-                             "'default' for a drafter derived from the target)") from exc
+            raise ValueError(f"--drafter: {exc}") from exc
     d = drafter.to(device=device, dtype=dtype) if dtype is not None else drafter.to(device)
     _check_vocab(model, tok, d)
     return d
@@ -304,14 +324,18 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def _settings_sha(settings: dict) -> str:
-    return hashlib.sha256(json.dumps({k: settings[k] for k in _TRACE_KEYS}, sort_keys=True).encode()).hexdigest()
+def _settings_sha(settings: dict, keys: Sequence[str] = _TRACE_KEYS) -> str:
+    return hashlib.sha256(json.dumps({k: settings[k] for k in keys}, sort_keys=True).encode()).hexdigest()
 
 
-def _check_resume(out: Path, settings: dict) -> None:
-    """Refuse to mix traces of different settings in one directory."""
+def _check_resume(out: Path, settings: dict, plist: Sequence[_Prompt]) -> set[str]:
+    """Refuse to mix traces of different settings (or prompts) in one directory.
+
+    Returns the settings hashes a shard of this directory may carry: this run's, and the
+    one the previous run's shards were written with when that run predates extension."""
     run_json = out / "run.json"
     shards = list_shards(out / "trace")
+    shas = {_settings_sha(settings)}
     if run_json.exists():
         try:
             old = json.loads(run_json.read_text()).get("settings", {})
@@ -324,17 +348,39 @@ def _check_resume(out: Path, settings: dict) -> None:
                 f"out: {out} already holds a profile run with different settings ({lines}). "
                 "Rerun with the same settings to resume it, or choose a new --out directory"
             )
+        shas.update(old.get("shard_sha256") or [])
+        n_old = old.get("n_prompts")
+        if n_old is None:  # run.json written before runs could be extended
+            n_old = len(plist) if old.get("limit") is None else min(int(old["limit"]), len(plist))
+            if all(k in old for k in _LEGACY_TRACE_KEYS):
+                shas.add(_settings_sha(old, _LEGACY_TRACE_KEYS))
+        if len(plist) < n_old:
+            raise ValueError(
+                f"out: {out} already holds a run over {n_old} prompts of {settings['prompts']!r}; this run has "
+                f"{len(plist)} (limit {settings['limit']}), which would leave some out. Pass --limit {n_old} or more "
+                "(a larger limit extends the run), or choose a new --out directory"
+            )
+        if _prompts_sha(plist[:n_old]) != old.get("prompts_sha256"):
+            raise ValueError(
+                f"out: {out} holds a run whose {n_old} prompts are not the first {n_old} prompts of "
+                f"{settings['prompts']!r} as they are now (did the prompt source change?); choose a new --out directory"
+            )
     elif shards:
         raise ValueError(f"out: {out / 'trace'} holds trace shards but no run.json; choose a new --out directory")
+    return shas
 
 
-def _done_prompts(out: Path, sha: str) -> set[str]:
+def _done_prompts(out: Path, shas: set[str], plist: Sequence[_Prompt]) -> set[str]:
     done: set[str] = set()
     for path in list_shards(out / "trace"):
         ids, shard_sha = shard_prompt_ids(path)
-        if shard_sha != sha:
+        if shard_sha not in shas:
             raise ValueError(f"out: shard {path} was written with other settings; choose a new --out directory")
         done.update(ids)
+    unknown = done - {p.id for p in plist}
+    if unknown:
+        raise ValueError(f"out: {out / 'trace'} holds prompts that are not in this prompt set "
+                         f"(e.g. {sorted(unknown)[0]!r}); choose a new --out directory")
     return done
 
 
@@ -414,9 +460,15 @@ def profile(
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
     torch_dtype = _parse_dtype(dtype)
-    out = Path(out)
+    from .._cli_checks import check_out_dir
+
+    out = check_out_dir(out, "out")
 
     info = dist_mod.setup(device)
+    wrote_run_json = None  # set once this invocation has marked run.json "running"
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # SIGTERM stops the run like Ctrl-C
     try:
         dev = dist_mod.rank_device(device, info)
         plist, source = _resolve_prompts(prompts, limit)
@@ -426,6 +478,7 @@ def profile(
             "drafter": _drafter_spec(drafter),
             "prompts": source,
             "prompts_sha256": _prompts_sha(plist),
+            "n_prompts": len(plist),
             "limit": limit,
             "max_new_tokens": int(max_new_tokens),
             "criteria": [c.spec for c in crits],
@@ -435,8 +488,11 @@ def profile(
             "epsilons": eps,
         }
         sha = _settings_sha(settings)
-        _check_resume(out, settings)
-        done = _done_prompts(out, sha)
+        shas = _check_resume(out, settings, plist)
+        # every hash this directory's shards may carry, for the next run (and the other ranks,
+        # which may read the run.json rank 0 rewrites below)
+        settings["shard_sha256"] = sorted(shas)
+        done = _done_prompts(out, shas, plist)
 
         model, tok = _load_target(target, dev, torch_dtype)
         model.eval()
@@ -445,11 +501,12 @@ def profile(
             draft.eval()
 
         mine = [i for i in range(len(plist)) if i % info.world_size == info.rank]
-        encoded = {i: _encode(tok, plist[i].text) for i in mine}
-        # Longest prompts first, in fixed chunks over *all* of this rank's prompts:
-        # little padding, and the same batches on every rerun (so a resumed run
-        # reproduces an uninterrupted one exactly).
-        order = sorted(mine, key=lambda i: -len(encoded[i]))
+        todo = [i for i in mine if plist[i].id not in done]
+        encoded = {i: _encode(tok, plist[i].text) for i in todo}
+        # Longest prompts first, in fixed chunks over this rank's prompts still to do: little
+        # padding, and a resumed run gets exactly the batches the interrupted one had left
+        # (those were done in order, so what remains is a suffix of the same sorted list).
+        order = sorted(todo, key=lambda i: -len(encoded[i]))
         chunks = [order[j:j + batch_size] for j in range(0, len(order), batch_size)]
 
         if info.is_main:
@@ -458,6 +515,7 @@ def profile(
             out.mkdir(parents=True, exist_ok=True)
             (out / "trace").mkdir(exist_ok=True)
             _write_json(out / "run.json", _run_json(settings, info, batch_size, dev, model, command, status="running"))
+            wrote_run_json = (settings, info, batch_size, dev, model, command)
         # Collective 1 (every rank, exactly once, also on failure): all set up?
         if not dist_mod.all_ok(info, True):
             raise _PeerFailed("another rank failed while setting up; see its error")
@@ -466,6 +524,7 @@ def profile(
         res = _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, out, sha, info,
                            int(max_new_tokens), timer, progress, on_batch, len(mine))
     except BaseException as exc:
+        _mark_stopped(out, info, wrote_run_json, exc)
         # Take part in the collective the other ranks are waiting in, reporting failure, so
         # they stop too instead of blocking (a peer failure was already reported that way).
         if info.world_size > 1 and not isinstance(exc, _PeerFailed):
@@ -474,6 +533,7 @@ def profile(
             except Exception:
                 pass
         dist_mod.teardown(info)
+        _restore_sigterm(old_term)
         raise
     try:
         # Collective 2: did every rank finish its prompts?
@@ -496,16 +556,40 @@ def profile(
             meta["stats"] = stats
             meta["timings"] = {**timings, "overhead": result.overhead}
             _write_json(out / "run.json", meta)
+            wrote_run_json = None  # complete: a later interrupt (in the report) leaves it so
             if report:
                 result.report, result.report_error = _write_report(out)
         dist_mod.barrier(info)
+    except BaseException as exc:
+        _mark_stopped(out, info, wrote_run_json, exc)
+        raise
     finally:
         dist_mod.teardown(info)
+        _restore_sigterm(old_term)
     if result.soundness_violations:
         print(f"{_RED}draftcert: {result.soundness_violations} SOUNDNESS VIOLATION(S) (certified but rejected): "
               f"{ {k: v for k, v in result.violations_by_criterion.items() if v} }. This is a bug in draftcert; "
               f"please report it with {out / 'run.json'}{_RESET}", file=sys.stderr)
     return result
+
+
+def _restore_sigterm(old) -> None:
+    if old is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, old)
+
+
+def _mark_stopped(out: Path, info, wrote, exc: BaseException) -> None:
+    """Rewrite run.json (atomically) as "interrupted" (Ctrl-C, SIGTERM) or "failed" when this
+    invocation had marked it "running"; never touches a run.json it did not write."""
+    if not (info.is_main and wrote):
+        return
+    status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+    try:
+        meta = _run_json(*wrote, status=status)
+        meta["stopped_by"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        _write_json(out / "run.json", meta)
+    except Exception as err:  # best effort: never mask the exception that stopped the run
+        print(f"draftcert: warning: could not mark {out / 'run.json'} {status} ({err})", file=sys.stderr)
 
 
 def _run_json(settings, info, batch_size, dev, model, command, status):
@@ -563,7 +647,7 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
     eos = eos_token_ids(model, tok)
     pad = _pad_id(tok, model)
     specs = [c.spec for c in crits]
-    n_done_mine = sum(1 for c in chunks for i in c if plist[i].id in done)
+    n_done_mine = n_mine - sum(len(c) for c in chunks)  # chunks hold only the prompts still to do
     bar = tqdm(total=n_mine, initial=n_done_mine, unit="prompt", desc=f"profile[{info.rank}]" if info.world_size > 1 else "profile",
                disable=not (progress and info.is_main), dynamic_ncols=True, file=sys.stderr)
     new_prompts = new_steps = 0

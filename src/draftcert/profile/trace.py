@@ -188,9 +188,25 @@ class StepCertifier:
         acc = accepts_from_topk(self.criteria, summ, dvals, dids, y)
         for c in self.criteria:
             cols[f"accepted/{c.spec}"] = acc[c.spec] & ok
+        # Floating-point contract (docs/theory.md, section 7): radii are lower bounds on the
+        # exact radius; kl_f is float64 but not a proven upper bound, so rows whose kl_f lies
+        # within 1e-6 of a radius are decided with the proven upper bound instead.
+        kl_cert = kl_f
+        near = torch.zeros_like(bad)
+        for c in self.criteria:
+            r = radius[c.spec]
+            near |= (kl_f - r).abs() <= 1e-6 * (1 + r.abs().nan_to_num(posinf=0.0))
+        idx = (near & ok).nonzero().squeeze(1)
+        if idx.numel():
+            from ..divergences import divergence_upper, log_probs
+
+            lp, ep, _, _ = log_probs(summ.source[idx], True, "target logits")
+            lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
+            kl_cert = kl_f.clone()
+            kl_cert[idx] = divergence_upper(lp, lq, ep, eq, "forward")
         for c in self.criteria:
             # NaN radius or NaN divergence compare False: a broken step never certifies.
-            cols[f"certified/{c.spec}"] = kl_f < radius[c.spec]
+            cols[f"certified/{c.spec}"] = kl_cert < radius[c.spec]
         return cols
 
 
@@ -319,49 +335,9 @@ def _rows_of(summ: Summary, i: torch.Tensor) -> Summary:
 
 
 def _radii(c: Criterion, summ: Summary, divergences: Sequence[str]) -> dict[str, torch.Tensor]:
-    """``radius_rows`` for each divergence, with two exact shortcuts for the rows where the
-    rule rejects nothing within the summary's top-k (which the core would fully re-sort):
-
-    * empty rejection region: a level-set rule rejects {y : p(y) < tau} ({p(y) <= tau}
-      if inclusive); when tau <= 0 (< 0) that set is empty for every p and the radius is
-      +inf (e.g. additive:DELTA whenever p(1st) < DELTA);
-    * otherwise the most probable rejected token sits at sorted position n = #{y not
-      rejected}, and the radius only reads the sorted values at positions 0..n, so those
-      rows get a summary with exactly the top n + 1 (``torch.topk``) instead of a full sort
-      of the vocabulary.  Values are those of ``Summary.probs_f64``, as in the core's own
-      fallback, and ``radius_rows`` then decides each row within its top-k.
-    """
-    from ..criteria import LevelSet
-
-    if not isinstance(c, LevelSet) or summ.complete:
-        return {d: radius_rows(c, summ, d) for d in divergences}
-    tau = c.threshold_from_summary(summ)
-    empty = (tau < 0) if c.inclusive else (tau <= 0)
-    found = c.rejected_mask(summ.top_probs, tau[:, None]).any(1)
-    deep = ~empty & ~found
-    if not bool(empty.any() or deep.any()):
-        return {d: radius_rows(c, summ, d) for d in divergences}
-    # Rows decided within the top-k: radius_rows' own formula (first rejected position, then
-    # pool_above), evaluated on all rows of the summary at once -- a sub-summary of these rows
-    # would copy their (rows, V) source logits for nothing -- and kept where found.
-    from ..certificates import _first_rejected, _known_tail
-    from ..divergences import pool_above
-
-    r, _ = _first_rejected(c, summ.top_probs, tau)
-    inf = torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64, device=tau.device)
-    easy = found & ~empty
-    out = {d: torch.where(easy, pool_above(summ.top_probs, r, d, tail=_known_tail(summ, d)), inf) for d in divergences}
-    idx = deep.nonzero().squeeze(1)
-    if idx.numel():
-        p = summ.probs_f64(idx)
-        kk = int((~c.rejected_mask(p, tau[idx, None])).sum(1).max()) + 1
-        vals, ids = torch.topk(p, min(kk, summ.vocab_size), dim=-1, sorted=True)
-        sub = Summary(vals, ids, None if summ.entropy is None else summ.entropy[idx],
-                      None if summ.log_norm is None else summ.log_norm[idx], summ.vocab_size, summ.out,
-                      summ.source[idx], summ.is_logits)
-        for d in divergences:
-            out[d][idx] = radius_rows(c, sub, d)
-    return out
+    """``radius_rows`` for each divergence.  (Rows whose rejected token lies beyond the
+    top-k cost the core one pass over those rows, not a sort: no shortcut needed here.)"""
+    return {d: radius_rows(c, summ, d) for d in divergences}
 
 
 def concat_summaries(parts: Sequence[Summary]) -> Summary:

@@ -34,6 +34,18 @@ def _colors(specs: list[str]) -> dict[str, tuple]:
     return {s: cmap(i % cmap.N) for i, s in enumerate(specs)}
 
 
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _styles(specs: list[str]) -> dict[str, dict]:
+    """Per criterion: colour, marker and line style all differ, so that curves that coincide
+    (strict and mars:θ often do) stay distinguishable where they overlap."""
+    colors = _colors(specs)
+    return {s: {"color": colors[s], "marker": _MARKERS[i % len(_MARKERS)], "ls": _LINESTYLES[i % len(_LINESTYLES)]}
+            for i, s in enumerate(specs)}
+
+
 def _save(fig, path: Path) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -93,17 +105,25 @@ def _bin_centers(edges: list[float]) -> np.ndarray:
 def certified_by_margin(summary: dict, path: Path) -> None:
     plt = _plt()
     specs = summary["criteria"]
-    colors = _colors(specs)
+    styles = _styles(specs)
     mb = summary["margin_bins"]
     xc = _bin_centers(mb["edges"])
+    # Criteria often coincide (strict and mars:θ agree wherever the top two are not close):
+    # hollow markers of different shapes and sizes, different line styles, and each
+    # criterion's points shifted a little inside the bin ("dodged"), so none hides another.
+    width = float(np.min(np.diff(mb["edges"]))) if len(mb["edges"]) > 1 else 0.1
+    n = len(specs)
+    dodge = {s: (i - (n - 1) / 2) * min(0.6 * width / max(n, 1), 0.012) for i, s in enumerate(specs)}
     eps_list = [eps_key(e) for e in summary["epsilons"]]
     rows, cols = _grid(len(eps_list))
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols + 0.6, 3.2 * rows + 0.9), sharey=True, squeeze=False)
     for k, eps in enumerate(eps_list):
         ax = axes.flat[k]
-        for spec in specs:
+        for i, spec in enumerate(specs):
             y = np.array([np.nan if v is None else v for v in mb["by_criterion"][spec]["certified_fraction"][eps]], float)
-            ax.plot(xc, y, marker="o", ms=3.5, color=colors[spec], label=spec, lw=1.4)
+            st = styles[spec]
+            ax.plot(xc + dodge[spec], y, marker=st["marker"], ls=st["ls"], color=st["color"], label=spec, lw=1.3,
+                    ms=7.5 - 3.5 * i / max(n - 1, 1), mfc="none", mew=1.3, zorder=2 + n - i)
         ax.set_title(f"eps = {eps} nats", fontsize=10)
         ax.set_xlim(0, 1)
         ax.set_ylim(-0.02, 1.02)
@@ -115,7 +135,8 @@ def certified_by_margin(summary: dict, path: Path) -> None:
         ax.set_visible(False)
     _legend(axes.flat[0], fontsize=7, loc="lower right", title="criterion", title_fontsize=7)
     steps = mb["steps"]
-    fig.suptitle(f"Certified fraction by target-margin bin (steps per bin: {', '.join(map(str, steps))})", fontsize=10)
+    fig.suptitle(f"Certified fraction by target-margin bin (steps per bin: {', '.join(map(str, steps))}; "
+                 "points of a bin are spread slightly so that equal values stay visible)", fontsize=10)
     fig.tight_layout()
     _save(fig, path)
 
@@ -123,17 +144,29 @@ def certified_by_margin(summary: dict, path: Path) -> None:
 def certified_length(summary: dict, plot: dict, path: Path) -> None:
     plt = _plt()
     specs = summary["criteria"]
-    colors = _colors(specs)
+    styles = _styles(specs)
     grid = np.asarray(plot["eps_grid"])
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for spec in specs:
-        ax.plot(grid, plot["curve"][spec], color=colors[spec], label=spec, lw=1.6)
+    n = len(specs)
+    for i, spec in enumerate(specs):
+        st = styles[spec]
+        ax.plot(grid, plot["curve"][spec], color=st["color"], ls=st["ls"], label=spec, lw=2.2 - 0.9 * i / max(n - 1, 1),
+                zorder=2 + n - i)
     for e in summary["epsilons"]:
         ax.axvline(e, color="0.6", lw=0.8, ls=":")
+    cap = plot.get("length_cap")
+    if cap is not None and np.isfinite(cap) and cap > 0:
+        # Runs cannot outlast their sequence: with every step certified the mean run is this cap,
+        # and the curves flatten there at small eps (and at large eps where radii are +inf).
+        ax.axhline(cap, color="k", lw=1.0, ls=(0, (6, 3)), zorder=1)
+        ax.annotate(f"cap = {cap:.3g} tokens: every step certified\n(runs end with their sequence, "
+                    f"<= {plot.get('max_run', '?')} steps)", xy=(grid[-1], cap), xytext=(-4, -4),
+                    textcoords="offset points", ha="right", va="top", fontsize=8,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.7", "alpha": 0.9})
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1)
     ax.set_xlim(grid[0], grid[-1])
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], (cap or 0) * 1.6))
     ax.set_xlabel("per-step drafter divergence budget eps, forward KL (nats, log scale)")
     ax.set_ylabel("mean certified run length (tokens)")
     ax.set_title("Certified acceptance length: consecutive steps with radius >= eps")

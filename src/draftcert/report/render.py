@@ -45,7 +45,8 @@ def fmt(x, digits: int = 4) -> str:
     if math.isinf(x):
         return "+inf" if x > 0 else "-inf"
     if x != 0 and (abs(x) < 1e-3 or abs(x) >= 1e4):
-        return f"{x:.{digits - 1}e}"
+        mant, exp = f"{x:.{digits - 1}e}".split("e")
+        return f"{mant}e{int(exp)}"  # compact: 4.48e-4, not 4.48e-04
     return f"{x:.{digits}g}"
 
 
@@ -121,6 +122,14 @@ FIGURE_TITLES = {
 }
 
 
+def markdown_to_html(text: str) -> str:
+    """CommonMark -> HTML (markdown-it-py, which rich already depends on): *emphasis* becomes
+    <em>, and any HTML in the text is escaped, not passed through."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).render(text).strip()
+
+
 def render_html(summary: dict, run: dict, notes: list[str], figures: list[Path]) -> str:
     e = html.escape
     head, rows = table_rows(summary)
@@ -134,7 +143,7 @@ def render_html(summary: dict, run: dict, notes: list[str], figures: list[Path])
         "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>",
     ]
     out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-    out += ["</table><p>Radii and epsilons are forward KL(p||q) in nats.</p>", f"<h2>How to read this</h2><p>{e(HOW_TO_READ)}</p>"]
+    out += ["</table><p>Radii and epsilons are forward KL(p||q) in nats.</p>", f"<h2>How to read this</h2>{markdown_to_html(HOW_TO_READ)}"]
     out += ["<h2>Run</h2><table class='meta'>"]
     out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in metadata_rows(summary, run, notes)]
     out += ["</table><h2>Figures</h2>"]
@@ -145,26 +154,65 @@ def render_html(summary: dict, run: dict, notes: list[str], figures: list[Path])
     return "\n".join(out)
 
 
-def print_terminal(summary: dict, paths: list[Path], notes: list[str]) -> None:
-    from rich.console import Console
+def _fit_widths(head: list[str], rows: list[list[str]], cols: list[int], budget: int) -> list[int]:
+    """Content widths of ``cols`` in a rich table of ``budget`` characters: every cell whole
+    (a number is never cut); headers wrap at spaces only where the room runs out."""
+    lo = [max([len(r[i]) for r in rows] + [len(w) for w in head[i].split()]) for i in cols]
+    hi = [max([len(r[i]) for r in rows] + [len(head[i])]) for i in cols]
+    widths = list(lo)
+    room = budget - (sum(lo) + 3 * len(cols) + 1)  # padding 1+1 and one border per column, plus one
+    for j in sorted(range(len(cols)), key=lambda j: hi[j] - lo[j]):
+        give = max(0, min(room, hi[j] - lo[j]))
+        widths[j] += give
+        room -= give
+    return widths
+
+
+def terminal_tables(summary: dict, width: int) -> list:
+    """The summary as rich Tables that fit ``width`` columns without cutting any cell: the
+    columns are split over stacked tables (each repeating the criterion) when one is too wide."""
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:  # piped / logged: do not squeeze the table into 80 columns
-        console = Console(width=140)
+    from .._textfit import column_groups
+
     head, rows = table_rows(summary, digits=3)
     short = {"radius q05": "radius q05", "radius median": "radius median", "accept rate": "accept",
              "certified rate": "certified", "soundness violations": "violations"}
-    head = [short.get(h, h.replace("certified frac ", "cert frac").replace("certified length ", "cert len")) for h in head]
-    t = Table(title=f"draftcert report: {summary['steps']} steps, {summary['prompts']} prompts, "
-              f"{summary['nonfinite_steps']} nonfinite (radii in nats)")
-    for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0)
-    for r in rows:
-        style = "bold red" if len(r) > 7 and r[7] not in ("0", "n/a") else None
-        t.add_row(*r, style=style)
-    console.print(t)
+    head = [short.get(h, h.replace("certified frac ", "cert frac ").replace("certified length ", "cert len ")) for h in head]
+    need = [max([len(r[i]) for r in rows] + [len(w) for w in head[i].split()]) for i in range(len(head))]
+    groups = column_groups(need, width - 1, need[0], 3)
+    natural = [list(range(1, 5)), list(range(5, len(head)))]  # the target's radii | the drafter's rates
+    if len(groups) > 1 and len(head) > 5 and all(need[0] + sum(need[i] for i in g) + 3 * (len(g) + 1) + 1 <= width
+                                                 for g in natural):
+        groups = natural
+    tables = []
+    for k, g in enumerate(groups):
+        cols = [0] + g
+        title = (f"draftcert report: {summary['steps']} steps, {summary['prompts']} prompts, "
+                 f"{summary['nonfinite_steps']} nonfinite (radii in nats)") if k == 0 else None
+        t = Table(title=title)
+        for i, w in zip(cols, _fit_widths(head, rows, cols, width)):
+            t.add_column(head[i], justify="left" if i == 0 else "right", no_wrap=i == 0, width=w)
+        for r in rows:
+            style = "bold red" if len(r) > 7 and r[7] not in ("0", "n/a") else None
+            t.add_row(*(r[i] for i in cols), style=style)
+        tables.append(t)
+    return tables
+
+
+def print_terminal(summary: dict, paths: list[Path], notes: list[str], console=None) -> None:
+    """The summary table(s) on the terminal, at its width (``$COLUMNS``; 140 when piped)."""
+    import os
+
+    from rich.console import Console
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console = Console(width=140)  # piped / logged and no width asked for: one wide table
+    for t in terminal_tables(summary, console.width):
+        console.print(t)
     for n in notes:
         console.print(f"[yellow]note:[/] {n}")
     for p in paths:
-        console.print(f"wrote {p}")
+        console.print(f"wrote {p}", soft_wrap=True, highlight=False)  # a path is never folded

@@ -442,6 +442,10 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
         crit[spec] = d
         by_bin[spec] = b
 
+    # The certified length if every step were certified: each step's remaining run within its
+    # sequence (ended by the sequence's end or a nonfinite step); no curve can exceed it.
+    plot["length_cap"] = float(grid.length_curve(grid.grid(np.ones(tr.n)))([0.5])[0]) if nvalid else math.nan
+    plot["max_run"] = int(grid.T)
     summary = dict(crit)
     summary.update(
         {

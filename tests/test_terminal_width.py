@@ -1,0 +1,131 @@
+"""No number is ever cut at 80 columns: `draftcert demo` and the report's terminal table.
+
+Every number shown must appear whole, and parse back to the value it stands for (to the
+digits it claims), with no line wider than the terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import numpy as np
+import pytest
+
+import draftcert as dc
+from draftcert._textfit import compact_number, markdown_tables
+from draftcert.demo import DEFAULT_CRITERIA, example_distributions, run_demo
+
+_CELL_SPLIT = re.compile(r"[\s│┃|]+")
+
+
+def tokens(text: str) -> set[str]:
+    return {t for t in _CELL_SPLIT.split(text) if t}
+
+
+def as_float(cell: str) -> float:
+    return {"inf": np.inf, "+inf": np.inf}.get(cell, None) or float(cell)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_demo_fits_and_every_number_is_whole(width):
+    crits = DEFAULT_CRITERIA.split(",")
+    text = run_demo(crits, ["forward", "reverse", "tv"], width=width)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= width  # the tables need 75 columns, the prose wraps at the width
+    P = np.stack(list(example_distributions().values()))
+    for div in ("forward", "reverse", "tv"):
+        r = dc.radii(crits, P, div)
+        start = next(i for i, l in enumerate(lines) if l.startswith("radius,") and
+                     {"forward": "forward KL", "reverse": "reverse KL", "tv": "total variation"}[div] in l)
+        body = lines[start + 3 : start + 3 + 2 * len(crits)]
+        for j, spec in enumerate(crits):
+            row, bound = body[2 * j].split(), body[2 * j + 1].split()
+            assert row[0] == spec and bound[:2] == ["margin", "bound"]
+            want_r, want_b = r[spec], dc.margin_bound(spec, P, div)
+            for cell, want in zip(row[1:], want_r):  # 4 significant digits: relative error <= 5e-4
+                assert as_float(cell) == pytest.approx(want, rel=5.01e-4, abs=0), (div, spec, cell, want)
+            for cell, want in zip(bound[2:], want_b):
+                assert as_float(cell) == pytest.approx(want, rel=5.01e-4, abs=0), (div, spec, cell, want)
+            assert len(row) == 6 and len(bound) == 7
+
+
+def test_demo_cli_at_80_columns(capsys, monkeypatch):
+    from draftcert.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 80
+    assert "confident (0.90, 0.05, 0.02)" in out  # the legend is whole, not cut mid-number
+
+
+@pytest.mark.parametrize("x,s", [(4.1e-4, "4.1e-4"), (0.000448, "4.48e-4"), (0.127, "0.127"), (12.34, "12.3"),
+                                 (0.0, "0"), (np.inf, "inf"), (1234.5, "1.23e3"), (-2.5e-7, "-2.5e-7")])
+def test_compact_number(x, s):
+    assert compact_number(x) == s
+
+
+def test_markdown_tables_split_instead_of_cutting():
+    head = ["criterion"] + [f"column number {i}" for i in range(8)]
+    rows = [[f"spec{j}"] + [f"{(j + 1) * 1.2345678e-5 * 10 ** i:.6g}" for i in range(8)] for j in range(3)]
+    text = markdown_tables(head, rows, 80)
+    assert max(map(len, text.splitlines())) <= 80
+    assert text.count("| criterion") >= 2  # stacked tables, each with the key column
+    toks = tokens(text)
+    assert all(c in toks for r in rows for c in r)
+
+
+# --------------------------------------------------------------------------- report table
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory):
+    from draftcert.report import write_report
+
+    from .report import tracegen
+
+    out = tmp_path_factory.mktemp("run80")
+    tracegen.write_run(out, tracegen.make_steps(seed=0))
+    return write_report(out, verbose=False)
+
+
+def _render(summary, width):
+    from rich.console import Console
+
+    from draftcert.report.render import print_terminal
+
+    buf = io.StringIO()
+    print_terminal(summary, [], ["a note"], console=Console(width=width, file=buf, color_system=None))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_report_table_fits_and_every_number_is_whole(summary, width):
+    from draftcert.report.render import table_epsilon
+
+    text = _render(summary, width)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= width
+    assert "…" not in text  # rich's ellipsis: a cut cell
+    eps = table_epsilon(summary)
+    for spec in summary["criteria"]:
+        # the spec's cells across the stacked tables, in column order
+        cells = [c for l in lines if l.startswith("│") for c in [_CELL_SPLIT.split(l.strip("│ "))] if c[0] == spec]
+        shown = [t for c in cells for t in c[1:]]
+        d = summary[spec]
+        want = [d["radius_q05"], d["radius_median"], d["certified_fraction"][eps], d["certified_length"][eps],
+                d["accept_rate"], d["certified_rate"]]
+        assert len(shown) == len(want) + 1, (spec, cells)
+        for cell, v in zip(shown, want):  # 3 significant digits: relative error <= 5e-3
+            assert as_float(cell) == pytest.approx(np.inf if v == "inf" else float(v), rel=5.01e-3, abs=0), (spec, cell, v)
+        assert shown[-1] == str(d["soundness_violations"])
+    if width <= 80 or width >= 120:  # split only when one table does not fit, even with wrapped headers
+        assert (text.count("criterion") > 1) == (width <= 80)
+
+
+def test_report_cells_use_compact_exponents(summary):
+    from draftcert.report.render import fmt
+
+    assert fmt(4.1e-4, 3) == "4.10e-4" and fmt(1.5e5) == "1.500e5" and fmt(0.127, 3) == "0.127"
+    text = _render(summary, 80)
+    assert "e-0" not in text
