@@ -47,6 +47,7 @@ CRITERIA = [
     "multiplicative:0.5",
     "topm:2",
     "entropy:0.09:0.3",
+    "typical:0.09:0.3",
     "mars:0.5",
     "mars:2",
     "tree:2",
