@@ -1,24 +1,31 @@
 """How tight are the margin bounds?  bound(G) versus the infimum of the exact radius
 over all targets whose margin statistic is G.
 
-For each criterion and divergence the infimum is estimated numerically:
+The infimum is estimated independently of the bounds' closed forms: every radius below is
+draftcert.radius (the exact water-filling), and the statistic of every candidate is
+recomputed by draftcert.margin_statistic.  Three searches supply candidate targets:
 
-1. random search: ~10^5 targets over V in {2..16} from several families (Dirichlet at
-   several concentrations, and "plateau" targets with a few distinct levels, where the
-   extremes of these rules sit), all evaluated batched with draftcert.radius and
-   draftcert.margin_statistic;
-2. the samples are binned by their statistic G; in each bin the sample with the largest
-   ratio bound(G(p)) / radius(p) is the best estimate of bound / infimum there;
-3. local refinement: Nelder-Mead on the logits of that sample, maximising the same
-   ratio while G stays in the bin.
+1. random search: targets over V in {2..16} from several families (Dirichlet at several
+   concentrations, and "plateau" targets with a few distinct levels);
+2. structured large-V search, at fixed statistic G (three values per bin): targets built
+   with the gap exactly G, made of a top token a = b + G, several *tied* intermediate
+   tokens (k copies of a level c, c = a included), a competitor b, copies of a lower level,
+   and a *flat tail* of many tiny tokens (V up to 4096).  For trees the family contains
+   (a, t x (M-1), b) with any t and any tail mass, for single-token rules
+   (a, c x k, b, tail) with c at the rule's breakpoints; each is searched by brute force
+   over its parameters (random draws, and a grid zoomed around the best cell);
+3. local refinement: Nelder-Mead on the logits of the best target per bin (generic
+   distributions), maximising the ratio while G stays in the bin.
 
-The bound per target is draftcert.margin_bound(p); it is checked to coincide with
+Per bin of G the largest ratio bound(p) / radius(p) found is the estimate of
+bound / infimum there (a sharp bound has ratio ~1 in every bin).  The table gives, per
+criterion and divergence, the worst (smallest) bin, and the last line
+``min_bound_to_infimum_ratio=X`` the smallest over all criteria.
+
+A ratio above 1 would be a target whose exact radius is below the bound: a soundness bug;
+every candidate of every search is checked, and violations are printed with p.  The bound
+per target is draftcert.margin_bound(p); it is checked to coincide with
 draftcert.margin_bound_from_statistic(G(p)) wherever G is resolvable in float64.
-
-A ratio above 1 would be a target whose exact radius is below the bound: a soundness
-bug in the bound; it is printed with p and the values.  The table gives, per criterion
-and divergence, the worst (smallest) bin ratio, i.e. where the bound is loosest, and the
-last line ``min_bound_to_infimum_ratio=X`` over everything.
 
 Run:  PYTHONPATH=src python benchmarks/bench_margin_gap.py [--quick]
 """
@@ -35,16 +42,29 @@ from scipy.optimize import minimize
 
 import draftcert as dc
 
-CRITERIA = ["additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8"]
+CRITERIA = [
+    "additive:0.1",
+    "multiplicative:0.5",
+    "topm:2",
+    "entropy:0.09:0.3",
+    "typical:0.09:0.3",
+    "mars:0.5",
+    "mars:2",
+    "tree:2",
+    "tree:4",
+    "tree:8",
+    "tree:16",
+]
 KINDS = ("forward", "reverse", "tv")
-EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0 + 1e-12])
+EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 0.9, 0.97, 1.0 + 1e-12])
 VIOLATION_TOL = 1e-9
 # radii near 1e-12 carry float64 round-off of ~1e-16 absolute (Bregman sums of near-equal terms)
 VIOLATION_ABS = 1e-15
+G_MATCH = 1e-12  # a structured candidate counts at G when its recomputed statistic is this close
 
 
 def sample_targets(rng: np.random.Generator, n: int) -> list[np.ndarray]:
-    """Batches (N, V) for several V and families."""
+    """Random batches (N, V) for several V and families."""
     out = []
     for V in (2, 3, 4, 5, 6, 8, 12, 16):
         for alpha in (0.1, 0.5, 2.0, 20.0):
@@ -56,6 +76,151 @@ def sample_targets(rng: np.random.Generator, n: int) -> list[np.ndarray]:
         c = rng.uniform(0, 1, n) * b
         P = np.where(np.arange(V)[None, :] == 0, a[:, None], np.where(np.arange(V)[None, :] <= k[:, None], b[:, None], c[:, None]))
         out.append(P / P.sum(1, keepdims=True))
+    return out
+
+
+def _assemble(blocks: list[tuple[np.ndarray, np.ndarray]], rest: np.ndarray, tail_n: np.ndarray, tail_cap: np.ndarray, vmax: int):
+    """Rows made of blocks (value, count) plus the leftover mass ``rest`` spread as a flat tail
+    of ``tail_n`` tokens (more where a tail token would exceed ``tail_cap``); zero padded to a
+    common width.  Rows that do not fit in ``vmax`` tokens or have rest < 0 are dropped."""
+    rows = []
+    for i in range(rest.shape[0]):
+        if rest[i] < -1e-15:
+            continue
+        parts = [np.full(int(c[i]), v[i]) for v, c in blocks if c[i] > 0]
+        r = max(rest[i], 0.0)
+        if r > 1e-300:
+            n = int(tail_n[i])
+            if tail_cap[i] <= 0 or r / vmax > tail_cap[i]:
+                continue
+            if r / n > tail_cap[i]:
+                n = int(math.ceil(r / tail_cap[i] * (1 + 1e-12)))
+            parts.append(np.full(n, r / n))
+        row = np.concatenate(parts)
+        if row.shape[0] > vmax or row.shape[0] < 2:
+            continue
+        rows.append(row)
+    if not rows:
+        return None
+    width = max(r.shape[0] for r in rows)
+    P = np.zeros((len(rows), width))
+    for i, r in enumerate(rows):
+        P[i, : r.shape[0]] = r
+    return P
+
+
+def structured(crit: str, G: float, rng: np.random.Generator, n: int, vmax: int) -> list[np.ndarray]:
+    """Targets built with statistic G (up to the rule deciding which token is b)."""
+    out = []
+    tail_n = rng.choice([4, 64, 512, 2048], n)
+    if crit.startswith("tree:"):
+        M = int(crit[5:])
+        # (a, t x (M-1), b, b' x j, tail): the statistic is a - b whenever b <= t <= a
+        b = rng.uniform(0, 1, n) ** rng.choice([1, 3], n) * max(0.0, 1 - G) / 2
+        a = b + G
+        j = rng.integers(0, 3, n)  # a few more tokens at or just below b
+        d = b * np.where(rng.random(n) < 0.5, 1.0, rng.uniform(0, 1, n))
+        t = b + rng.uniform(0, 1, n) * (a - b)
+        t = np.where(rng.random(n) < 0.15, a, t)
+        if M > 1:  # a third of the rows without tail: the intermediates take the leftover mass
+            full = rng.random(n) < 0.35
+            t = np.where(full, (1 - a - b - j * d) / (M - 1), t)
+            ok = (t >= b) & (t <= a)
+        else:
+            ok = np.ones(n, bool)
+        rest = np.where(ok, 1 - a - (M - 1) * t - b - j * d, -1.0)
+        P = _assemble([(a, np.ones(n)), (t, np.full(n, M - 1)), (b, np.ones(n)), (d, j)], rest, tail_n, b, vmax)
+        if P is not None:
+            out.append(P)
+        return out
+    # single-token rules: (a, c x k, b, d x j, tail), a = b + G
+    bmax = (1 - G) / 2
+    b = rng.uniform(0, 1, n) ** rng.choice([1, 2, 4], n) * bmax
+    a = b + G
+    k = rng.choice([0, 1, 2, 3, 5, 8, 12, 20], n)
+    c = np.where(rng.random(n) < 0.25, a, b + rng.uniform(0, 1, n) * (a - b))
+    j = rng.integers(0, 6, n)
+    d = b * np.where(rng.random(n) < 0.5, 1.0, rng.uniform(0, 1, n))
+    rest = 1 - a - k * c - b - j * d
+    # where the blocks overflow, shrink the intermediate block to fit
+    over = rest < 0
+    k = np.where(over, np.floor(np.maximum(1 - a - b - j * d, 0) / np.maximum(c, 1e-300)), k)
+    rest = 1 - a - k * c - b - j * d
+    P = _assemble([(a, np.ones(n)), (c, k), (b, np.ones(n)), (d, j)], rest, tail_n, b, vmax)
+    if P is not None:
+        out.append(P)
+    return out
+
+
+def family_zoom(crit: str, kind: str, G: float) -> list[np.ndarray]:
+    """Brute force, at statistic G, over the low-dimensional families that hold the extremes
+    (trees: the intermediates' common level t at full mass; single-token rules: the
+    competitor b with intermediates at the rule's breakpoints), on a grid zoomed around the
+    best cell (the radius, the statistic and the bound all from draftcert).  Returns the
+    candidate batches."""
+    out = []
+    if crit.startswith("tree:"):
+        M = int(crit[5:])
+        if M == 1:
+            return out
+        lo, hi = 0.0, 1.0  # t as a fraction of its feasible range at full mass
+        umax = min(1.0, (1 - G) / ((M - 1) * G)) if G > 0 else 1.0
+        for _ in range(4):
+            u = np.linspace(lo, hi, 401) * umax
+            # full mass: a + (M-1) t + b = 1, a = b + G, t = b + u (a - b) -> solve for b
+            b = (1 - G - (M - 1) * u * G) / (M + 1)
+            a = b + G
+            t = b + u * G
+            ok = (b >= 0) & (t <= a)
+            P = np.zeros((int(ok.sum()), M + 1))
+            P[:, 0], P[:, 1:M], P[:, M] = a[ok], t[ok][:, None], b[ok]
+            if P.shape[0] == 0:
+                break
+            out.append(P)
+            r = np.asarray(dc.radius(crit, P, kind), dtype=np.float64)
+            i = int(np.argmin(r))
+            w = (hi - lo) / 40
+            uc = u[ok][i] / umax
+            lo, hi = max(0.0, uc - w), min(1.0, uc + w)
+        return out
+    # single-token rules: (a, c x k, b, tail) with a = b + G, zoomed over b, for intermediate
+    # levels c at the rule's breakpoints (just above b, the pair mean, the top, alpha a for
+    # MARS) and the rest either as copies of b or as a flat tail of 256 tiny tokens
+    levels = {"b+": lambda a, b: b * (1 + 1e-9) + 1e-300, "mid": lambda a, b: (a + b) / 2, "top": lambda a, b: a}
+    ks = [0, 1]
+    if crit.startswith("mars:"):
+        al = math.exp(-float(crit[5:]))
+        levels["alpha+"] = lambda a, b, al=al: np.minimum(a, al * a * (1 + 1e-12))
+        levels["alpha-"] = lambda a, b, al=al: al * a * (1 - 1e-12)
+    if crit.startswith("topm:"):
+        ks.append(int(crit[5:]) - 1)
+    ks.append(-1)  # -1: a plateau, as many tokens at the level c as fit
+    bmax = (1 - G) / 2
+    for k in sorted(set(ks)):
+        for name, lev in (levels.items() if k else [("none", levels["mid"])]):
+            for tail in ("copies", "tiny"):
+                lo, hi = 0.0, 1.0
+                for _ in range(5):
+                    u = np.unique(np.concatenate([np.linspace(lo, hi, 61)[1:], np.geomspace(max(lo, 1e-7 * hi), hi, 60)]))
+                    b = u * bmax
+                    a = b + G
+                    c = lev(a, b)
+                    kk = np.floor(np.maximum(1 - a - b, 0) / np.maximum(c, 1e-300)) if k < 0 else np.full(u.shape, k)
+                    kk = np.minimum(kk, 3000)
+                    rest = 1 - a - b - kk * c
+                    n = np.where(rest > 0, np.ceil(rest / np.maximum(b, 1e-300) - 1e-9), 1) if tail == "copies" else np.full(u.shape, 256)
+                    P = _assemble([(a, np.ones(u.shape)), (c, kk), (b, np.ones(u.shape))], rest, np.clip(n, 1, 4096), b, 4096)
+                    if P is None:
+                        break
+                    out.append(P)
+                    ratio, Gs, _, _ = ratio_of(crit, kind, P)
+                    okr = np.isfinite(ratio) & (np.abs(Gs - G) <= G_MATCH * max(1.0, G))
+                    if not okr.any():
+                        break
+                    # the row's b is its G-th... recover u of the best row from its top value
+                    ub = (P[np.flatnonzero(okr)[np.argmax(ratio[okr])], 0] - G) / bmax if bmax > 0 else 0.0
+                    w = (hi - lo) / 24
+                    lo, hi = max(0.0, ub - w), min(1.0, ub + w)
     return out
 
 
@@ -103,51 +268,82 @@ def refine(crit, kind, p0, lo, hi, iters):
     return -res.fun, p / p.sum()
 
 
+class Tally:
+    """Best ratio per bin, and every soundness violation, over all candidates of all searches."""
+
+    def __init__(self, crit, kind):
+        self.crit, self.kind = crit, kind
+        self.best = {}  # bin -> (ratio, p, source)
+        self.violations = []
+        self.count = 0
+
+    def add(self, P, source, at_G=None):
+        ratio, G, r, b = ratio_of(self.crit, self.kind, P)
+        ok = np.isfinite(G) & ~np.isnan(ratio)
+        if at_G is not None:  # structured: only candidates whose statistic is the intended G
+            ok &= np.abs(G - at_G) <= G_MATCH * max(1.0, at_G)
+        self.count += int(ok.sum())
+        for i in np.flatnonzero(ok & (b > r * (1 + VIOLATION_TOL) + VIOLATION_ABS)):
+            self.violations.append((self.crit, self.kind, P[i][P[i] > 0].tolist(), G[i], b[i], r[i]))
+        bins = np.digitize(G, EDGES) - 1
+        for k in np.unique(bins[ok]):
+            sel = np.flatnonzero(ok & (bins == k))
+            j = sel[np.argmax(ratio[sel])]
+            if k not in self.best or ratio[j] > self.best[k][0]:
+                self.best[k] = (float(ratio[j]), P[j], source)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=3000, help="samples per (V, family)")
-    ap.add_argument("--iters", type=int, default=250, help="Nelder-Mead evaluations per refinement")
+    ap.add_argument("--n", type=int, default=1000, help="random samples per (V, family)")
+    ap.add_argument("--structured", type=int, default=400, help="structured samples per G point")
+    ap.add_argument("--iters", type=int, default=200, help="Nelder-Mead evaluations per refinement")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--criteria", default=",".join(CRITERIA), help="comma-separated rules to measure")
     ap.add_argument("--quick", action="store_true", help="small run for smoke tests")
     args = ap.parse_args()
     if args.quick:
-        args.n, args.iters = 300, 40
+        args.n, args.structured, args.iters = 200, 100, 30
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)
     batches = sample_targets(rng, args.n)
     t0 = time.time()
     rows, overall, violations = [], math.inf, []
-    for crit in CRITERIA:
+    for crit in args.criteria.split(","):
         for kind in KINDS:
-            best = {}  # bin -> (ratio, p)
+            tally = Tally(crit, kind)
             for P in batches:
-                ratio, G, r, b = ratio_of(crit, kind, P)
-                ok = np.isfinite(G) & ~np.isnan(ratio)
-                for i in np.flatnonzero(ok & (b > r * (1 + VIOLATION_TOL) + VIOLATION_ABS)):
-                    violations.append((crit, kind, P[i].tolist(), G[i], b[i], r[i]))
-                bins = np.digitize(G, EDGES) - 1
-                for k in np.unique(bins[ok]):
-                    sel = np.flatnonzero(ok & (bins == k))
-                    j = sel[np.argmax(ratio[sel])]
-                    if k not in best or ratio[j] > best[k][0]:
-                        best[k] = (float(ratio[j]), P[j])
-            worst = (math.inf, None)
-            for k, (rt, p) in sorted(best.items()):
+                tally.add(P, "random")
+            for k in range(len(EDGES) - 1):
+                lo, hi = EDGES[k], min(EDGES[k + 1], 1.0)
+                for G in (lo + 1e-3 * (hi - lo), (lo + hi) / 2, hi - 1e-3 * (hi - lo)):
+                    for P in structured(crit, G, rng, args.structured, 4096):
+                        tally.add(P, "structured", at_G=G)
+                    for P in family_zoom(crit, kind, G):
+                        tally.add(P, "family", at_G=G)
+            worst = (math.inf, None, None)
+            for k, (rt, p, src) in sorted(tally.best.items()):
                 lo, hi = EDGES[k], EDGES[k + 1]
-                rr, pr = refine(crit, kind, p, lo, hi, args.iters)
-                if rr > rt:
-                    rt, p = rr, pr
-                if rt > 1 + VIOLATION_TOL:
-                    ratio, G, r, b = ratio_of(crit, kind, p[None, :])
-                    if b[0] > r[0] * (1 + VIOLATION_TOL) + VIOLATION_ABS:
-                        violations.append((crit, kind, p.tolist(), G[0], b[0], r[0]))
+                if rt < 1 - 1e-6 and p[p > 0].shape[0] <= 64:
+                    rr, pr = refine(crit, kind, p[p > 0], lo, hi, args.iters)
+                    tally.add(pr[None, :], "nelder-mead")
+                    if rr > rt:
+                        rt, src = rr, "nelder-mead"
                 if rt < worst[0]:
-                    worst = (rt, f"G in [{lo:.2f},{min(hi, 1):.2f})")
-            rows.append((crit, kind, worst[0], worst[1], len(best)))
+                    worst = (rt, f"G in [{lo:.2f},{min(hi, 1):.2f})", src)
+            violations += tally.violations
+            rows.append((crit, kind, worst[0], worst[1], worst[2], len(tally.best), tally.count))
             overall = min(overall, worst[0])
-    print(f"{'criterion':<18} {'divergence':<9} {'worst bound/inf':>15}  where (bins={len(EDGES) - 1})")
-    for crit, kind, w, where, nb in rows:
-        print(f"{crit:<18} {kind:<9} {w:>15.4f}  {where}  [{nb} bins populated]")
+            print(f"  {crit} {kind}: worst {worst[0]:.6f} {worst[1]} ({worst[2]}); {tally.count} candidates  [{time.time() - t0:.0f}s]", flush=True)
+    print(f"\n{'criterion':<18} {'divergence':<9} {'worst bound/inf':>15}  where (bins={len(EDGES) - 1})")
+    for crit, kind, w, where, src, nb, cnt in rows:
+        print(f"{crit:<18} {kind:<9} {w:>15.4f}  {where}  [{nb} bins populated, {cnt} candidates, best from {src}]")
+    print("\n| criterion | forward | reverse | tv |\n|---|---|---|---|")
+    table = {}
+    for crit, kind, w, *_ in rows:
+        table.setdefault(crit, {})[kind] = w
+    for crit, d in table.items():
+        print(f"| `{crit}` | " + " | ".join(f"{math.floor(d[k] * 1e6) / 1e6:.6f}" for k in KINDS) + " |")
     if violations:
         print(f"\nSOUNDNESS VIOLATIONS: {len(violations)} targets with radius below the margin bound")
         groups = {}
@@ -156,7 +352,7 @@ def main() -> None:
             groups.setdefault((v[0], v[1], regime), []).append(v)
         for (crit, kind, regime), vs in sorted(groups.items()):
             crit, kind, p, G, b, r = max(vs, key=lambda v: v[4] / v[5] if v[5] > 0 else math.inf)
-            print(f"  {crit} {kind} [{regime}] x{len(vs)}; worst p={p} G={G!r} bound={b!r} radius={r!r}")
+            print(f"  {crit} {kind} [{regime}] x{len(vs)}; worst p={p[:12]} G={G!r} bound={b!r} radius={r!r}")
     else:
         print(f"\nno target with radius below its margin bound (tolerance {VIOLATION_TOL:g} rel + {VIOLATION_ABS:g}).")
     print(

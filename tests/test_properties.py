@@ -248,7 +248,7 @@ def test_margin_bound_below_radius(p, spec, kind):
 @given(d=st.floats(0, 1), kind=st.sampled_from(KINDS))
 def test_strict_margin_bound_sharp(d, kind):
     """For strict the bound is the infimum over all p with margin d, attained on V = 2:
-    bound(d) == radius(((1+d)/2, (1-d)/2)), and equal to the radius for any V = 2 target."""
+    bound(d) == radius(((1+d)/2, (1-d)/2)) up to rounding down, and never above it."""
     p = np.array([(1 + d) / 2, (1 - d) / 2])
     d = p[0] - p[1]  # the margin actually represented
     r = float(dc.radius("strict", p, kind))
@@ -257,8 +257,11 @@ def test_strict_margin_bound_sharp(d, kind):
     if d == 0:
         assert r == math.inf
         return
-    assert b == pytest.approx(r, rel=1e-9, abs=1e-15)
-    assert g == pytest.approx(r, rel=1e-9, abs=1e-15)
+    # equal up to the bound's documented rounding down (2^-32 relative + 2 * 2^-51 absolute),
+    # and never above the radius as the library computes it
+    for v in (b, g):
+        assert v <= r
+        assert v >= r * (1 - 1e-9) - 2e-15
     closed = {
         "forward": (1 + d) / 2 * math.log1p(d) + (1 - d) / 2 * math.log1p(-d) if d < 1 else math.log(2),
         "reverse": -0.5 * math.log1p(-d * d) if d < 1 else math.inf,

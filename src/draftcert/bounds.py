@@ -1,8 +1,7 @@
 """Margin bounds: lower bounds on the radius that see p only through one number.
 
-Every bound here is the *two-token relaxation* of the radius problem: keep
-only the constraint q(y) >= q(1st) for the cheapest rejected token y (trees:
-q(y) >= q(a) for a token no likelier than the (m+1)-th), which gives
+Single-token rules use the *two-token relaxation* of the radius problem: keep only the
+constraint q(y) >= q(1st) for the cheapest rejected token y, which gives
 
     H_D(G, s):  p(1st) = (s + G)/2,  p(y) = (s - G)/2
       forward  s * g(G/s),   g(x) = (1+x)/2 log(1+x) + (1-x)/2 log(1-x)
@@ -10,27 +9,16 @@ q(y) >= q(a) for a token no likelier than the (m+1)-th), which gives
       tv       G / 2
 
 decreasing in the pooled mass s = p(1st) + p(y) and increasing in the gap
-G = p(1st) - p(y).  The margin statistic fixes G (or bounds it below), and
-each rule's rejection condition caps s at ``s_max(G)``; ``H_D(G, s_max(G))``
-is then a bound depending on p only through the statistic.  Statistics:
+G = p(1st) - p(y).  The margin statistic fixes G, and each rule's rejection condition
+caps s at ``s_max(G)``; ``H_D(G, s_max(G))`` is then a bound depending on p only through
+the statistic.  Trees use the exact infimum instead (``_tree_bound``).  "sharp" = the
+infimum of the radius over all distributions (any V) with that statistic:
 
-==================  ====================================================  ========================================
-criterion           statistic G                                           s_max(G)
-==================  ====================================================  ========================================
-strict              p(1st) - p(2nd)                                       1  (sharp: the infimum over p)
-additive:DELTA      p(1st) - max_{y in R(p)} p(y)   ("rejection gap")     1  (sharp)
-multiplicative:A    rejection gap                                         min(1, G (1+A)/(1-A))  (sharp)
-topm:M              rejection gap                                         min(1, G + 2(1-G)/(M+1))  (sharp)
-entropy:E:D         rejection gap                                         min(1, 2E + G, G (1+D)/(1-D) if D < 1)
-typical:E:D         rejection gap                                         min(1, 2E + G, (G (1+D) + 2e-5 D)/(1-D) if D < 1)
-mars:THETA          rejection gap                                         min(1, max(s_A, s_B)) (docs/theory.md)
-LevelSet (user)     rejection gap                                         1
-tree:M              p(1st) - p((M+1)-th)                                  min(1, (2 + (M-1) G)/(M+1))
-==================  ====================================================  ========================================
-
-Where no token can be rejected the statistic is undefined and the bound is
-+inf, like the radius.  Proofs and measured gaps to the exact infimum:
-docs/theory.md, section 5.
+==================  ===================================  ===========================================
+Every bound is rounded down by 2^-32 relative and 2^-51 per summed term absolute, so it
+never exceeds the radius as the library computes it, even at the extremal distribution.
+Where no token can be rejected the statistic is undefined and the bound is +inf, like the
+radius.  Proofs, extremal families and measured gaps: docs/theory.md, section 5.
 """
 
 from __future__ import annotations
@@ -67,7 +55,7 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
         return co
     if isinstance(crit, Multiplicative):
         return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
-    if isinstance(crit, (TopM, TreeCoverage)):
+    if isinstance(crit, TopM):
         return 2 * co / (crit.m + 1)
     if isinstance(crit, TypicalAcceptance):
         # b <= tau <= EPSILON, and H~ >= -log(p(1st) + 1e-5) (every p <= p(1st)) gives
@@ -89,12 +77,74 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
     return co
 
 
+#: Relative and absolute amounts the closed-form bounds are rounded down by, so that they
+#: never exceed the radius as the library computes it at the extremal distribution itself
+#: (both are float64 sums of O(1) terms with round-off of a few ulps of each term).
+_REL_SHAVE = 2.0**-32
+_ABS_SHAVE = 2.0**-51  # per summed term
+
+
+def _shave(v: torch.Tensor, n_terms: int) -> torch.Tensor:
+    return (v * (1 - _REL_SHAVE) - n_terms * _ABS_SHAVE).clamp_min(0)
+
+
+def _phi1p(u: torch.Tensor) -> torch.Tensor:
+    """(1+u) log(1+u) - u >= 0, accurate for small |u| (the Bregman term of KL at ratio 1+u)."""
+    return torch.where(u.abs() > 0.5, torch.special.xlogy(1 + u, 1 + u), (1 + u) * torch.log1p(u)) - u
+
+
+def _tree_bound(m: int, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
+    """Exact infimum of the tree:m radius over all p with p(1st) - p((m+1)-th) = G
+    (docs/theory.md, section 5): attained at V = m + 1 by p = (a, t, ..., t, b),
+    a - b = G, a + (m-1) t + b = 1, with t the geometric (forward), harmonic (reverse)
+    mean of a and b, or t = min(1/(m+1), (1-G)/(m-1)) (tv).  co = 1 - G (no cancellation)."""
+    n = m + 1
+    if kind == "tv":
+        v = torch.maximum(G / 2, G - 1.0 / n) if m > 1 else G / 2
+        return _shave(v, 1)
+    one_m_g2 = co * (1 + G)  # 1 - G^2
+    if kind == "forward":
+        # t = sqrt(ab) solves (4 - (m-1)^2) t^2 + 2 (m-1) t - (1 - G^2) = 0 (stable root)
+        if m == 1:  # no intermediates: the strict pair ((1+G)/2, (1-G)/2), t = sqrt(ab)
+            t = torch.sqrt(one_m_g2) / 2
+        else:
+            t = one_m_g2 / ((m - 1) + torch.sqrt(4 * one_m_g2 + (m - 1) ** 2 * G * G))
+        S = torch.sqrt(G * G + 4 * t * t)  # a + b
+        b = 2 * t * t / (S + G)  # (S - G)/2 without cancellation
+        a = b + G
+        # sum over the pool (level 1/n) of L phi(p/L), u = n p - 1
+        v = (_phi1p(n * a - 1) + (m - 1) * _phi1p(n * t - 1) + _phi1p(n * b - 1)) / n
+        return _shave(v, n)
+    # reverse: S = a + b solves n S^2 - 2 S - (m-1) G^2 = 0; t = 2ab / S
+    D = torch.sqrt(1 + (m * m - 1) * G * G)
+    S = (1 + D) / n
+    s2g2 = 2 * one_m_g2 * (D + 1) / (n * (D + m))  # S^2 - G^2 = 4ab
+    t = s2g2 / (2 * S)
+    b = s2g2 / (2 * (S + G))
+    a = b + G
+    e = (m * m - 1) * G * G / (D + 1)  # n S - 2 = D - 1
+    ua, ub, ut = (e + n * G) / 2, (e - n * G) / 2, -G * G / S  # n p - 1 for a, b, t
+    small = G < 0.5
+    near = torch.log1p(ua) + torch.log1p(torch.where(small, ub, torch.zeros_like(ub)))
+    far = torch.log(n * a) + torch.log(n * b)
+    if m > 1:
+        near, far = near + (m - 1) * torch.log1p(ut), far + (m - 1) * torch.log(n * t)
+    v = -torch.where(small, near, far) / n
+    return _shave(v.clamp_min(0), n)
+
+
 def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
     """H_D(G, s_max) with s_max - G and 1 - s_max computed from co = 1 - G without cancellation.
 
     For reverse KL, 1 - (sqrt(hi) - sqrt(lo))^2 = (1 - s) + 2 sqrt(hi lo): when p(y) is below
     ~1e-16 the left side cancels to 0 (bound +inf, above the true radius), the right does not.
     """
+    if isinstance(crit, TreeCoverage):
+        return _tree_bound(crit.m, G, co, kind)
+    return _shave(_pair_bound(crit, G, co, kind), 2)
+
+
+def _pair_bound(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "tv":
         return G / 2
     d = _lo_mass(crit, G, co).clamp_min(0)  # s - G
@@ -167,9 +217,11 @@ def margin_bound(
 ) -> ArrayLike:
     """Lower bound on ``radius(criterion, probs, divergence)`` through one margin statistic.
 
-    Never exceeds the radius; for ``strict`` it is sharp in all three divergences:
-    forward g(Δ), reverse -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd),
-    the infimum of the radius over all distributions with that margin.
+    Never exceeds the radius.  Sharp (the infimum of the radius over all distributions with
+    the same statistic, up to rounding down) for strict, additive, multiplicative, topm, mars
+    and tree:M in all three divergences; for ``strict``: forward g(Δ), reverse
+    -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  Valid, not sharp, for entropy and
+    typical (docs/theory.md, section 5).
     """
     crit = as_criterion(criterion)
     check_divergence(divergence)
