@@ -42,32 +42,27 @@ def test_topk_rows_nan_ranks_first_like_topk():
     assert torch.equal(v[1], rv[1]) and torch.equal(v[0, 1:], rv[0, 1:])
 
 
-def _brute_max_prob_where(summ, rows, tau, inclusive):
-    P = summ.probs_f64(rows)
-    rej = P <= tau[:, None] if inclusive else P < tau[:, None]
-    return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
-
-
 @pytest.mark.parametrize("compiled", [False, True])
-def test_max_prob_where_exact_at_the_threshold(monkeypatch, compiled):
-    """Thresholds placed exactly on a token's probability put tokens inside the
-    comparison margin: one distinct value there (alone or repeated), or several."""
+def test_max_src_below_is_the_largest_value_strictly_below_the_cut(monkeypatch, compiled):
+    """The deep-row lookup behind radii and margin bounds: exact comparisons in the values'
+    own dtype, with cuts placed exactly on a value, one ulp either side of it, on a
+    repeated value and on a masked row; -inf where nothing lies below the cut."""
     if compiled:
         monkeypatch.setattr(summary_mod, "_COMPILE_MIN_NUMEL", 0)
     g = torch.Generator().manual_seed(3)
     x = torch.randn(6, 4096, generator=g) * 3
-    x[1, 100:110] = x[1, 50]  # the threshold's value repeated
-    x[2, 200] = torch.nextafter(x[2, 50], torch.tensor(torch.inf))  # a second distinct value in the band
+    x[1, 100:110] = x[1, 50]  # the cut's value repeated
+    x[2, 200] = torch.nextafter(x[2, 50], torch.tensor(torch.inf))  # a second distinct value next to it
     x[3, 300] = torch.nextafter(x[3, 50], torch.tensor(-torch.inf))
     x[4, 7] = -torch.inf
     summ = summarize(logits=x, k=16)
     rows = torch.arange(6)
-    tau = summ.prob_of(torch.full((6,), 50))
-    for inclusive in (True, False):
-        for scale in (1.0, 1 + 1e-15, 1 - 1e-15):
-            t = tau * scale
-            got = summ.max_prob_where(rows, t, inclusive)
-            assert torch.equal(got, _brute_max_prob_where(summ, rows, t, inclusive))
+    v50 = x[:, 50]
+    for cut in (v50, torch.nextafter(v50, torch.full_like(v50, torch.inf)),
+                torch.nextafter(v50, torch.full_like(v50, -torch.inf)), x.amin(-1)):
+        got = summ.max_src_below(rows, cut)
+        want = torch.where(x < cut[:, None], x, torch.full_like(x, -torch.inf)).amax(-1)
+        assert torch.equal(got.to(x.dtype), want)
 
 
 def test_chunked_moments_and_float64_sums_match_the_plain_formulas():

@@ -41,7 +41,7 @@ from .criteria import (
     TypicalAcceptance,
     as_criterion,
 )
-from .certificates import _first_rejected, deep_gap, radius_rows
+from .certificates import _first_rejected, radius_rows
 from .divergences import check_divergence
 from .summary import DEFAULT_TOPK, TYPICAL_EPS, Summary, summarize
 
@@ -195,9 +195,19 @@ def _statistic_parts(crit: Criterion, summ: Summary) -> tuple[torch.Tensor, torc
     if not summ.complete:
         deep = (~found).nonzero().squeeze(1)
         if deep.numel():
-            # rejected tokens beyond the top-k: the rest of p is far from 0, nothing cancels
-            gap[deep] = deep_gap(crit, summ, deep, tau[deep])
-            b[deep] = (top[deep, 0] - gap[deep]).clamp_min(0)
+            # Rejected tokens beyond the top-k: b is read, in one pass over those rows, as the
+            # largest given value below the rule's conservative rejection cut -- the radius's
+            # own lookup (certificates._level_set_radius).  That region can only hold more
+            # tokens than the exact one, so b can only be larger and G smaller: the bound
+            # (increasing in G) stays below the infimum.  The rest of p is far from 0 there,
+            # so nothing cancels.
+            cut = crit.rejection_cut(summ)[deep]
+            has = summ.row_min_src(deep) < cut
+            rows = deep[has]
+            if rows.numel():
+                b_src = summ.max_src_below(rows, cut[has])[:, None].to(summ.top_vals.dtype)
+                b[rows] = summ._to_prob(b_src, rows)[:, 0]
+                gap[rows] = top[rows, 0] - b[rows]
     return gap, b
 
 

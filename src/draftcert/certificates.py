@@ -45,23 +45,6 @@ def _first_cut(vals: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, tor
     return r, n_rej > 0
 
 
-def _deep_rejected(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor):
-    """For rows whose top-k holds no rejected token (float64 view, for margin bounds):
-    which of them have one at all, and for those the probability b of the most probable one."""
-    sel = crit.rejected_mask(summ.min_prob(rows), tau).nonzero().squeeze(1)
-    b = summ.max_prob_where(rows[sel], tau[sel], crit.inclusive) if sel.numel() else None
-    return sel, b
-
-
-def deep_gap(crit: LevelSet, summ: Summary, rows: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-    """p(1st) - b for rows whose rejected tokens all lie beyond the top-k (+inf if none)."""
-    out = torch.full((rows.numel(),), torch.inf, dtype=torch.float64, device=tau.device)
-    sel, b = _deep_rejected(crit, summ, rows, tau)
-    if sel.numel():
-        out[sel] = summ.top_probs[rows[sel], 0] - b
-    return out
-
-
 def _tail_bound(summ: Summary) -> torch.Tensor:
     """(N,) upper bound on the exact mass beyond the top-k (0 for a complete summary).
     1 - sum(top-k) (with the top-k at their lower bounds) where that is not tiny; where it
@@ -190,7 +173,7 @@ def tree_bound(s: torch.Tensor, es: torch.Tensor, zero: torch.Tensor, m: int, ki
         mu = torch.where(pooled, torch.where(T_zero, torch.full_like(mu, torch.inf), mu), torch.zeros_like(mu))
         nz = lambda t: torch.where(T_zero, torch.zeros_like(t), T_hi * t)  # noqa: E731
         S = mu.sum(1)
-        S_lo, S_hi = S * (1 - gamma(m + 2)), S * (1 + gamma(m + 2))
+        S_lo = S * (1 - gamma(m + 2))
         A = a_lo * -torch.expm1(-S_lo) * (1 - eps)
         B = nz(torch.expm1(mu)).sum(1) * (1 + eps)
         x_lo = ((A - B).clamp_min(0) / (1 + uc) * (1 - 4 * U)).clamp(max=1.0)

@@ -6,8 +6,8 @@ row of ``(..., V)`` logits or probabilities once for the normaliser, the
 entropy and the minimum (a fused kernel when the input is large), once for a
 block partial sort (``topk_rows``), and keeps the top-``k`` probabilities in
 float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
-deeper) are settled exactly on demand (:meth:`Summary.min_prob`,
-:meth:`Summary.max_prob_where`, and for extremely flat rows
+deeper) are settled exactly on demand (the row minimum, :meth:`Summary.max_src_below`,
+and for extremely flat rows
 :meth:`Summary.sorted_rows`), so the answer never depends on ``k``; ``k`` only
 trades speed.
 """
@@ -246,11 +246,6 @@ class Summary:
             return torch.exp(v - self.log_norm[rows][:, None])
         return v / self.row_norm()[rows][:, None]
 
-    def min_prob(self, rows: torch.Tensor) -> torch.Tensor:
-        """float64 smallest probability of the selected rows, computed as top_probs is."""
-        lo = self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)
-        return self._to_prob(lo[:, None], rows)[:, 0]
-
     def row_min_src(self, rows: torch.Tensor) -> torch.Tensor:
         return self.row_min[rows] if self.row_min is not None else self.source[rows].amin(-1)
 
@@ -258,13 +253,6 @@ class Summary:
         """For each selected row the largest source value < cut (exact comparison in the
         values' own dtype; -inf if none): one pass over those rows."""
         return _moments("below", self.source, rows, cut[:, None])
-
-    def max_prob_where(self, rows: torch.Tensor, tau: torch.Tensor, inclusive: bool) -> torch.Tensor:
-        """float64 b = max{p(y) : p(y) < tau} (``<=`` if inclusive) for each selected row,
-        p computed as top_probs is (the float64 probabilities compared with tau)."""
-        P = self.probs_f64(rows)
-        rej = P <= tau[:, None] if inclusive else P < tau[:, None]
-        return torch.where(rej, P, torch.full_like(P, -1.0)).amax(1).clamp_min(0)
 
     def prob_of(self, ids: torch.Tensor) -> torch.Tensor:
         """float64 probability of token ``ids[n]`` in row n, computed exactly as top_probs is."""

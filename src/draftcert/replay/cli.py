@@ -99,7 +99,7 @@ def _widths(text: str):
 
 
 def _load_costs(args, trace, shapes_for_cal):
-    from .speed import Costs, calibrate, forward_count_costs
+    from .speed import Costs, forward_count_costs
 
     cal = Path(args.dir) / "calibration.json"
     if args.calibrate:
@@ -152,7 +152,6 @@ def _calibrate_run(trace, shapes, repeats: int):
 def run_replay(args) -> int:
     from .api import _parse_ks, format_table, replay, write_replay
     from .data import load_replay_trace
-    from .walk import default_shapes
 
     ks = _parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
     tw, st = _widths(args.trees), _static(args.static)

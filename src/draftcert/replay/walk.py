@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-import numpy as np
 
 from ..criteria import TreeCoverage, parse_criterion
 from .data import PromptTrace, ReplayTrace
