@@ -286,7 +286,9 @@ def _level_set_radius(crit: LevelSet, summ: Summary, kind: str) -> torch.Tensor:
                 redo += has[flat].tolist()
     if redo:
         rows = torch.tensor(sorted(set(redo)), dtype=torch.long, device=top.device)
-        cut = cut.clone()
+        # the exact cuts are in the cut dtype (float32 for 16-bit values): a cut held in the
+        # values' own dtype (additive:0, multiplicative:1 return x_1) would round them back
+        cut = cut.to(summ.cut_dtype())
         if not crit.exact_order:
             for i in rows.tolist():
                 cut[i] = _exact_cut(crit, summ, i, cut[i])

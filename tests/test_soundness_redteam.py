@@ -1,0 +1,90 @@
+"""Red-team regressions for the floating-point contract (docs/theory.md, section 7).
+
+Each case was a violation found through the public API; the expected values come from
+the independent exact truth (tests/exact_truth.py style: mpmath), not from draftcert."""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+import draftcert as dc
+
+
+def _exact_strict_radius_fwd(row, is_logits):
+    """Exact forward-KL radius of strict (== additive:0 == multiplicative:1) by brute force
+    over the pools of docs/theory.md, section 3 (mpmath, 60 digits)."""
+    mp = mpmath.mp
+    mp.dps = 60
+    v = [float(x) for x in row]
+    if is_logits:
+        m = max(v)
+        e = [mp.e ** (mp.mpf(x) - m) for x in v]
+    else:
+        e = [mp.mpf(x) for x in v]
+    s = mp.fsum(e)
+    P = [x / s for x in e]
+    best = mp.inf
+    for y in range(len(v)):
+        if v[y] == max(v):
+            continue
+        others = sorted((i for i in range(len(v)) if i != y), key=lambda i: -P[i])
+        for j in range(len(v)):
+            J = others[:j] + [y]
+            L = mp.fsum(P[i] for i in J) / len(J)
+            if others[j:] and P[others[j]] > L:
+                continue
+            best = min(best, mp.fsum(P[i] * mp.log(P[i] / L) for i in J if P[i] > 0))
+            break
+    return best
+
+
+@pytest.mark.parametrize("spec", ["additive:0", "multiplicative:1", "strict"])
+@pytest.mark.parametrize("dtype,row", [
+    (torch.float16, [0.71044921875, 0.71044921875, 0.421875, 0.58251953125, 0.393798828125]),
+    (torch.bfloat16, [-1.4140625, -1.4140625, -7.59375, -7.40625, -2.375]),
+])
+@pytest.mark.parametrize("k", [1, 2, 5])
+def test_tied_top_16bit_radius_below_exact_for_every_k(spec, dtype, row, k):
+    # An exact tie at the top of 16-bit logits with the rejected token beyond the top-k:
+    # the exact cut (float32) used to be stored back into a 16-bit cut array, rounding it
+    # down onto the rejected value, so the next token was taken as the first rejected one
+    # and the radius came out 4.7x the exact radius (certified() could then be wrong).
+    t = torch.tensor(row, dtype=dtype)
+    ex = _exact_strict_radius_fwd(row, True)
+    r = float(dc.radius(spec, logits=t, k=k))
+    assert r <= ex
+    assert r >= float(ex) * (1 - 1e-6)
+    assert r == float(dc.radius(spec, logits=t))  # k does not change the radius
+
+
+def test_divergence_infinite_when_target_mass_underflows():
+    # float16 logits of huge spread: exact p > 0 everywhere although exp underflows in
+    # float64; a drafter with zero probabilities has infinite forward KL.
+    x = torch.tensor([3626.0, 21184.0, -29664.0, 11512.0], dtype=torch.float16)
+    q = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float16)
+    assert math.isinf(float(dc.divergence(target_logits=x, draft_probs=q, kind="forward")))
+    assert math.isinf(float(dc.divergence(target_probs=q, draft_logits=x, kind="reverse")))
+
+
+def test_divergence_bounds_subnormal_drafter_terms():
+    # q = exp(-746) underflows to 0 in float64 while p's second entry is e^-44 (log ratio
+    # 702: psi finite, so q psi = 0): the exact forward KL is about 701 e^-44 (5e-17), not ~0.
+    p = np.array([1.0, math.exp(-44)], dtype=np.float64)
+    p = p / p.sum()
+    ql = np.array([0.0, -746.0])
+    mpmath.mp.dps = 60
+    P = [mpmath.mpf(float(a)) for a in p]
+    S = mpmath.fsum(P)
+    P = [a / S for a in P]
+    Q = [mpmath.mpf(1) / (1 + mpmath.e ** -746), mpmath.e ** -746 / (1 + mpmath.e ** -746)]
+    ex = mpmath.fsum(a * mpmath.log(a / b) for a, b in zip(P, Q))
+    d = float(dc.divergence(target_probs=p, draft_logits=ql, kind="forward"))
+    assert d >= ex
+    assert d <= float(ex) * 1.01
+    r = float(dc.divergence(target_logits=ql, draft_probs=p, kind="reverse"))
+    assert r >= ex
