@@ -88,3 +88,23 @@ def test_divergence_bounds_subnormal_drafter_terms():
     assert d <= float(ex) * 1.01
     r = float(dc.divergence(target_logits=ql, draft_probs=p, kind="reverse"))
     assert r >= ex
+
+
+def test_entropy_16bit_deep_candidate_not_skipped():
+    # float16 logits, entropy rule, rejected token just below EPSILON and beyond the top-k:
+    # the arbitrary-precision walk compared the values with a 0-d float32 cut, which torch
+    # rounds to float16 (onto the candidate), skipping it; the radius came out 1.3x exact.
+    row = [-0.65185546875, -2.408203125, -2.890625, -1.09765625]
+    t = torch.tensor(row, dtype=torch.float16)
+    mpmath.mp.dps = 60
+    e = [mpmath.e ** (mpmath.mpf(x) - max(row)) for x in row]
+    P = [x / mpmath.fsum(e) for x in e]
+    H = -mpmath.fsum(p * mpmath.log(p) for p in P)
+    tau = min(mpmath.mpf(0.09), mpmath.mpf(0.3) * mpmath.e ** -H)
+    assert P[1] <= tau < P[3]  # token 1 (third most probable) is the most probable rejected one
+    a, b = P[0], P[3]
+    L = (a + b + P[1]) / 3  # its optimal pool: all three tokens above it (docs/theory.md, section 3)
+    ex = sum(x * mpmath.log(x / L) for x in (a, b, P[1]))
+    for k in (1, 2, 3, 4):
+        r = float(dc.radius("entropy:0.09:0.3", logits=t, k=k))
+        assert r <= ex and r >= float(ex) * (1 - 1e-6)

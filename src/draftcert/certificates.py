@@ -225,7 +225,9 @@ def _exact_cut(crit: LevelSet, summ: Summary, i: int, cut: torch.Tensor) -> torc
     (just above that value; -inf if the rule rejects nothing)."""
     row = summ.source[i]
     tau_hat = float(crit.threshold_from_summary(summ)[i])
-    uniq = torch.unique(row[row < cut]).flip(0)  # distinct candidates, descending
+    # compare in the cut's dtype: a 0-d float32 cut against 16-bit values would otherwise be
+    # rounded to the values' dtype (torch promotion ignores 0-d operands' dtypes)
+    uniq = torch.unique(row[row.to(cut.dtype) < cut]).flip(0)  # distinct candidates, descending
     dt = summ.cut_dtype()
     ri = torch.tensor([i], device=row.device)
     for n, v in enumerate(uniq):
