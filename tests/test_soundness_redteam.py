@@ -108,3 +108,77 @@ def test_entropy_16bit_deep_candidate_not_skipped():
     for k in (1, 2, 3, 4):
         r = float(dc.radius("entropy:0.09:0.3", logits=t, k=k))
         assert r <= ex and r >= float(ex) * (1 - 1e-6)
+
+
+# --- the profiler's accepted/ column and the decoding engine use the exact decision ---------
+
+# additive:0.1 rows with p(1) within float64 rounding of p(1st) - 0.1: the float64 comparison
+# the profiler and the engine used got these wrong (found by a search; truth: mpmath below).
+_NEAR_ADDITIVE = [
+    (False, [0.28823318729323966, 0.18823318729323965, 0.18364037168755823, 0.13027385208306935,
+             0.11673571538673491, 0.09288368625615817]),
+    (True, [-1.3197028922531517, -1.788476772825859, -1.5563396803122342, -1.7249306985650559,
+            -1.8720823552269594, -3.786468673076233]),
+]
+
+
+def _exact_additive_accepts(row, is_logits, x, delta):
+    mpmath.mp.dps = 80
+    if is_logits:
+        e = [mpmath.e ** mpmath.mpf(v) for v in row]
+    else:
+        e = [mpmath.mpf(v) for v in row]
+    S = mpmath.fsum(e)
+    P = [v / S for v in e]
+    return bool(P[x] >= max(P) - mpmath.mpf(delta))
+
+
+@pytest.mark.parametrize("is_logits,row", _NEAR_ADDITIVE)
+def test_trace_accepted_column_is_exact(is_logits, row):
+    from draftcert.certificates import accepts_rows
+    from draftcert.profile.trace import accepts_from_topk, draft_topk
+    from draftcert.summary import summarize
+
+    x = torch.tensor([row], dtype=torch.float64)
+    q = torch.full((1, 6), -5.0, dtype=torch.float64)
+    q[0, 1] = 0.0  # the drafter proposes token 1
+    truth = _exact_additive_accepts(row, is_logits, 1, 0.1)
+    crit = dc.parse_criterion("additive:0.1")
+    s = summarize(**({"logits": x} if is_logits else {"probs": x}), k=6)
+    dv, di = draft_topk(q, 4)
+    got = accepts_from_topk([crit], s, dv, di, q)["additive:0.1"]
+    assert bool(got[0]) == truth == bool(accepts_rows(crit, s, q)[0])
+
+
+def test_engine_acceptance_is_exact():
+    from draftcert.decode import DraftTree, engine as engine_mod
+    from draftcert.decode.stats import DecodeStats
+
+    row = _NEAR_ADDITIVE[1][1]
+    truth = _exact_additive_accepts(row, True, 1, 0.1)
+    t = DraftTree()
+    t.add(1, -1)
+    logits = torch.full((2, 6), -5.0, dtype=torch.float64)
+    logits[0] = torch.tensor(row, dtype=torch.float64)
+    st = DecodeStats("additive:0.1", 1, None)
+    path, _, _ = engine_mod._accept(dc.parse_criterion("additive:0.1"), logits, t, False, 16, {}, st)
+    assert (path == [0]) == truth
+
+
+def test_engine_kl_is_an_upper_bound():
+    # float32 logits, drafter 1e-3 away: the old float32 fast path returned 0 (below the
+    # exact KL ~3e-7), so kl < radius could certify a drafter the exact KL does not.
+    from draftcert.decode.engine import _forward_kl
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 2000, generator=g) * 4).float()
+    y = x + 1e-3 * torch.randn(2, 2000, generator=g)
+    kl = _forward_kl(x, y, torch.ones(2, dtype=torch.float64))
+    mpmath.mp.dps = 40
+    for i in range(2):
+        a = [mpmath.mpf(float(v)) for v in x[i]]
+        b = [mpmath.mpf(float(v)) for v in y[i]]
+        la = mpmath.log(mpmath.fsum(mpmath.e ** v for v in a))
+        lb = mpmath.log(mpmath.fsum(mpmath.e ** v for v in b))
+        ex = mpmath.fsum(mpmath.e ** (s - la) * ((s - la) - (u - lb)) for s, u in zip(a, b))
+        assert float(kl[i]) >= ex and float(kl[i]) <= float(ex) * (1 + 1e-6)
