@@ -173,7 +173,8 @@ def test_engine_kl_is_an_upper_bound():
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 2000, generator=g) * 4).float()
     y = x + 1e-3 * torch.randn(2, 2000, generator=g)
-    kl = _forward_kl(x, y, torch.ones(2, dtype=torch.float64))
+    kl, decided = _forward_kl(x, y, torch.ones(2, dtype=torch.float64))
+    assert bool(decided.all())
     mpmath.mp.dps = 40
     for i in range(2):
         a = [mpmath.mpf(float(v)) for v in x[i]]
@@ -182,3 +183,6 @@ def test_engine_kl_is_an_upper_bound():
         lb = mpmath.log(mpmath.fsum(mpmath.e ** v for v in b))
         ex = mpmath.fsum(mpmath.e ** (s - la) * ((s - la) - (u - lb)) for s, u in zip(a, b))
         assert float(kl[i]) >= ex and float(kl[i]) <= float(ex) * (1 + 1e-6)
+    # far above the radius: not certified (decided False), whatever the estimate
+    kl, decided = _forward_kl(x, x + 2 * torch.randn(2, 2000, generator=g), torch.full((2,), 1e-3, dtype=torch.float64))
+    assert not bool(decided.any()) and bool((kl > 1e-3).all())
