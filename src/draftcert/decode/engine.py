@@ -21,8 +21,12 @@ q, certified = KL(p || q) < radius, radius = radius(criterion, p) for a
 chain, max(radius(criterion), radius(tree:m)) for a width-m node where the
 rule accepts the target's argmax (covering the argmax then suffices); the
 rule's own radius where it does not (possible for a user LevelSet).
-Certified-but-rejected raises ``CertificateViolation``.  Computed from one
-``summarize(logits=...)`` of the verification logits and ``radius_rows``.
+Both sides are those of ``certified`` (docs/theory.md, section 7): the core's upper
+bound on the exact KL (``divergence_upper``) against the lower bound on the exact
+radius, and acceptance is the rule evaluated exactly on the given logits
+(``accept_ids``), so certified-but-rejected, which raises ``CertificateViolation``,
+is a bug.  Computed from one ``summarize(logits=...)`` of the verification logits and
+``radius_rows``.
 """
 
 from __future__ import annotations
