@@ -186,3 +186,65 @@ def test_engine_kl_is_an_upper_bound():
     # far above the radius: not certified (decided False), whatever the estimate
     kl, decided = _forward_kl(x, x + 2 * torch.randn(2, 2000, generator=g), torch.full((2,), 1e-3, dtype=torch.float64))
     assert not bool(decided.any()) and bool((kl > 1e-3).all())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_redteam_sweep(seed):
+    """Random small rows in every dtype pairing (exact and 1-ulp ties, -inf / 0 entries,
+    subnormal and huge values, off-normalised rows) with drafters moving the argmax onto
+    each of the top tokens: certified => exact acceptance, accepts == exact, radius <=
+    exact (forward) and independent of k, margin_bound <= radius."""
+    from . import redteam_truth as T
+
+    rng = np.random.default_rng(seed)
+    DT = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    specs = ["strict", "topm:2", "additive:0.1", "additive:0", "multiplicative:0.5", "multiplicative:1",
+             "entropy:0.09:0.3", "typical:0.09:0.3", "mars:0.5", "tree:2"]
+    certified = 0
+    for _ in range(25):
+        V = int(rng.choice([3, 5, 8]))
+        dt, dq = DT[rng.integers(4)], DT[rng.integers(4)]
+        is_l = bool(rng.integers(2))
+        fam = int(rng.integers(5))
+        if is_l:
+            x = rng.normal(0, rng.choice([0.5, 3.0]), V) * (1e3 if fam == 3 else 1)
+            if fam == 1:
+                x[1] = x[0]
+            if fam == 2:
+                x[-1] = -np.inf
+        else:
+            x = rng.dirichlet(np.ones(V))
+            if fam == 1:
+                x[1] = x[0]
+            if fam == 2:
+                x[-1] = 0
+            if fam == 3:
+                x = x * (1 + 5e-5)
+        t = torch.tensor(x, dtype=torch.float64).to(dt)
+        if fam == 4:
+            t[1] = torch.nextafter(t[0], torch.tensor(-math.inf, dtype=dt))
+        if not is_l and abs(float(t.double().sum()) - 1) > 1e-4:
+            continue  # a 16-bit rounding the API rejects (sum off by more than 1e-4)
+        kw = {"logits": t} if is_l else {"probs": t}
+        for spec in specs[:-1]:
+            r = float(dc.radius(spec, **kw))
+            assert r <= T.radius_fwd(spec, t.tolist(), is_l), (spec, t)
+            assert r == float(dc.radius(spec, k=1, **kw)) or spec.startswith("mars"), (spec, t)
+            assert float(dc.margin_bound(spec, **kw)) <= r
+        base = t.double() if is_l else torch.log(t.double())
+        for y in torch.argsort(-t.double(), stable=True).tolist()[:3]:
+            q = base.clone().to(dq)
+            if torch.isinf(q[y]):
+                continue
+            q[y] = torch.nextafter(q.max(), torch.tensor(math.inf, dtype=dq))
+            a = {("target_logits" if is_l else "target_probs"): t, "draft_logits": q}
+            xq = T.argmax_low(q.tolist())
+            for spec in specs:
+                ex = T.accept(spec, t.tolist(), is_l, xq, q.tolist())
+                assert bool(dc.accepts(spec, **a)) == bool(ex), (spec, t, q)
+                for kind in ("forward", "reverse", "tv"):
+                    c = bool(dc.certified(spec, **a, divergence=kind))
+                    certified += c
+                    assert not c or ex, (spec, kind, t, q)
+    assert certified > 0
