@@ -208,7 +208,9 @@ def _exact_cut(crit: LevelSet, summ: Summary, i: int, cut: torch.Tensor) -> torc
     (just above that value; -inf if the rule rejects nothing)."""
     row = summ.source[i]
     tau_hat = float(crit.threshold_from_summary(summ)[i])
-    uniq = torch.unique(row[row < cut]).flip(0)  # distinct candidates, descending
+    # compare in the cut's dtype: a 0-d float32 cut against 16-bit values would otherwise be
+    # rounded to the values' dtype (torch promotion ignores 0-d operands' dtypes)
+    uniq = torch.unique(row[row.to(cut.dtype) < cut]).flip(0)  # distinct candidates, descending
     dt = summ.cut_dtype()
     ri = torch.tensor([i], device=row.device)
     for n, v in enumerate(uniq):
@@ -269,7 +271,9 @@ def _level_set_radius(crit: LevelSet, summ: Summary, kind: str) -> torch.Tensor:
                 redo += has[flat].tolist()
     if redo:
         rows = torch.tensor(sorted(set(redo)), dtype=torch.long, device=top.device)
-        cut = cut.clone()
+        # the exact cuts are in the cut dtype (float32 for 16-bit values): a cut held in the
+        # values' own dtype (additive:0, multiplicative:1 return x_1) would round them back
+        cut = cut.to(summ.cut_dtype())
         if not crit.exact_order:
             for i in rows.tolist():
                 cut[i] = _exact_cut(crit, summ, i, cut[i])

@@ -192,7 +192,15 @@ def divergence_upper(lp: torch.Tensor, lq: torch.Tensor, ep: torch.Tensor, eq: t
     wf = fin(w)
     term = q * ps
     bad = torch.isposinf(lq.neg()) & torch.isposinf(w)  # q = 0 < p: infinite
-    term = torch.where(torch.isnan(term) | bad, torch.where(p > 0, torch.full_like(term, torch.inf), torch.zeros_like(term)), term)
+    # exact P > 0 iff log P > -inf (exp(lp) may underflow to 0 for a tiny exact P)
+    pos = ~torch.isneginf(lp)
+    term = torch.where(torch.isnan(term) | bad, torch.where(pos, torch.full_like(term, torch.inf), torch.zeros_like(term)), term)
+    # Q below the normal range (q = exp(lq) underflowed or subnormal, lq finite): q psi(w)
+    # loses its relative accuracy; bound the exact term Q psi(w) = Q + (w - 1) P instead by
+    # Q + max(w - 1, 0) P (Q < 2 TINY; P = exp(lp) up to the rounding of lp, eta)
+    sub = (q < TINY) & torch.isfinite(lq) & torch.isfinite(lp)
+    sub_term = 2 * TINY * (1 + wf) + ((w - 1).clamp_min(0) + eta * (1 + wf)) * p * torch.exp(2 * eta) * (1 + 8 * U)
+    term = torch.where(sub, sub_term, term)
     deriv = torch.where(torch.isfinite(lp), p * eta * (wf + eta) * torch.exp(eta) * (1 + 8 * U), torch.zeros_like(p))
     err = term * (8 * U + beta) / (1 - beta) + torch.where(torch.isfinite(lq), q * perr, torch.zeros_like(q)) + deriv
     err = torch.where(torch.isnan(err), torch.zeros_like(err), err)

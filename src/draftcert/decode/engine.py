@@ -21,8 +21,12 @@ q, certified = KL(p || q) < radius, radius = radius(criterion, p) for a
 chain, max(radius(criterion), radius(tree:m)) for a width-m node where the
 rule accepts the target's argmax (covering the argmax then suffices); the
 rule's own radius where it does not (possible for a user LevelSet).
-Certified-but-rejected raises ``CertificateViolation``.  Computed from one
-``summarize(logits=...)`` of the verification logits and ``radius_rows``.
+Both sides are those of ``certified`` (docs/theory.md, section 7): the core's upper
+bound on the exact KL (``divergence_upper``) against the lower bound on the exact
+radius, and acceptance is the rule evaluated exactly on the given logits
+(``accept_ids``), so certified-but-rejected, which raises ``CertificateViolation``,
+is a bug.  Computed from one ``summarize(logits=...)`` of the verification logits and
+``radius_rows``.
 """
 
 from __future__ import annotations
@@ -269,10 +273,13 @@ def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: 
         C = torch.tensor([c + [-1] * (width - len(c)) for c in children], device=logits.device)
         tok = torch.tensor(draft.tokens, device=logits.device)[C.clamp(min=0)]
         logp_child = logits.gather(1, tok).double() - summ.log_norm[:, None]  # same formula as Summary.prob_of
-        tau = rule.threshold_from_summary(summ)
-        ok = ~rule.rejected_mask(torch.exp(logp_child), tau[:, None]) & (C >= 0)
-        # Among passing children take the most probable under the target (ties: the drafter's order).
-        best_t = torch.where(ok, logp_child, torch.full_like(logp_child, -torch.inf)).argmax(1)
+        # The rule evaluated exactly on the given logits (as ``accepts`` decides it: float64
+        # where the error bounds settle it, arbitrary precision near the threshold).
+        ok = torch.stack([rule.accept_ids(summ, tok[:, j]) for j in range(width)], 1) & (C >= 0)
+        # Among passing children take the most probable under the target: the largest given
+        # logit, an exact order (ties: the drafter's order).
+        lx = logits.gather(1, tok)
+        best_t = torch.where(ok, lx, torch.full_like(lx, -torch.inf)).argmax(1)
         has, best = ok.any(1).tolist(), best_t.tolist()
 
     # Walk: row 0 is the root, row i + 1 is node i.
@@ -306,12 +313,12 @@ def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: 
         # Covering the target's argmax among the m candidates only guarantees acceptance
         # where the rule accepts the argmax; a user LevelSet (or entropy with DELTA >= 1)
         # may reject it, and there only the rule's own radius certifies.
-        takes_max = ~rule.rejected_mask(summ.top_probs[:, 0], tau)[er]
+        takes_max = rule.accept_ids(summ, summ.top_ids[:, 0])[er]
         for m, tc in tree_crits.items():
             use = (w == m) & takes_max
             rad = torch.where(use, torch.maximum(rad, radius_rows(tc, summ, "forward")[er]), rad)
-        kl = _forward_kl(logits[er], draft.q.to(logits.device), rad)
-        cert = kl < rad
+        kl, decided = _forward_kl(logits[er], draft.q.to(logits.device), rad)
+        cert = decided & (kl < rad)
         er_l, cert_l, kl_l, rad_l = er.tolist(), cert.tolist(), kl.tolist(), rad.tolist()
         for i, row in enumerate(er_l):
             if cert_l[i] and not has[row]:
@@ -340,28 +347,29 @@ def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: 
     return path, emitted, log
 
 
-# Rows whose fast KL lies this close to the radius are recomputed exactly in float64.
-_KL_BAND_ABS, _KL_BAND_REL = 1e-3, 1e-3
+# Rows whose fast (float32) KL estimate exceeds the radius by this much are reported as
+# not certified without the float64 bound: a completeness shortcut only (every True is the
+# proven bound's), missing a certificate only if float32 erred by more than the band.
+_SKIP_ABS, _SKIP_REL = 1e-2, 0.5
 
 
-def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> torch.Tensor:
-    """KL(softmax x || softmax y) per row (float64 result) from logits x (target), y (drafter).
-
-    Fast path in the logits' dtype: KL = sum p (x - y) - lse(x) + lse(y) (sum p = 1).
-    Its rounding error (~1e-5 in float32 at V = 5e4) only matters near the
-    radius, so rows within a band of it, and non-finite rows, are redone
-    exactly in float64 -- the certificate decision is that of the exact KL.
-    """
+def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kl, decided) per row for logits x (target), y (drafter).  Where ``decided``, kl is
+    an upper bound on the exact KL(softmax x || softmax y): the core's ``divergence_upper``
+    (docs/theory.md, section 7), so ``kl < radius`` is the same sound comparison as
+    ``certified``.  Elsewhere kl is a fast estimate in the logits' dtype (KL = sum p (x - y)
+    - lse(x) + lse(y)) far above the radius: not certified, the value only reported."""
     if x.dtype != torch.float64:
         lse_x, lse_y = torch.logsumexp(x, -1), torch.logsumexp(y, -1)
         p = torch.exp(x - lse_x[:, None])
-        kl = ((p * (x - y)).sum(-1) - lse_x + lse_y).double()
-        redo = ~torch.isfinite(kl) | ((kl - rad).abs() <= _KL_BAND_ABS + _KL_BAND_REL * rad.abs().nan_to_num(posinf=0.0))
-        if not bool(redo.any()):
-            return kl.clamp_min(0)
-        idx = redo.nonzero().squeeze(1)
-        kl[idx] = _forward_kl(x[idx].double(), y[idx].double(), rad[idx])
-        return kl.clamp_min(0)
-    lp, ep, _, _ = log_probs(x, True, "target logits")
-    lq, eq, _, _ = log_probs(y, True, "draft logits")
-    return divergence_upper(lp, lq, ep, eq, "forward")  # an upper bound on the exact KL
+        kl = ((p * (x - y)).sum(-1) - lse_x + lse_y).double().clamp_min(0)
+        need = ~torch.isfinite(kl) | (kl <= rad * (1 + _SKIP_REL) + _SKIP_ABS)
+    else:
+        kl = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+        need = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    idx = need.nonzero().squeeze(1)
+    if idx.numel():
+        lp, ep, _, _ = log_probs(x[idx], True, "target logits")
+        lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
+        kl[idx] = divergence_upper(lp, lq, ep, eq, "forward")  # an upper bound on the exact KL
+    return kl, need

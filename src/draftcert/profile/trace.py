@@ -313,8 +313,8 @@ def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Te
     vocabulary per criterion.  ``dv, di``: the drafter's top-k logits and ids (``draft_topk``).
 
     The drafter proposes x = argmax q with the lowest index among ties: the first entry
-    of its stable (value desc, id asc) top-k.  A level-set rule accepts iff
-    p(x) is not in the rejection region: ``~rejected_mask(prob_of(x), tau)``.  Tree:m
+    of its stable (value desc, id asc) top-k.  A level-set rule decides x with
+    ``accept_ids`` (exact on the given values, as ``accepts`` is).  Tree:m
     accepts iff the target's greedy token a (first entry of its stable top-k) is among
     the first m entries of the drafter's stable top-k, i.e. fewer than m tokens y have
     q(y) > q(a) or q(y) = q(a) with y < a.  (The logits stand in for q: exp is monotone,
@@ -333,7 +333,6 @@ def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Te
     unsure_x = dv[:, 0] == dv[:, -1]  # >= k tied maxima: the lowest id may lie outside the top-k
     unsure_a = summ.top_probs[:, 0] == summ.top_probs[:, -1]
     out: dict[str, torch.Tensor] = {}
-    px = None
     for c in criteria:
         if isinstance(c, TreeCoverage):
             m = c.m
@@ -343,9 +342,9 @@ def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Te
                 acc = (di[:, :m] == a[:, None]).any(1)
                 unsure = unsure_a | (dv[:, m - 1] == dv[:, -1])
         else:
-            if px is None:
-                px = summ.prob_of(x)
-            acc = ~c.rejected_mask(px, c.threshold_from_summary(summ))
+            # the rule evaluated exactly on the given values (float64 where the error
+            # bounds decide, arbitrary precision for the rare near-threshold rows)
+            acc = c.accept_ids(summ, x)
             unsure = unsure_x
         if not (isinstance(c, TreeCoverage) and c.m >= kd) and bool(unsure.any()):
             i = unsure.nonzero().squeeze(1)
