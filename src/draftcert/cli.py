@@ -17,6 +17,7 @@ _COMMAND_MODULES = [
     "draftcert.profile.cli",
     "draftcert.report.cli",
     "draftcert.decode.cli",
+    "draftcert.train.cli",
 ]
 
 
