@@ -251,6 +251,10 @@ def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
         return drafter.to(device)
     if spec == "self":
         raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
+    from .eagle import load_eagle, resolve_spec
+
+    if resolve_spec(spec) is not None:  # a feature drafter: eagle:NAME, a .safetensors file or its directory
+        return load_eagle(spec, target, dtype=target.get_output_embeddings().weight.dtype if dtype is None else dtype).to(device)
     from .loading import load_target
 
     drafter, dtok = load_target(spec, device=device, dtype=dtype)

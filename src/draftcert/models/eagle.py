@@ -171,6 +171,17 @@ class EagleDrafter(nn.Module):
         return w.index_select(0, self.vocab_ids.to(w.device)).to(self.fc.weight.dtype)
 
     @property
+    def config(self):
+        """What vocabulary checks read (``config.vocab_size``), as for a causal LM."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(vocab_size=self.vocab_size, hidden_size=self.hidden_size, _name_or_path=getattr(self, "draftcert_spec", "eagle"))
+
+    def get_output_embeddings(self):
+        """The target's LM head: the drafter's logits live on the target's full vocabulary."""
+        return self.target.get_output_embeddings()
+
+    @property
     def n_draft_vocab(self) -> int:
         return int(self.vocab_ids.numel())
 
@@ -244,6 +255,26 @@ class EagleDrafter(nn.Module):
         return sd
 
 
+# Drafters shipped inside the package (models/weights/), by name: ``eagle:NAME``.
+PACKAGED = {"smollm2-135m-instruct": "smollm2-135m-instruct.safetensors"}
+
+
+def packaged_path(name: str) -> Path:
+    from importlib.resources import files
+
+    if name not in PACKAGED:
+        raise ValueError(f"drafter 'eagle:{name}': no such packaged drafter (known: {', '.join(sorted(PACKAGED))})")
+    return Path(str(files("draftcert.models") / "weights" / PACKAGED[name]))
+
+
+def resolve_spec(spec) -> Path | None:
+    """The weights file of an ``eagle:NAME`` spec or a path to a drafter file/directory, else None."""
+    s = str(spec)
+    if s.startswith("eagle:"):
+        return packaged_path(s[len("eagle:") :])
+    return Path(s).expanduser() if is_eagle_path(s) else None
+
+
 def is_eagle_path(spec) -> bool:
     p = Path(str(spec)).expanduser()
     if p.is_dir():
@@ -268,7 +299,7 @@ def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict 
         "format": FORMAT,
         "fingerprint": json.dumps(drafter.fingerprint, sort_keys=True),
         "n_draft_vocab": str(drafter.n_draft_vocab),
-        "extra": json.dumps(extra or {}, sort_keys=True),
+        "extra": json.dumps(getattr(drafter, "extra", {}) if extra is None else extra, sort_keys=True),
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(sd, str(tmp), metadata=meta)
@@ -284,7 +315,7 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     """
     from safetensors import safe_open
 
-    p = Path(str(path)).expanduser()
+    p = resolve_spec(path) or Path(str(path)).expanduser()
     if p.is_dir():
         p = p / WEIGHTS_NAME
     if not p.is_file():
@@ -327,4 +358,8 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     d.eval()
     d.requires_grad_(False)
     d.draftcert_spec = str(path)
+    try:
+        d.extra = json.loads(meta.get("extra", "{}"))
+    except ValueError:
+        d.extra = {}
     return d
