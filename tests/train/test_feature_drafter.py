@@ -234,3 +234,75 @@ def test_feature_drafter_first_round_is_the_prefill(tiny, trained):
     res = speculative_generate(target, d, [1, 2, 3], "strict", k=4, max_new_tokens=10, eos_token_id=[])
     assert res.stats.rounds[0].drafted == 0 and res.stats.rounds[1].drafted == 4
     assert isinstance(dc.decode.make_drafter(d, target), FeatureDrafter)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+@pytest.fixture(scope="module")
+def ckpt_and_drafter(tmp_path_factory):
+    import draftcert.train.data as data_mod
+    from draftcert.cli import main
+
+    model, tok = _target(seed=2)
+    model.to(torch.float32)
+    root = tmp_path_factory.mktemp("cli")
+    model.save_pretrained(root / "ckpt")
+    tok.save_pretrained(root / "ckpt")
+    real = data_mod.heldout_texts
+    data_mod.heldout_texts = lambda: HELD  # no download in CI
+    try:
+        rc = main(["train-drafter", "--target", str(root / "ckpt"), "--out", str(root / "run"), "--examples", "6",
+                   "--heldout-examples", "2", "--max-new-tokens", "12", "--draft-vocab", "64", "--epochs", "2",
+                   "--batch-tokens", "128", "--quiet"])
+    finally:
+        data_mod.heldout_texts = real
+    assert rc == 0
+    assert (root / "run" / "train.log").is_file() and (root / "run" / "train.json").is_file()
+    return str(root / "ckpt"), str(root / "run" / "drafter.safetensors")
+
+
+def test_cli_decode_with_trained_drafter_is_lossless(ckpt_and_drafter, capsys):
+    import json as _json
+
+    from draftcert.cli import main
+    from draftcert.models import load_target
+    from draftcert.prompts import encode_prompt
+
+    ckpt, drafter = ckpt_and_drafter
+    for extra in ([], ["--tree", "2,3"]):
+        rc = main(["decode", "--target", ckpt, "--drafter", drafter, "--prompt", "hello there", "-k", "3",
+                   "--max-new-tokens", "12", "--json", *extra])
+        assert rc == 0
+        lines = [_json.loads(l) for l in capsys.readouterr().out.splitlines()]
+        toks = [t for r in lines[:-1] for t in r["emitted"]]
+        model, tok = load_target(ckpt)
+        ref = greedy_generate(model, encode_prompt(tok, "hello there"), 12)
+        assert toks == ref[: len(toks)] and len(toks) == len(ref)
+
+
+def test_cli_profile_with_trained_drafter(ckpt_and_drafter, tmp_path, capsys):
+    from draftcert.cli import main
+
+    ckpt, drafter = ckpt_and_drafter
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello there\nwrite a list\n")
+    rc = main(["profile", "--target", ckpt, "--drafter", drafter, "--prompts", str(prompts), "--max-new-tokens", "6",
+               "--out", str(tmp_path / "prof")])
+    assert rc == 0
+    assert list((tmp_path / "prof" / "trace").glob("*.parquet"))
+
+
+def test_cli_refuses_corrupt_or_mismatched_drafter(ckpt_and_drafter, tmp_path, capsys):
+    from draftcert.cli import main
+
+    ckpt, drafter = ckpt_and_drafter
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00" * 64)
+    assert main(["decode", "--target", ckpt, "--drafter", str(bad), "--prompt", "hi", "--max-new-tokens", "4"]) == 2
+    assert "not a readable safetensors" in capsys.readouterr().err
+    other, tok = _target(seed=5)
+    other.save_pretrained(tmp_path / "other")
+    tok.save_pretrained(tmp_path / "other")
+    assert main(["decode", "--target", str(tmp_path / "other"), "--drafter", drafter, "--prompt", "hi", "--max-new-tokens", "4"]) == 2
+    assert "another target" in capsys.readouterr().err
