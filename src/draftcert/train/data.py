@@ -86,9 +86,17 @@ def _left_pad(seqs, pad):
 
 
 @torch.inference_mode()
-def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: bool, temperature=1.0, top_p=0.95, gen=None):
-    """Batched left-padded generation with a KV cache (greedy or sampled); new tokens per row."""
+def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: bool, temperature=1.0, top_p=0.95,
+                      gen=None, features: bool = False):
+    """Batched left-padded generation with a KV cache (greedy or sampled).
+
+    Returns the new tokens per row, and with ``features=True`` also each row's final hidden
+    states (float32, one per position of prompt + new tokens except the last token, whose
+    successor is never predicted) -- collected from the very passes that generated the tokens.
+    """
     from transformers import DynamicCache
+
+    from ..models.eagle import target_features
 
     dev = model.device
     ids, mask = _left_pad(seqs, pad)
@@ -96,18 +104,30 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
     cache = DynamicCache(config=model.config)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = [[] for _ in seqs]
+    feats = [[] for _ in seqs]
     done = [False] * len(seqs)
+    T0 = ids.shape[1]
     cur_ids, cur_pos = ids, pos
-    for _ in range(max_new):
-        logits = model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache, use_cache=True,
-                       logits_to_keep=1).logits[:, -1].float()
+    head = model.get_output_embeddings()
+    for step in range(max_new):
+        if features:
+            f = model.get_decoder()(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache,
+                                    use_cache=True).last_hidden_state
+            logits = head(f[:, -1:]).squeeze(1).float()
+            for i in range(len(seqs)):
+                if not done[i]:
+                    feats[i].append(f[i, T0 - len(seqs[i]) :].float().cpu() if step == 0 else f[i].float().cpu())
+        else:
+            logits = model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache, use_cache=True,
+                           logits_to_keep=1).logits[:, -1].float()
         if sample:
-            probs = torch.softmax(logits / temperature, -1)
-            sp, si = probs.sort(-1, descending=True)
+            # top-p within the top 64 (a full sort of the vocabulary per step costs as much as the forward)
+            top, idx = torch.topk(logits / temperature, 64, dim=-1)
+            sp = torch.softmax(top, -1)
             keep = sp.cumsum(-1) - sp < top_p
             sp = sp * keep
             choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
-            nxt = si.gather(1, choice).squeeze(1)
+            nxt = idx.gather(1, choice).squeeze(1)
         else:
             nxt = logits.argmax(-1)
         for i, t in enumerate(nxt.tolist()):
@@ -120,6 +140,8 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
         cur_ids = nxt[:, None]
         cur_pos = cur_pos[:, -1:] + 1
         mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype, device=dev)], 1)
+    if features:
+        return out, [torch.cat(f, 0) for f in feats]
     return out
 
 
@@ -163,7 +185,7 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
     prefix = user_prefix_ids(tok)
     eos = eos_ids(target, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
-    prompts, seen, dropped = [], set(), {"heldout": 0, "empty": 0, "duplicate": 0, "unfinished": 0}
+    prompts, seen, dropped = [], set(), {"heldout": 0, "empty": 0, "duplicate": 0, "truncated (kept)": 0}
     t0 = time.perf_counter()
     tries = 0
     while len(prompts) < n:
@@ -175,8 +197,7 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
         for o in outs:
             text = tok.decode([t for t in o if t not in eos], skip_special_tokens=True).strip()
             if not o or o[-1] not in eos:
-                dropped["unfinished"] += 1
-                continue
+                dropped["truncated (kept)"] += 1  # a user turn cut at max_prompt_tokens is still a prompt
             if len(text) < 8:
                 dropped["empty"] += 1
                 continue
@@ -197,13 +218,12 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
     order = sorted(range(n), key=lambda i: -len(enc[i]))
     for j in range(0, n, batch):
         idx = order[j : j + batch]
-        resp = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False)
-        for i, r in zip(idx, resp):
-            examples.append({"prompt": prompts[i], "ids": enc[i] + r, "n_prompt": len(enc[i]), "n_skip": n_skip})
+        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False, features=True)
+        for i, r, f in zip(idx, resp, feats):
+            # The generating passes saw every token but the last one: keep the positions with a feature.
+            ids = (enc[i] + r)[: f.shape[0]]
+            examples.append({"prompt": prompts[i], "ids": ids, "n_prompt": len(enc[i]), "n_skip": n_skip, "features": f})
         log(f"responses: {len(examples)}/{n} ({time.perf_counter() - t0:.0f} s)")
-    feats = features_of(target, [e["ids"] for e in examples], pad)
-    for e, f in zip(examples, feats):
-        e["features"] = f
     log(f"features: {n} sequences, {sum(len(e['ids']) for e in examples)} tokens ({time.perf_counter() - t0:.0f} s)")
     return examples, {"dropped": dropped, "seconds": time.perf_counter() - t0}
 

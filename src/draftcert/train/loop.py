@@ -40,8 +40,8 @@ class TrainConfig:
     target: str | None = None
     objective: str = "certificate"
     criterion: str = "strict"
-    examples: int = 320
-    heldout_examples: int = 16
+    examples: int = 152
+    heldout_examples: int = 8
     max_prompt_tokens: int = 48
     max_new_tokens: int = 128
     draft_vocab: int = 4096
