@@ -306,3 +306,18 @@ def test_cli_refuses_corrupt_or_mismatched_drafter(ckpt_and_drafter, tmp_path, c
     tok.save_pretrained(tmp_path / "other")
     assert main(["decode", "--target", str(tmp_path / "other"), "--drafter", drafter, "--prompt", "hi", "--max-new-tokens", "4"]) == 2
     assert "another target" in capsys.readouterr().err
+
+
+def test_features_collected_while_generating_match_a_teacher_forced_pass(tiny, trained):
+    """The stored features are the target's final hidden states at every kept position."""
+    from draftcert.models.eagle import target_features
+
+    target, _ = tiny
+    data = torch.load(trained[1] / "data.pt", weights_only=False)
+    for e in data["examples"][:3]:
+        f, logits = target_features(target, torch.tensor([e["ids"]]))
+        assert e["features"].shape == (len(e["ids"]), f.shape[-1])
+        assert torch.allclose(e["features"].double(), f[0].double(), atol=1e-6)
+        # and the response is the target's greedy continuation: argmax at each response position
+        resp = e["ids"][e["n_prompt"]:]
+        assert logits[0, e["n_prompt"] - 1 : len(e["ids"]) - 1].argmax(-1).tolist() == resp
