@@ -58,6 +58,7 @@ class FeatureDrafter:
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = self.model.new_cache()
+        self._head = self.model.head_weight()  # the draft-vocabulary rows of the target's head, gathered once
         self.feats = None
         self.n_valid = 0  # pairs (x_{s+1}, f_s), s < n_valid, are in the drafter's cache
 
@@ -88,7 +89,6 @@ class FeatureDrafter:
             raise RuntimeError(f"feature drafter: {n_feat} features for a sequence of {len(seq)} tokens")
         m = self.model
         dev, dt = m.fc.weight.device, m.fc.weight.dtype
-        self._head = m.head_weight()
         # Depth 0: the new pairs (x_{s+1}, f_s) for s in [n_valid, n_feat), causal over the cache.
         new = n_feat - self.n_valid
         if new <= 0:

@@ -45,8 +45,8 @@ class TrainConfig:
     max_prompt_tokens: int = 48
     max_new_tokens: int = 128
     draft_vocab: int = 4096
-    epochs: float = 4.0
-    ttt: int = 3
+    epochs: float = 2.0
+    ttt: int = 2
     batch_tokens: int = 1024
     lr: float = 1e-3
     warmup: int = 20
@@ -198,6 +198,8 @@ def _radii_of(target, examples, criterion, log):
         with torch.no_grad():
             z = f @ W.T
             e["radius"] = torch.as_tensor(dc.radius(criterion, logits=z.float())).float()
+            # the target's expected token counts here: ranks the draft vocabulary (smoother than counts)
+            e["mass"] = torch.softmax(z.float(), -1).sum(0)
     log(f"radii ({criterion}) for {len(examples)} sequences in {time.perf_counter() - t0:.1f} s")
 
 
