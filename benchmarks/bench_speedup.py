@@ -13,7 +13,7 @@ its total tokens over the sum, over prompts, of its fastest repeat):
     the assisted configuration available on this pair (there is no smaller model with the target's
     tokenizer; a ``self:skip`` assistant costs 29/30 of the target).  The best N is (b).
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the shipped drafter (``--drafter``), live
-    certificates on, as a chain (``k=K``) or a tree (``tree=M,D``).
+    certificates on, as a chain (``k=K``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
 
 Then the cost breakdown that limits the speed-up: a target forward of n tokens after a 100-token
 cache (verification cost by tree size), one drafter step, the certificate work per round.
@@ -31,8 +31,8 @@ import torch
 
 DEFAULT_METHODS = [
     "target", "hf-pld:3", "hf-pld:10",
-    "dc:strict:k4", "dc:strict:k6", "dc:strict:tree2,4", "dc:strict:tree3,3",
-    "dc:topm:2:k6", "dc:entropy:0.09:0.3:k6", "dc:additive:0.1:k6",
+    "dc:strict:k2", "dc:strict:k3", "dc:strict:k4", "dc:strict:tree2x3",
+    "dc:topm:2:k3", "dc:entropy:0.09:0.3:k3",
 ]
 
 
@@ -40,11 +40,11 @@ def parse_dc(spec: str):
     body = spec[len("dc:"):]
     rule, _, shape = body.rpartition(":")
     if shape.startswith("tree"):
-        m, d = shape[4:].split(",")
+        m, d = shape[4:].split("x")
         return rule, {"k": int(d), "tree": (int(m), int(d))}
     if shape.startswith("k"):
         return rule, {"k": int(shape[1:]), "tree": None}
-    raise ValueError(f"method {spec!r}: shape must be kN or treeM,D")
+    raise ValueError(f"method {spec!r}: shape must be kN or treeMxD")
 
 
 def run_method(method, target, tok, drafter, ids, n_new, eos):
