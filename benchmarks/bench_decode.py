@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table-prompts", type=int, default=3, help="prompts per table row (default 3)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("-k", type=int, default=4, help="draft tokens per round (default 4)")
-    ap.add_argument("--drafter", default=None, help="drafter spec (default: models.DEFAULT_DRAFTER)")
+    ap.add_argument("--drafter", default="self:skip=5", help="drafter spec, a transformers model that assisted generation can use too (default self:skip=5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the machine is shared)")
     ap.add_argument("--repeats", type=int, default=2, help="time each prompt this many times per implementation, keep the fastest (default 2)")
     ap.add_argument("--quick", action="store_true", help="2 prompts, 1 per table row, 32 tokens, 1 repeat")

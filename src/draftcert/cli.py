@@ -18,6 +18,7 @@ _COMMAND_MODULES = [
     "draftcert.report.cli",
     "draftcert.decode.cli",
     "draftcert.replay.cli",
+    "draftcert.train.cli",
 ]
 
 

@@ -38,7 +38,8 @@ def test_embedded_default_drafter_is_cheaper_and_compatible(embedded):
 
     model, tok = embedded
     d = load_drafter(DEFAULT_DRAFTER, model, tok)
-    assert d.config.num_hidden_layers < model.config.num_hidden_layers
+    # the shipped feature drafter: one decoder layer + a reduced head, a few % of the target
+    assert sum(p.numel() for p in d.parameters()) < 0.05 * sum(p.numel() for p in model.parameters())
     check_compatible(model, tok, d, tok)
     ids = torch.tensor([encode_prompt(tok, "Name three colours.")])
     with torch.inference_mode():

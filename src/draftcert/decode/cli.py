@@ -83,8 +83,9 @@ def add_parser(subparsers) -> None:
 
 def _common(p) -> None:
     p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct (embedded), or a local path / hub id")
-    p.add_argument("--drafter", default=None, help="drafter: self:skip=N | self:quant=4 | prompt-lookup | path / hub id "
-                   "(default: models.DEFAULT_DRAFTER for the embedded target)")
+    p.add_argument("--drafter", default=None, help="drafter: default | DRAFTER.safetensors (from train-drafter) | eagle:NAME | "
+                   "self:skip=N | self:quant=4 | prompt-lookup | path / hub id (default: models.DEFAULT_DRAFTER, the shipped "
+                   "feature drafter, for the embedded target)")
     p.add_argument("-k", type=int, default=4, help="draft tokens per round (tree depth for tree:M) (default 4)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -103,6 +104,8 @@ def _load(args):
         torch.set_num_threads(args.threads)
     embedded = args.target in (None, "embedded")
     drafter = args.drafter
+    if drafter == "default":
+        drafter = DEFAULT_DRAFTER
     if drafter is None:
         if not embedded:
             raise ValueError("--drafter: required with a non-embedded --target (e.g. self:skip=N, self:quant=4, prompt-lookup)")

@@ -225,10 +225,23 @@ def make_drafter(drafter, target=None, tokenizer=None):
             from draftcert.models import load_drafter
         except ImportError as exc:
             raise ValueError(f"drafter: {drafter!r} needs draftcert.models (not available: {exc})") from None
-        return ModelDrafter(load_drafter(drafter, target, tokenizer))
-    if isinstance(drafter, torch.nn.Module) and hasattr(drafter, "config"):
-        return ModelDrafter(drafter)
+        return _wrap_model(load_drafter(drafter, target, tokenizer), target)
+    if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
+        return _wrap_model(drafter, target)
     raise ValueError(
         "drafter: expected a transformers causal LM, a spec string (self:skip=N, self:quant=4, prompt-lookup) "
         f"or a drafter object with start/propose/accept; got {type(drafter).__name__}"
     )
+
+
+def _wrap_model(model, target):
+    """A feature drafter (``models.eagle.EagleDrafter``, bound to ``target``) or a plain causal LM."""
+    from ..models.eagle import EagleDrafter
+
+    if isinstance(model, EagleDrafter):
+        from .feature import FeatureDrafter
+
+        if target is not None:
+            model.bind(target)  # ValueError if it was trained for another target
+        return FeatureDrafter(model)
+    return ModelDrafter(model)

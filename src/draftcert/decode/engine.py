@@ -42,6 +42,7 @@ from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, as_criterion
 from ..divergences import divergence_upper, log_probs
 from ..summary import summarize
 from .drafters import ModelDrafter, make_drafter, model_forward, new_cache, vocab_size_of
+from .feature import forward_with_hidden
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
 
@@ -207,6 +208,7 @@ def speculative_generate(
     tree_crits = {w: TreeCoverage(w) for w in set(widths) if w > 1}
     stats = DecodeStats(criterion=crit.spec, k=k, tree=None if tree is None and not isinstance(crit, TreeCoverage) else widths)
     d_forwards0 = draft_src.forwards
+    with_hidden = bool(getattr(draft_src, "needs_target_hidden", False))
 
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -216,10 +218,13 @@ def speculative_generate(
         while len(out) < max_new_tokens:
             budget = min(len(widths), max_new_tokens - len(out) - 1)  # never draft past the length limit
             draft = draft_src.propose(seq, widths[:budget], expand_all)
-            logits = _verify(target, cache, n_cached, seq[n_cached:], draft)
+            logits, hidden = _verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)
             stats.target_forwards += 1
             path, emitted, log = _accept(rule, logits, draft, certify, summary_k, tree_crits, stats, eos)
             keep_cache(cache, len(seq), path)  # [pending] is now cached; keep only the accepted nodes
+            if with_hidden:  # a feature drafter gets the target's features of every newly cached position
+                n_pending = len(seq) - n_cached
+                draft_src.observe(hidden[list(range(n_pending)) + [n_pending + j for j in path]])
             n_cached = len(seq) + len(path)
             draft_src.accept(path)
             seq += emitted
@@ -243,17 +248,24 @@ def speculative_generate(
     return DecodeResult(tokens=out, stats=stats, baseline_tokens=base)
 
 
-def _verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree) -> torch.Tensor:
-    """Target logits (1 + N, V): row 0 after the last pending token, row 1 + i after node i."""
+def _verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False):
+    """(target logits (1 + N, V), hidden states (P + N, H) or None).
+
+    Logits row 0 is after the last pending token, row 1 + i after node i; with ``with_hidden``
+    the target's final hidden states of all P pending tokens and N nodes come along (feature drafters).
+    """
     n = len(draft)
+    fwd = forward_with_hidden if with_hidden else model_forward
     if draft.is_chain:  # ordinary causal attention
-        return model_forward(target, cache, pending + draft.tokens, n + 1)
-    dev = target.device
-    anc = draft.ancestors(dev)
-    nodes = torch.arange(n, device=dev)
-    mask = tree_attention_mask(n_cached, len(pending), anc, nodes, nodes, target.dtype)
-    pos = tree_position_ids(n_cached, len(pending), torch.tensor(draft.depths, device=dev))
-    return model_forward(target, cache, pending + draft.tokens, n + 1, mask, pos)
+        out = fwd(target, cache, pending + draft.tokens, n + 1)
+    else:
+        dev = target.device
+        anc = draft.ancestors(dev)
+        nodes = torch.arange(n, device=dev)
+        mask = tree_attention_mask(n_cached, len(pending), anc, nodes, nodes, target.dtype)
+        pos = tree_position_ids(n_cached, len(pending), torch.tensor(draft.depths, device=dev))
+        out = fwd(target, cache, pending + draft.tokens, n + 1, mask, pos)
+    return out if with_hidden else (out, None)
 
 
 def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: int, tree_crits, stats: DecodeStats, eos=frozenset()):

@@ -44,7 +44,13 @@ from dataclasses import dataclass, field
 # self:skip=5 (layer 4 ties within 1/640) is the ~80%-agreement drafter that is also cheaper
 # per token (29 of 30 decoder layers); the quant drafters run dequantised weights on CPU, so
 # they cost as much as the target, and at 4 bits per channel agree only half the time.
-DEFAULT_DRAFTER = "self:skip=5"
+#
+# Since then the default is the trained feature drafter shipped in models/weights/ (EAGLE-style:
+# one decoder layer on the target's hidden states, reduced draft vocabulary; see models/eagle.py
+# and models/weights/README.md for the command that reproduces it).  It costs a few percent of
+# the target per drafted token, where self:skip=5 costs 29/30 of it.
+SKIP_DRAFTER = "self:skip=5"
+DEFAULT_DRAFTER = "eagle:smollm2-135m-instruct"
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,10 @@ def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
         return drafter.to(device)
     if spec == "self":
         raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
+    from .eagle import load_eagle, resolve_spec
+
+    if resolve_spec(spec) is not None:  # a feature drafter: eagle:NAME, a .safetensors file or its directory
+        return load_eagle(spec, target, dtype=target.get_output_embeddings().weight.dtype if dtype is None else dtype).to(device)
     from .loading import load_target
 
     drafter, dtok = load_target(spec, device=device, dtype=dtype, role="drafter")

@@ -62,7 +62,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", default=None, metavar="MODEL",
                    help="hub id or local checkpoint of the target (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", default=None, metavar="MODEL",
-                   help="'default' (the embedded pair's drafter), self:skip=L[,L...], self:quant=BITS, or a hub id/"
+                   help="'default' (the shipped feature drafter of the embedded target), a DRAFTER.safetensors from "
+                        "train-drafter, eagle:NAME, self:skip=L[,L...], self:quant=BITS, or a hub id/"
                         "path sharing the target's tokenizer (default: none, radii only)")
     p.add_argument("--prompts", required=True, metavar="SOURCE",
                    help="mt-bench, humaneval, a .jsonl/.txt file, or a Hugging Face dataset name")

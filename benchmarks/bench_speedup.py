@@ -1,0 +1,218 @@
+"""Wall-clock speed of draftcert with the shipped feature drafter vs the target alone and vs
+transformers' assisted generation, on held-out MT-Bench and HumanEval prompts (batch 1, greedy).
+
+    PYTHONPATH=src python benchmarks/bench_speedup.py                 # 4 + 4 prompts x 128 tokens
+    PYTHONPATH=src python benchmarks/bench_speedup.py --quick         # 1 + 1 prompts x 32 tokens
+
+Methods (each prompt runs every method once per repeat, in an order rotated per prompt and
+repeat, so that load changes on a shared machine hit every method alike; a method's tokens/s is
+its total tokens over the sum, over prompts, of its fastest repeat):
+
+(a) ``target``: ``target.generate(do_sample=False)``, the target alone.
+(b) ``hf-pld:N``: transformers' assisted generation with prompt lookup (``prompt_lookup_num_tokens=N``),
+    the assisted configuration available on this pair (there is no smaller model with the target's
+    tokenizer; a ``self:skip`` assistant costs 29/30 of the target).  The best N is (b).
+(c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the shipped drafter (``--drafter``), live
+    certificates on, as a chain (``k=K``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
+
+Then the cost breakdown that limits the speed-up: a target forward of n tokens after a 100-token
+cache (verification cost by tree size), one drafter step, the certificate work per round.
+
+Last lines: ``speedup_strict=`` (best strict dc tokens/s / target), ``speedup_best=`` (best dc /
+target), ``ratio_vs_hf_best=`` (best strict dc / best hf-pld).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+DEFAULT_METHODS = [
+    "target", "hf-pld:3", "hf-pld:10",
+    "dc:strict:k2", "dc:strict:k3", "dc:strict:k4", "dc:strict:tree2x3",
+    "dc:topm:2:k3", "dc:entropy:0.09:0.3:k3",
+]
+
+
+def parse_dc(spec: str):
+    body = spec[len("dc:"):]
+    rule, _, shape = body.rpartition(":")
+    if shape.startswith("tree"):
+        m, d = shape[4:].split("x")
+        return rule, {"k": int(d), "tree": (int(m), int(d))}
+    if shape.startswith("k"):
+        return rule, {"k": int(shape[1:]), "tree": None}
+    raise ValueError(f"method {spec!r}: shape must be kN or treeMxD")
+
+
+def run_method(method, target, tok, drafter, ids, n_new, eos):
+    from draftcert.decode import speculative_generate
+
+    x = torch.tensor([ids])
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        if method == "target":
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n_new, pad_token_id=pad)
+            toks, st = out[0, len(ids):].tolist(), None
+        elif method.startswith("hf-pld:"):
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n_new, pad_token_id=pad,
+                                  prompt_lookup_num_tokens=int(method.split(":")[1]))
+            toks, st = out[0, len(ids):].tolist(), None
+        else:
+            rule, kw = parse_dc(method)
+            res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, **kw)
+            toks, st = res.tokens, res.stats
+    return toks, time.perf_counter() - t0, st
+
+
+def cost_breakdown(target, drafter, ids, reps=5):
+    """Median seconds: target forward of n tokens after the prompt cache; one drafter step."""
+    from draftcert.decode.drafters import model_forward, new_cache
+    from draftcert.decode.feature import FeatureDrafter, forward_with_hidden
+    from draftcert.decode.tree import crop_cache
+    from draftcert.summary import summarize
+    from draftcert.certificates import radius_rows
+    from draftcert.criteria import Strict
+
+    out = {}
+    with torch.inference_mode():
+        cache = new_cache(target)
+        _, h = forward_with_hidden(target, cache, ids, 1)
+        S = len(ids)
+        for n in (1, 2, 3, 4, 5, 7, 9):
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                logits, _ = forward_with_hidden(target, cache, ids[-1:] * n, n)
+                ts.append(time.perf_counter() - t0)
+                crop_cache(cache, S)
+            out[f"target_forward_{n}"] = sorted(ts)[reps // 2]
+        fd = FeatureDrafter(drafter)
+        fd.start(ids)
+        fd.observe(h[:-1])
+        fd.propose(ids, [1])
+        fd.accept([])
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fd._step([ids[-1]], h[-1:], torch.tensor([[S]]), None)
+            ts.append(time.perf_counter() - t0)
+            crop_cache(fd.cache, fd.n_valid)
+        out["drafter_step"] = sorted(ts)[reps // 2]
+        lg = logits.float()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            s = summarize(logits=torch.cat([lg] * 1)[:5] if lg.shape[0] >= 5 else lg, k=16)
+            radius_rows(Strict(), s, "forward")
+            ts.append(time.perf_counter() - t0)
+        out["certificate_5_rows"] = sorted(ts)[reps // 2]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drafter", default="default", help="feature drafter (default: the shipped one)")
+    ap.add_argument("--mt-bench", type=int, default=4, help="MT-Bench prompts (default 4)")
+    ap.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts (default 4)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; see the module docstring")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="1 + 1 prompts x 32 tokens, 1 repeat")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.mt_bench, args.humaneval, args.max_new_tokens, args.repeats = 1, 1, 32, 1
+    torch.set_num_threads(args.threads)
+
+    from draftcert.decode.drafters import make_drafter
+    from draftcert.models import DEFAULT_DRAFTER, load_target
+    from draftcert.prompts import encode_prompt, load_prompts
+
+    target, tok = load_target(None)
+    dspec = DEFAULT_DRAFTER if args.drafter == "default" else args.drafter
+    drafter = make_drafter(dspec, target, tok).model
+    prompts = load_prompts("mt-bench", args.mt_bench) + load_prompts("humaneval", args.humaneval)
+    enc = [list(encode_prompt(tok, p.text)) for p in prompts]
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else [0]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    print(f"target: embedded SmolLM2-135M-Instruct; drafter: {dspec}; {len(prompts)} prompts x {args.max_new_tokens} tokens, "
+          f"{args.repeats} repeats, {args.threads} thread(s)")
+
+    # warm-up (first-call allocations, lazy imports) on a short run of every method
+    for m in methods:
+        run_method(m, target, tok, drafter, enc[0], 8, eos)
+
+    best = {m: [float("inf")] * len(enc) for m in methods}
+    ntok = {m: [0] * len(enc) for m in methods}
+    stats = {m: [None] * len(enc) for m in methods}
+    ref = [None] * len(enc)
+    for r in range(args.repeats):
+        for i, ids in enumerate(enc):
+            order = methods[(i + r) % len(methods):] + methods[: (i + r) % len(methods)]
+            for m in order:
+                toks, sec, st = run_method(m, target, tok, drafter, ids, args.max_new_tokens, eos)
+                if m == "target":
+                    ref[i] = toks
+                if sec < best[m][i]:
+                    best[m][i], ntok[m][i], stats[m][i] = sec, len(toks), st
+                if st is not None:
+                    stats[m][i] = stats[m][i] or st
+                stats.setdefault("_toks", {})[(m, i)] = toks
+        print(f"repeat {r + 1}/{args.repeats} done", flush=True)
+
+    # drift against the target's own greedy decoding (strict must be identical)
+    rows = []
+    for m in methods:
+        tps = sum(ntok[m]) / sum(best[m])
+        row = {"method": m, "tok_s": tps}
+        same = all(stats["_toks"][(m, i)] == ref[i] for i in range(len(enc))) if "target" in methods else None
+        row["identical"] = same
+        sts = [s for s in stats[m] if s is not None]
+        if sts:
+            rounds = sum(len(s.rounds) for s in sts)
+            emitted = sum(s.emitted for s in sts)
+            row["tokens_per_forward"] = emitted / sum(s.target_forwards for s in sts)
+            row["mean_accepted"] = sum(sum(rl.accepted for rl in s.rounds) for s in sts) / rounds
+            att = sum(sum(s.attempted_by_depth) for s in sts)
+            row["accept_rate"] = sum(sum(s.accepted_by_depth) for s in sts) / max(att, 1)
+            row["certified"] = sum(s.certified_positions for s in sts) / max(sum(s.checked_positions for s in sts), 1)
+            row["drift"] = sum(s.drift_tokens for s in sts) / max(emitted, 1)
+        rows.append(row)
+
+    base = next(r["tok_s"] for r in rows if r["method"] == "target")
+    print()
+    print("| method | tokens/s | vs target | tokens/forward | mean accepted/round | accept rate | certified | drift | identical to greedy |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        f = lambda k, fmt="{:.3f}": fmt.format(r[k]) if k in r else "-"
+        print(f"| {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f} | {f('tokens_per_forward', '{:.2f}')} | "
+              f"{f('mean_accepted', '{:.2f}')} | {f('accept_rate')} | {f('certified')} | {f('drift')} | {r['identical']} |")
+
+    costs = cost_breakdown(target, drafter, enc[0])
+    print()
+    print("cost breakdown (median seconds, 1 thread): " + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in costs.items()))
+    f1 = costs["target_forward_1"]
+    print("relative to one target token: " + ", ".join(f"{k}={v / f1:.3f}" for k, v in costs.items()))
+
+    strict = [r for r in rows if r["method"].startswith("dc:strict:")]
+    dcs = [r for r in rows if r["method"].startswith("dc:")]
+    hf = [r for r in rows if r["method"].startswith("hf-")]
+    bs = max(strict, key=lambda r: r["tok_s"]) if strict else None
+    bb = max(dcs, key=lambda r: r["tok_s"]) if dcs else None
+    bh = max(hf, key=lambda r: r["tok_s"]) if hf else None
+    if bs:
+        print(f"best strict: {bs['method']}; best overall: {bb['method']} (drift {bb.get('drift', 0):.3f})"
+              + (f"; best transformers assisted: {bh['method']}" if bh else ""))
+        print(f"speedup_strict={bs['tok_s'] / base:.3f}")
+        print(f"speedup_best={bb['tok_s'] / base:.3f}")
+        if bh:
+            print(f"ratio_vs_hf_best={bs['tok_s'] / bh['tok_s']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

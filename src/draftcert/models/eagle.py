@@ -1,0 +1,365 @@
+"""EAGLE-style feature drafter with a reduced draft vocabulary and a shared tail mass.
+
+Architecture (one step, for the pair "token x_{s+1}, target feature f_s")::
+
+    h   = fc([embed(x_{s+1}) ; f_s])            # Linear(2H -> H); embed = the target's (frozen)
+    h   = decoder_layer(h)                       # ONE layer of the target's own class (Llama, Qwen3, ...)
+    g   = norm(h)                                # the target's final-norm class, initialised from it
+    z   = W_d g        (V_d rows)                # rows of the target's LM head for the draft vocabulary
+    t   = w_t . g + b_t                          # one learned "tail" logit
+
+``f_s`` is the target's last hidden state (after its final norm, what its LM head reads) at
+position s; ``g`` is the drafter's guess of ``f_{s+1}`` and is fed back as the feature of the
+next drafting step, so a chain of k drafts costs k one-layer steps.
+
+Full-vocabulary distribution: the V - V_d tokens outside the draft vocabulary share the tail mass
+equally, i.e. each gets the logit ``t - log(V - V_d)``.  q is then a proper distribution on the
+whole vocabulary with q(y) > 0 everywhere, so KL(p||q) is finite and the certificates exact.
+
+The draft-vocabulary head rows are *frozen copies* of the target's LM head rows: the drafter's
+logit space is the target's, so matching the target's feature matches its distribution; and the
+rows are not stored in the weights file (only their token ids), which keeps the file small and
+guarantees it uses exactly the target's head.  The embedding is the target's too (frozen, not
+stored).  The weights file (safetensors) stores ``fc``, the decoder layer, the norm, the tail row,
+the draft vocabulary ids and a fingerprint of the target, checked at load time.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+FORMAT = "draftcert-eagle-1"
+WEIGHTS_NAME = "drafter.safetensors"
+
+__all__ = [
+    "EagleDrafter",
+    "target_fingerprint",
+    "target_features",
+    "load_eagle",
+    "save_eagle",
+    "is_eagle_path",
+    "FORMAT",
+]
+
+
+def _parts(target):
+    """(decoder, embed_tokens, final norm, lm_head weight) of a transformers causal LM."""
+    dec = target.get_decoder() if hasattr(target, "get_decoder") else getattr(target, "model", None)
+    layers = getattr(dec, "layers", None)
+    norm = getattr(dec, "norm", None)
+    head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
+    if layers is None or norm is None or head is None or getattr(head, "weight", None) is None:
+        raise ValueError(
+            f"eagle drafter: {type(target).__name__} is not a Llama/Qwen-style causal LM "
+            "(expected model.layers, model.norm and an output embedding)"
+        )
+    if getattr(head, "bias", None) is not None:
+        raise ValueError("eagle drafter: targets whose LM head has a bias are not supported")
+    if getattr(target.config, "final_logit_softcapping", None):
+        raise ValueError("eagle drafter: targets with logit soft-capping are not supported")
+    return dec, dec.get_input_embeddings(), norm, head.weight
+
+
+def target_fingerprint(target) -> dict:
+    """What a drafter must match: architecture, sizes, and a hash of the LM head and embedding."""
+    dec, emb, norm, head_w = _parts(target)
+    h = hashlib.sha256()
+    for t in (head_w, emb.weight, norm.weight):
+        h.update(t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+    return {
+        "architecture": type(target).__name__,
+        "layer_class": type(dec.layers[-1]).__name__,
+        "hidden_size": int(head_w.shape[1]),
+        "vocab_size": int(head_w.shape[0]),
+        "weights_sha256": h.hexdigest(),
+    }
+
+
+def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
+    """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V))."""
+    dec, _, _, head_w = _parts(target)
+    kw = {}
+    if cache is not None:
+        kw["cache"] = cache
+    out = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **kw)
+    f = out.last_hidden_state
+    return f, f @ head_w.T
+
+
+def _layer_config(target):
+    """A copy of the target's config describing one decoder layer (cache slot 0, full attention)."""
+    cfg = copy.deepcopy(target.config)
+    cfg.num_hidden_layers = 1
+    types = getattr(cfg, "layer_types", None)
+    if types is not None:
+        cfg.layer_types = ["full_attention"]
+    if hasattr(cfg, "use_sliding_window"):
+        cfg.use_sliding_window = False
+    return cfg
+
+
+class EagleDrafter(nn.Module):
+    """The feature drafter (see the module docstring).  ``bind(target)`` before use."""
+
+    def __init__(self, target, vocab_ids, *, init_from_last_layer: bool = False):
+        super().__init__()
+        dec, emb, norm, head_w = _parts(target)
+        V, H = int(head_w.shape[0]), int(head_w.shape[1])
+        ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()
+        if ids.numel() < 1 or ids.numel() > V:
+            raise ValueError(f"eagle drafter: draft vocabulary has {ids.numel()} ids; need 1..{V}")
+        if int(ids.min()) < 0 or int(ids.max()) >= V or torch.unique(ids).numel() != ids.numel():
+            raise ValueError(f"eagle drafter: draft vocabulary ids must be distinct and lie in [0, {V})")
+        self.vocab_size, self.hidden_size = V, H
+        self.layer_config = _layer_config(target)
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        layer = copy.deepcopy(dec.layers[-1]) if init_from_last_layer else type(dec.layers[-1])(self.layer_config, 0)
+        for mod in layer.modules():
+            if hasattr(mod, "layer_idx"):
+                mod.layer_idx = 0
+            if hasattr(mod, "config"):
+                mod.config = self.layer_config
+            if hasattr(mod, "sliding_window"):
+                mod.sliding_window = None
+        self.layer = layer
+        self.norm = copy.deepcopy(norm)
+        self.rotary = copy.deepcopy(dec.rotary_emb)
+        self.tail = nn.Linear(H, 1, bias=True)
+        with torch.no_grad():
+            # fc starts as "feature + a little token": the layer sees the target's feature scale.
+            self.fc.weight.zero_()
+            self.fc.weight[:, H:] = torch.eye(H)
+            self.fc.weight[:, :H] = 0.1 * torch.eye(H)
+            self.tail.weight.zero_()
+            self.tail.bias.fill_(-4.0)
+        self.register_buffer("vocab_ids", ids.clone(), persistent=True)
+        self._target = None
+        self.fingerprint = target_fingerprint(target)
+        self.bind(target)
+
+    # ------------------------------------------------------------------ target binding
+    def bind(self, target) -> "EagleDrafter":
+        """Attach the target (not a submodule: never saved, moved or trained with the drafter)."""
+        fp = target_fingerprint(target)
+        mine = self.fingerprint
+        bad = [f"{k}: drafter {mine.get(k)!r} vs target {fp[k]!r}" for k in fp if mine.get(k) != fp[k]]
+        if bad:
+            raise ValueError("eagle drafter does not match this target (" + "; ".join(bad)
+                             + "); train one for this target with `draftcert train-drafter`")
+        object.__setattr__(self, "_target", target)
+        return self
+
+    @property
+    def target(self):
+        if self._target is None:
+            raise ValueError("eagle drafter: no target bound; call drafter.bind(target)")
+        return self._target
+
+    def _embed(self, ids):
+        return self.target.get_input_embeddings()(ids).to(self.fc.weight.dtype)
+
+    def head_weight(self):
+        w = self.target.get_output_embeddings().weight
+        return w.index_select(0, self.vocab_ids.to(w.device)).to(self.fc.weight.dtype)
+
+    @property
+    def config(self):
+        """What vocabulary checks read (``config.vocab_size``), as for a causal LM."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(vocab_size=self.vocab_size, hidden_size=self.hidden_size, _name_or_path=getattr(self, "draftcert_spec", "eagle"))
+
+    def get_output_embeddings(self):
+        """The target's LM head: the drafter's logits live on the target's full vocabulary."""
+        return self.target.get_output_embeddings()
+
+    @property
+    def n_draft_vocab(self) -> int:
+        return int(self.vocab_ids.numel())
+
+    # ------------------------------------------------------------------ compute
+    def step(self, tokens, feats, position_ids, mask, cache=None, head_weight=None):
+        """One drafting step for rows (B, T): returns (feature g (B,T,H), reduced logits (B,T,V_d), tail (B,T)).
+
+        ``mask`` is an additive 4-D attention mask (B or 1, 1, T, cached + T) over the cache.
+        """
+        x = self.fc(torch.cat([self._embed(tokens), feats.to(self.fc.weight.dtype)], -1))
+        pe = self.rotary(x, position_ids=position_ids)
+        kw = {"cache": cache, "use_cache": cache is not None} if cache is not None else {}
+        x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
+        if isinstance(x, tuple):
+            x = x[0]
+        g = self.norm(x)
+        w = self.head_weight() if head_weight is None else head_weight
+        return g, g @ w.T, self.tail(g).squeeze(-1)
+
+    def full_logits(self, reduced, tail):
+        """Full-vocabulary logits (..., V): out-of-vocabulary tokens share the tail mass equally."""
+        V, Vd = self.vocab_size, self.n_draft_vocab
+        if Vd == V:
+            out = torch.empty(*reduced.shape[:-1], V, dtype=reduced.dtype, device=reduced.device)
+            out[..., self.vocab_ids] = reduced
+            return out
+        fill = tail - math.log(V - Vd)
+        out = fill.unsqueeze(-1).expand(*reduced.shape[:-1], V).clone()
+        out[..., self.vocab_ids] = reduced
+        return out
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0, **_):
+        """Teacher-forced scoring, the interface of a causal LM (used by ``draftcert profile``).
+
+        Row t of the logits predicts token t + 1 from the target's feature at t - 1 and token t
+        (the feature drafter's one-step prediction); row 0 has no feature before it and is uniform.
+        Returns an object with ``.logits`` (B, T or logits_to_keep, V).
+        """
+        from types import SimpleNamespace
+
+        B, T = input_ids.shape
+        with torch.no_grad():
+            f, _ = target_features(self.target, input_ids, attention_mask, position_ids)
+        dt = self.fc.weight.dtype
+        keyok = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
+        causal = torch.ones(T - 1, T - 1, dtype=torch.bool, device=input_ids.device).tril()
+        allowed = causal[None] & keyok[:, None, 1:]
+        allowed |= torch.eye(T - 1, dtype=torch.bool, device=input_ids.device)[None]  # pad rows see themselves
+        mask = torch.zeros(B, 1, T - 1, T - 1, dtype=dt, device=input_ids.device)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(dt).min)
+        pos = position_ids[:, :-1] if position_ids is not None else torch.arange(T - 1, device=input_ids.device)[None].expand(B, -1)
+        _, red, tail = self.step(input_ids[:, 1:], f[:, :-1], pos, mask)
+        logits = torch.zeros(B, T, self.vocab_size, dtype=dt, device=input_ids.device)
+        logits[:, 1:] = self.full_logits(red, tail)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.layer_config)
+
+    # ------------------------------------------------------------------ what is saved
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        sd = {}
+        for prefix, mod in (("fc.", self.fc), ("layer.", self.layer), ("norm.", self.norm), ("tail.", self.tail)):
+            for k, v in mod.state_dict().items():
+                sd[prefix + k] = v
+        sd["vocab_ids"] = self.vocab_ids
+        return sd
+
+
+# Drafters shipped inside the package (models/weights/), by name: ``eagle:NAME``.
+PACKAGED = {"smollm2-135m-instruct": "smollm2-135m-instruct.safetensors"}
+
+
+def packaged_path(name: str) -> Path:
+    from importlib.resources import files
+
+    if name not in PACKAGED:
+        raise ValueError(f"drafter 'eagle:{name}': no such packaged drafter (known: {', '.join(sorted(PACKAGED))})")
+    return Path(str(files("draftcert.models") / "weights" / PACKAGED[name]))
+
+
+def resolve_spec(spec) -> Path | None:
+    """The weights file of an ``eagle:NAME`` spec or a path to a drafter file/directory, else None."""
+    s = str(spec)
+    if s.startswith("eagle:"):
+        return packaged_path(s[len("eagle:") :])
+    return Path(s).expanduser() if is_eagle_path(s) else None
+
+
+def is_eagle_path(spec) -> bool:
+    p = Path(str(spec)).expanduser()
+    if p.is_dir():
+        return (p / WEIGHTS_NAME).is_file()
+    return p.suffix == ".safetensors"
+
+
+def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict | None = None) -> Path:
+    """Write the drafter atomically as safetensors (``dtype`` for float tensors); returns the file."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / WEIGHTS_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sd = {}
+    for k, v in drafter.trainable_state().items():
+        v = v.detach().cpu()
+        sd[k] = (v.to(dtype) if v.is_floating_point() and dtype is not None else v).contiguous()
+    meta = {
+        "format": FORMAT,
+        "fingerprint": json.dumps(drafter.fingerprint, sort_keys=True),
+        "n_draft_vocab": str(drafter.n_draft_vocab),
+        "extra": json.dumps(getattr(drafter, "extra", {}) if extra is None else extra, sort_keys=True),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(sd, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return path
+
+
+def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
+    """Load a drafter file (or a directory holding ``drafter.safetensors``) for ``target``.
+
+    Raises ValueError (before any decoding) for a missing/corrupt file, a file of another format,
+    or a drafter trained for a different target (architecture, sizes, vocabulary or weights).
+    """
+    from safetensors import safe_open
+
+    p = resolve_spec(path) or Path(str(path)).expanduser()
+    if p.is_dir():
+        p = p / WEIGHTS_NAME
+    if not p.is_file():
+        raise ValueError(f"eagle drafter: no such file {str(p)!r}")
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            meta = f.metadata() or {}
+            sd = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for truncated/garbled files
+        raise ValueError(f"eagle drafter: {str(p)!r} is not a readable safetensors file ({exc}); "
+                         "re-download or retrain it") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"eagle drafter: {str(p)!r} has format {meta.get('format')!r}, expected {FORMAT!r}")
+    try:
+        fp = json.loads(meta["fingerprint"])
+    except (KeyError, ValueError):
+        raise ValueError(f"eagle drafter: {str(p)!r} has no valid target fingerprint") from None
+    mine = target_fingerprint(target)
+    bad = [f"{k}: file {fp.get(k)!r} vs target {mine[k]!r}" for k in mine if fp.get(k) != mine[k]]
+    if bad:
+        raise ValueError(f"eagle drafter {str(p)!r} was trained for another target (" + "; ".join(bad) + ")")
+    if "vocab_ids" not in sd:
+        raise ValueError(f"eagle drafter: {str(p)!r} lacks vocab_ids")
+    d = EagleDrafter(target, sd["vocab_ids"])
+    state = {k: v for k, v in sd.items() if k != "vocab_ids"}
+    expected = {k: v for k, v in d.trainable_state().items() if k != "vocab_ids"}
+    missing, unexpected = set(expected) - set(state), set(state) - set(expected)
+    wrong = [k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape)]
+    if missing or unexpected or wrong:
+        raise ValueError(f"eagle drafter {str(p)!r}: tensors do not fit the target's layer "
+                         f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}, wrong shape {wrong[:3]})")
+    for k, v in state.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise ValueError(f"eagle drafter {str(p)!r}: tensor {k} has non-finite values (corrupt file)")
+    with torch.no_grad():
+        for k, v in d.trainable_state().items():
+            if k != "vocab_ids":
+                v.copy_(state[k].to(v.dtype))
+    d.to(dtype)
+    d.eval()
+    d.requires_grad_(False)
+    d.draftcert_spec = str(path)
+    try:
+        d.extra = json.loads(meta.get("extra", "{}"))
+    except ValueError:
+        d.extra = {}
+    return d

@@ -1,0 +1,248 @@
+"""Self-distillation data: prompts written by the target, its greedy answers, its features.
+
+Nothing is downloaded.  For each example:
+
+1. **Prompt (Magpie-style).**  The chat template rendered up to where a user turn's text starts
+   (e.g. ``<|im_start|>system ... <|im_end|>\\n<|im_start|>user\\n``) is given to the target,
+   which *samples* a user turn (temperature / top-p) until its end-of-turn token.
+2. **Response.**  The target's greedy answer to that user turn (chat template applied exactly as
+   ``draftcert.prompts.encode_prompt`` does at decoding time), up to ``max_new_tokens``.
+3. **Features.**  One teacher-forced forward pass over prompt + response gives the target's final
+   hidden state at every position (float32).  The teacher distribution at a position is
+   ``softmax(lm_head(feature))`` -- the target's full next-token distribution, recomputed on the
+   fly during training from the feature; full distributions are never written to disk.
+
+Held-out prompt sets (MT-Bench, HumanEval) are never used: ``overlaps_heldout`` drops any
+generated prompt that equals, contains, is contained in, or shares an 8-word run with a held-out
+prompt, and the data file records how many were dropped.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+SENTINEL = "\x00DRAFTCERT_USER\x00"
+
+
+def user_prefix_ids(tok) -> list[int]:
+    """Token ids of the chat template up to the start of a user turn's text."""
+    if getattr(tok, "chat_template", None) is None:
+        raise ValueError("train-drafter: the target's tokenizer has no chat template (needed for Magpie-style prompts)")
+    text = tok.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False, add_generation_prompt=False)
+    if SENTINEL not in text:
+        raise ValueError("train-drafter: cannot locate the user turn in the chat template")
+    prefix = text[: text.index(SENTINEL)]
+    return tok(prefix, add_special_tokens=False)["input_ids"]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def _norm(text: str) -> str:
+    return " ".join(_words(text))
+
+
+class HeldOut:
+    """Index of held-out prompts for overlap checks (normalised text and word 8-grams)."""
+
+    def __init__(self, texts, n: int = 8):
+        self.n = n
+        self.norms = [_norm(t) for t in texts]
+        self.grams = set()
+        for t in texts:
+            w = _words(t)
+            self.grams.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
+
+    def overlaps(self, text: str) -> bool:
+        t = _norm(text)
+        if not t:
+            return False
+        for h in self.norms:
+            if h and (t == h or t in h or h in t):
+                return True
+        w = t.split()
+        return any(tuple(w[i : i + self.n]) in self.grams for i in range(len(w) - self.n + 1))
+
+
+def heldout_texts() -> list[str]:
+    """Every MT-Bench and HumanEval prompt (what evaluation uses; never trained on)."""
+    from ..prompts import load_prompts
+
+    return [p.text for src in ("mt-bench", "humaneval") for p in load_prompts(src)]
+
+
+def _left_pad(seqs, pad):
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), T, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, T - len(s) :] = torch.tensor(s)
+        mask[i, T - len(s) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: bool, temperature=1.0, top_p=0.95,
+                      gen=None, features: bool = False):
+    """Batched left-padded generation with a KV cache (greedy or sampled).
+
+    Returns the new tokens per row, and with ``features=True`` also each row's final hidden
+    states (float32, one per position of prompt + new tokens except the last token, whose
+    successor is never predicted) -- collected from the very passes that generated the tokens.
+    """
+    from transformers import DynamicCache
+
+    from ..models.eagle import target_features
+
+    dev = model.device
+    ids, mask = _left_pad(seqs, pad)
+    ids, mask = ids.to(dev), mask.to(dev)
+    cache = DynamicCache(config=model.config)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = [[] for _ in seqs]
+    feats = [[] for _ in seqs]
+    done = [False] * len(seqs)
+    T0 = ids.shape[1]
+    cur_ids, cur_pos = ids, pos
+    head = model.get_output_embeddings()
+    for step in range(max_new):
+        if features:
+            f = model.get_decoder()(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache,
+                                    use_cache=True).last_hidden_state
+            logits = head(f[:, -1:]).squeeze(1).float()
+            for i in range(len(seqs)):
+                if not done[i]:
+                    feats[i].append(f[i, T0 - len(seqs[i]) :].float().cpu() if step == 0 else f[i].float().cpu())
+        else:
+            logits = model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache, use_cache=True,
+                           logits_to_keep=1).logits[:, -1].float()
+        if sample:
+            # top-p within the top 64 (a full sort of the vocabulary per step costs as much as the forward)
+            top, idx = torch.topk(logits / temperature, 64, dim=-1)
+            sp = torch.softmax(top, -1)
+            keep = sp.cumsum(-1) - sp < top_p
+            sp = sp * keep
+            choice = torch.multinomial(sp / sp.sum(-1, keepdim=True), 1, generator=gen)
+            nxt = idx.gather(1, choice).squeeze(1)
+        else:
+            nxt = logits.argmax(-1)
+        for i, t in enumerate(nxt.tolist()):
+            if not done[i]:
+                out[i].append(t)
+                if t in eos:
+                    done[i] = True
+        if all(done):
+            break
+        cur_ids = nxt[:, None]
+        cur_pos = cur_pos[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones(len(seqs), 1, dtype=mask.dtype, device=dev)], 1)
+    if features:
+        return out, [torch.cat(f, 0) for f in feats]
+    return out
+
+
+def eos_ids(model, tok) -> set[int]:
+    from ..profile.generate import eos_token_ids
+
+    return set(eos_token_ids(model, tok))
+
+
+@torch.inference_mode()
+def features_of(target, seqs, pad: int, batch: int = 8):
+    """Final hidden state (float32, (T_i, H)) at every position of each sequence (one forward each batch)."""
+    from ..models.eagle import target_features
+
+    out = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    for j in range(0, len(order), batch):
+        idx = order[j : j + batch]
+        ids, mask = _left_pad([seqs[i] for i in idx], pad)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        dev = target.device
+        f, _ = target_features(target, ids.to(dev), mask.to(dev), pos.to(dev))
+        T = ids.shape[1]
+        for r, i in enumerate(idx):
+            out[i] = f[r, T - len(seqs[i]) :].float().cpu().clone()
+    return out
+
+
+def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_new_tokens: int = 128,
+                      batch: int = 32, seed: int = 0, heldout: HeldOut | None = None, temperature: float = 1.0,
+                      top_p: float = 0.95, log=print):
+    """``n`` self-generated examples: dicts with prompt text, token ids, response length, features.
+
+    Prompts are drawn in batches until ``n`` distinct, non-empty, non-held-out ones exist.
+    """
+    from ..prompts import encode_prompt
+
+    if n < 1:
+        raise ValueError(f"train-drafter: need at least 1 example, got {n}")
+    gen = torch.Generator().manual_seed(seed)
+    prefix = user_prefix_ids(tok)
+    eos = eos_ids(target, tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+    prompts, seen, dropped = [], set(), {"heldout": 0, "empty": 0, "duplicate": 0, "truncated (kept)": 0}
+    t0 = time.perf_counter()
+    tries = 0
+    while len(prompts) < n:
+        tries += 1
+        if tries > 50:
+            raise RuntimeError(f"train-drafter: could not sample {n} usable prompts (got {len(prompts)}; dropped {dropped})")
+        outs = _batched_generate(target, [prefix] * batch, max_prompt_tokens, eos, pad, sample=True,
+                                 temperature=temperature, top_p=top_p, gen=gen)
+        for o in outs:
+            text = tok.decode([t for t in o if t not in eos], skip_special_tokens=True).strip()
+            if not o or o[-1] not in eos:
+                dropped["truncated (kept)"] += 1  # a user turn cut at max_prompt_tokens is still a prompt
+            if len(text) < 8:
+                dropped["empty"] += 1
+                continue
+            if text in seen:
+                dropped["duplicate"] += 1
+                continue
+            if heldout is not None and heldout.overlaps(text):
+                dropped["heldout"] += 1
+                continue
+            seen.add(text)
+            prompts.append(text)
+        log(f"prompts: {min(len(prompts), n)}/{n} ({time.perf_counter() - t0:.0f} s)")
+    prompts = prompts[:n]
+    enc = [list(encode_prompt(tok, p)) for p in prompts]
+    examples = []
+    # Every sequence starts with the same template prefix (system prompt, user header): not worth training on.
+    n_skip = max(len(prefix) - 1, 0)
+    order = sorted(range(n), key=lambda i: -len(enc[i]))
+    for j in range(0, n, batch):
+        idx = order[j : j + batch]
+        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False, features=True)
+        for i, r, f in zip(idx, resp, feats):
+            # The generating passes saw every token but the last one: keep the positions with a feature.
+            ids = (enc[i] + r)[: f.shape[0]]
+            examples.append({"prompt": prompts[i], "ids": ids, "n_prompt": len(enc[i]), "n_skip": n_skip, "features": f})
+        log(f"responses: {len(examples)}/{n} ({time.perf_counter() - t0:.0f} s)")
+    log(f"features: {n} sequences, {sum(len(e['ids']) for e in examples)} tokens ({time.perf_counter() - t0:.0f} s)")
+    return examples, {"dropped": dropped, "seconds": time.perf_counter() - t0}
+
+
+def draft_vocabulary(examples, size: int, vocab_size: int, always=()) -> torch.Tensor:
+    """The ``size`` most frequent token ids of the examples, plus ``always`` (e.g. EOS).
+
+    Frequency = observed count + the target's expected count (the sum of its next-token
+    probabilities over every position, ``e["mass"]`` when present): with a few ten thousand
+    tokens of data, the expected count also ranks the many tokens the greedy text happens not
+    to contain but the target often predicts.  Ties go to the lower id.
+    """
+    score = torch.zeros(vocab_size, dtype=torch.float64)
+    for e in examples:
+        score += torch.bincount(torch.tensor(e["ids"]), minlength=vocab_size).double()
+        if "mass" in e:
+            score += e["mass"].double()
+    size = min(int(size), vocab_size)
+    for t in always:
+        score[t] = float("inf")  # EOS etc. must be draftable
+    order = sorted(range(vocab_size), key=lambda i: (-float(score[i]), i))
+    return torch.tensor(order[:size]).sort().values
