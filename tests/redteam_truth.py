@@ -1,7 +1,10 @@
 """Red team exact truth (mpmath, 300 digits; imports nothing from draftcert): acceptance of
 each built-in rule on the given values, and the brute-force forward-KL radius (small V)."""
 
-import mpmath, numpy as np, math
+import math
+
+import mpmath
+
 mp = mpmath.mp
 mp.dps = 300
 def P_exact(row, is_logits):

@@ -6,7 +6,6 @@ All on a tiny random Qwen3 target built in code (float64, so that a k-token veri
 
 from __future__ import annotations
 
-import math
 import shutil
 
 import pytest

@@ -96,8 +96,6 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
     """
     from transformers import DynamicCache
 
-    from ..models.eagle import target_features
-
     dev = model.device
     ids, mask = _left_pad(seqs, pad)
     ids, mask = ids.to(dev), mask.to(dev)

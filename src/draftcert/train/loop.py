@@ -259,7 +259,6 @@ def evaluate(drafter, examples, cfg, head_w, vocab_ids, V):
         out[f"kl_median@{j}"] = float(kl.median()) if kl.numel() else float("nan")
     # mean accepted run (chain of ttt drafts, teacher-forced): leading accepted steps per row
     if stats.get("acc"):
-        run = None
         total = 0.0
         count = 0
         for rows in zip(*[stats["acc"][j] for j in sorted(stats["acc"])], stats["valid"][1]):
