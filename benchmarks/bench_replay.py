@@ -3,7 +3,10 @@
     PYTHONPATH=src nice -n 10 python benchmarks/bench_replay.py                 # 8 MT-Bench prompts x 128 tokens
     PYTHONPATH=src python benchmarks/bench_replay.py --limit 2 --max-new-tokens 24   # smoke run
 
-1. ``draftcert profile --drafter default`` on the prompts (the trace).
+1. ``draftcert profile --drafter self:skip=5`` on the prompts (the trace).  The drafter is a
+   token-conditioned model, for which strict replay is exact at every depth; a feature
+   (EAGLE-style) drafter such as the shipped default drafts depth >= 2 from its own features,
+   which a teacher-forced trace does not record (``--drafter default`` measures that gap).
 2. ``draftcert.replay`` on it; a calibration of the forwards on this machine (before decoding).
 3. Real decoding with ``speculative_generate`` on the same prompts: strict chains k = 1..8,
    strict (2, 4) tree and static [4, 2, 1] tree, and every relaxed rule of the trace as a
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -43,6 +45,7 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=8)
+    ap.add_argument("--drafter", default="self:skip=5", help="drafter spec (default: self:skip=5, the pair of the recorded results)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5, help="calibration repeats")
@@ -57,11 +60,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from draftcert.decode import greedy_generate, speculative_generate
-    from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
+    from draftcert.models import load_drafter, load_target
     from draftcert.profile import profile
     from draftcert.prompts import encode_prompt, load_prompts
     from draftcert.replay import Shape, load_replay_trace
-    from draftcert.replay.api import replay
     from draftcert.replay.speed import calibrate
 
     tmp = None
@@ -71,12 +73,12 @@ def main() -> None:
     else:
         out = Path(args.out)
     t0 = time.perf_counter()
-    profile(None, "default", "mt-bench", out=out, limit=args.limit, max_new_tokens=args.max_new_tokens,
+    profile(None, args.drafter, "mt-bench", out=out, limit=args.limit, max_new_tokens=args.max_new_tokens,
             progress=False, report=False)
     print(f"profile: {time.perf_counter() - t0:.1f} s", flush=True)
 
     target, tok = load_target(None)
-    drafter = load_drafter(DEFAULT_DRAFTER, target, tok)
+    drafter = load_drafter(args.drafter, target, tok)
     prompts = load_prompts("mt-bench", limit=args.limit)
     ids = {p.id: encode_prompt(tok, p.text) for p in prompts}
     trace = load_replay_trace(out)
@@ -101,7 +103,7 @@ def main() -> None:
         costs = Costs.from_dict(saved["costs"])
     else:
         costs = calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=args.repeats)
-        saved = {"out": str(out), "limit": args.limit, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        saved = {"out": str(out), "drafter": args.drafter, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "threads": args.threads,
                  "configs": [[r, list(s.widths), s.expand_all] for r, s in configs], "n_strict": len(strict_shapes),
                  "meas": {f"{r}|{s.label}": {"tok": 0, "fwd": 0, "sec": 0.0, "rounds": {}, "lens": {}, "tokens": {}}
                           for r, s in configs},
@@ -149,7 +151,6 @@ def main() -> None:
 def analyze(saved: dict, args) -> None:
     from draftcert.replay import Shape, load_replay_trace
     from draftcert.replay.api import replay
-    from draftcert.models import DEFAULT_DRAFTER
     from draftcert.replay.speed import Costs
 
     trace = load_replay_trace(saved["out"])
@@ -209,7 +210,7 @@ def analyze(saved: dict, args) -> None:
         errs_after.append(abs(pred_after - measured) / measured)
         table.append((r, s.label, res.row(r, s.label)["tokens_per_forward"], m["tok"] / m["fwd"], pred, measured))
 
-    print(f"\nembedded pair (SmolLM2-135M-Instruct, drafter {DEFAULT_DRAFTER}), {n_prompts} MT-Bench prompts x "
+    print(f"\nembedded pair (SmolLM2-135M-Instruct, drafter {saved.get('drafter', args.drafter)}), {n_prompts} MT-Bench prompts x "
           f"{saved['max_new_tokens']} tokens, {saved['threads']} thread(s); decoding took {saved['decode_seconds']:.0f} s")
     print(f"target alone: {base_tps:.2f} tokens/s (measured, interleaved)")
     print("\n| rule | config | tok/fwd replay | tok/fwd measured | speedup predicted | speedup measured |")

@@ -169,6 +169,11 @@ def load_replay_trace(out_dir) -> ReplayTrace:
             if len(cols.get(f"accept_mask/{s}", [])) == len(shards):  # present in every shard
                 masks[s] = get1(f"accept_mask/{s}", np.int64)
     notes = []
+    dspec = run.get("drafter") or (run.get("settings") or {}).get("drafter")
+    if isinstance(dspec, str) and _is_feature_drafter(dspec):
+        notes.append(f"drafter {dspec} is a feature drafter: the trace scores it on the target's own hidden states "
+                     "at every position, while in decoding its drafts at depth >= 2 condition on its own predicted "
+                     "features; replay is exact at depth 1 and an estimate deeper, strict rules included")
     if not masks_everywhere:
         notes.append("trace format draftcert-trace/1 (no accept_mask/<spec>): relaxed rules are replayed as chains "
                      "only; re-record with this version of `draftcert profile` to replay them on trees")
@@ -195,3 +200,14 @@ def load_replay_trace(out_dir) -> ReplayTrace:
         mnt = max(len(p) for p in prompts)
         notes.append(f"run.json lacks max_new_tokens: assuming {mnt} (the longest prompt's steps)")
     return ReplayTrace(out_dir, run, list(specs or []), int(mnt), prompts, int(dids.shape[1]), notes)
+
+
+def _is_feature_drafter(spec: str) -> bool:
+    """Does the run's drafter spec name a feature (EAGLE-style) drafter?  Those draft deeper
+    positions from their own features, which a teacher-forced trace does not record."""
+    from ..models.eagle import resolve_spec
+
+    try:
+        return resolve_spec(spec) is not None
+    except ValueError:
+        return False
