@@ -334,12 +334,14 @@ class EntropyThreshold(LevelSet):
     """
 
     needs_entropy = True
+    _name = "entropy"  # the spec's rule name
 
     def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
-        self.epsilon = _check_param("EPSILON", epsilon, float(epsilon) > 0, "entropy:EPSILON:DELTA needs EPSILON > 0")
-        self.delta = _check_param("DELTA", delta, float(delta) > 0, "entropy:EPSILON:DELTA needs DELTA > 0")
+        n = self._name
+        self.epsilon = _check_param("EPSILON", epsilon, float(epsilon) > 0, f"{n}:EPSILON:DELTA needs EPSILON > 0")
+        self.delta = _check_param("DELTA", delta, float(delta) > 0, f"{n}:EPSILON:DELTA needs DELTA > 0")
         self.inclusive = True
-        self.spec = f"entropy:{_fmt(self.epsilon)}:{_fmt(self.delta)}"
+        self.spec = f"{n}:{_fmt(self.epsilon)}:{_fmt(self.delta)}"
 
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
         if s.entropy is None:
@@ -376,12 +378,7 @@ class TypicalAcceptance(EntropyThreshold):
     """
 
     needs_entropy = False
-
-    def __init__(self, epsilon: float = 0.09, delta: float = 0.3):
-        self.epsilon = _check_param("EPSILON", epsilon, float(epsilon) > 0, "typical:EPSILON:DELTA needs EPSILON > 0")
-        self.delta = _check_param("DELTA", delta, float(delta) > 0, "typical:EPSILON:DELTA needs DELTA > 0")
-        self.inclusive = True
-        self.spec = f"typical:{_fmt(self.epsilon)}:{_fmt(self.delta)}"
+    _name = "typical"
 
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
         h = s.tilde_entropy()
