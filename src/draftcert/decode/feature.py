@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .drafters import _cache_kwarg
 from .tree import DraftTree, crop_cache, tree_attention_mask, tree_position_ids
 
 __all__ = ["FeatureDrafter", "forward_with_hidden"]
@@ -36,8 +37,8 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
         input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
         attention_mask=mask,
         position_ids=position_ids,
-        cache=cache,
         use_cache=True,
+        **{_cache_kwarg(dec): cache},  # "cache" in transformers 5, "past_key_values" before
     )
     h = out.last_hidden_state
     logits = model.get_output_embeddings()(h[:, -keep:, :])
