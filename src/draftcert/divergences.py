@@ -205,9 +205,16 @@ def divergence_upper(lp: torch.Tensor, lq: torch.Tensor, ep: torch.Tensor, eq: t
     err = term * (8 * U + beta) / (1 - beta) + torch.where(torch.isfinite(lq), q * perr, torch.zeros_like(q)) + deriv
     err = torch.where(torch.isnan(err), torch.zeros_like(err), err)
     total = (term.sum(-1) + err.sum(-1)) * (1 + gamma(V + 4))
-    both_zero = torch.isneginf(lp) & torch.isneginf(lq)
-    del both_zero
     return total * torch.exp(ep) * (1 + 8 * U) + TINY
+
+
+def forward_kl_upper(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """(N, V) x (N, V) logits -> (N,) proven upper bound on the exact KL(softmax x || softmax y):
+    float64 log-probabilities with their error bounds (:func:`log_probs`), then
+    :func:`divergence_upper`.  The certificate-side KL of the engine and the profiler."""
+    lp, ep, _, _ = log_probs(target_logits, True, "target logits")
+    lq, eq, _, _ = log_probs(draft_logits, True, "draft logits")
+    return divergence_upper(lp, lq, ep, eq, "forward")
 
 
 def divergence_rows(p: torch.Tensor, q: torch.Tensor, kind: str) -> torch.Tensor:

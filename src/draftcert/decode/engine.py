@@ -39,7 +39,7 @@ import torch
 
 from ..certificates import radius_rows
 from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, as_criterion
-from ..divergences import divergence_upper, log_probs
+from ..divergences import forward_kl_upper
 from ..summary import summarize
 from .drafters import ModelDrafter, make_drafter, model_forward, new_cache, vocab_size_of
 from .feature import forward_with_hidden
@@ -381,7 +381,5 @@ def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> tuple[to
         need = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     idx = need.nonzero().squeeze(1)
     if idx.numel():
-        lp, ep, _, _ = log_probs(x[idx], True, "target logits")
-        lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
-        kl[idx] = divergence_upper(lp, lq, ep, eq, "forward")  # an upper bound on the exact KL
+        kl[idx] = forward_kl_upper(x[idx], y[idx])  # an upper bound on the exact KL
     return kl, need

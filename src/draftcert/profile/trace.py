@@ -202,7 +202,8 @@ class StepCertifier:
         bits = (2 ** torch.arange(dids.shape[1], device=dids.device, dtype=torch.int64))
         for c in self.criteria:
             if not isinstance(c, TreeCoverage):
-                keep = ~c.rejected_mask(torch.exp(lp), c.threshold_from_summary(summ)[:, None]) & ok[:, None]
+                # exactly as the engine decides a child (``accept_ids``: the rule on the given values)
+                keep = torch.stack([c.accept_ids(summ, dids[:, j]) for j in range(dids.shape[1])], 1) & ok[:, None]
                 cols[f"accept_mask/{c.spec}"] = (keep.to(torch.int64) * bits).sum(1).to(torch.int32)
         # Floating-point contract (docs/theory.md, section 7): radii are lower bounds on the
         # exact radius; kl_f is float64 but not a proven upper bound, so rows whose kl_f lies
@@ -214,12 +215,10 @@ class StepCertifier:
             near |= (kl_f - r).abs() <= 1e-6 * (1 + r.abs().nan_to_num(posinf=0.0))
         idx = (near & ok).nonzero().squeeze(1)
         if idx.numel():
-            from ..divergences import divergence_upper, log_probs
+            from ..divergences import forward_kl_upper
 
-            lpx, ep, _, _ = log_probs(summ.source[idx], True, "target logits")
-            lq, eq, _, _ = log_probs(y[idx], True, "draft logits")
             kl_cert = kl_f.clone()
-            kl_cert[idx] = divergence_upper(lpx, lq, ep, eq, "forward")
+            kl_cert[idx] = forward_kl_upper(summ.source[idx], y[idx])
         for c in self.criteria:
             # NaN radius or NaN divergence compare False: a broken step never certifies.
             cols[f"certified/{c.spec}"] = kl_cert < radius[c.spec]
