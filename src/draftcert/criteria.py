@@ -208,7 +208,7 @@ class Strict(LevelSet):
 
 def _p1_bounds(s: Summary) -> tuple[torch.Tensor, torch.Tensor]:
     p1 = s.top_probs[:, 0]
-    e = s.common_err() + s.entry_err(s.top_vals[:, :1])[:, 0] + 4 * U
+    e = s.common_err() + s.top_entry_err()[:, 0] + 4 * U
     return p1 * (1 - e), p1 * (1 + e)
 
 

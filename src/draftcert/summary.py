@@ -190,7 +190,8 @@ def _window_pass(x: torch.Tensor, k: int, want_entropy: bool):
     nb = 16 * R
     blocks = torch.topk(bmax.reshape(N, nb), k, dim=-1, sorted=False).indices
     t = torch.arange(_WIN_T, device=x.device) * 16
-    cols = ((blocks // 16) * _WIN + blocks % 16)[:, :, None] + t
+    # block b = 16 w + c starts at column 1024 w + c = b + 1008 w
+    cols = (blocks + (blocks // 16) * (_WIN - 16))[:, :, None] + t
     cols = cols.reshape(N, k * _WIN_T)
     if R * _WIN < V:  # the columns past the last whole window: always candidates, summed here
         tail = x[:, R * _WIN :]
@@ -283,6 +284,7 @@ class Summary:
     ref_gap: torch.Tensor | None = field(default=None, repr=False)
     log_s: torch.Tensor | None = field(default=None, repr=False)
     ent_q: torch.Tensor | None = field(default=None, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)  # per-summary values every rule asks for
 
     def __post_init__(self):
         # the given values of the top-k (built from top_ids when a caller assembles a Summary
@@ -327,12 +329,28 @@ class Summary:
     def common_err(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(N,) u_c: the computed probabilities are p_i * c * theta_i with |c - 1| <= u_c a
         factor common to the row (the normaliser's error) and |theta_i - 1| <= entry_err."""
+        if rows is None and "uc" in self._memo:
+            return self._memo["uc"]
         if self.is_logits:
             e = torch.expm1(self.log_norm_err())
         else:
             e = torch.full((self.top_probs.shape[0],), float(gamma(self.vocab_size + 2)), dtype=torch.float64,
                            device=self.top_probs.device)
-        return e if rows is None else e[rows]
+        if rows is None:
+            self._memo["uc"] = e
+            return e
+        return e[rows]
+
+    def top_entry_err(self) -> torch.Tensor:
+        """entry_err of the top-k (computed once per summary: every rule asks for it)."""
+        if "es" not in self._memo:
+            self._memo["es"] = self.entry_err(self.top_vals)
+        return self._memo["es"]
+
+    def top_zero_mask(self) -> torch.Tensor:
+        if "zero" not in self._memo:
+            self._memo["zero"] = self.zero_mask(self.top_vals)
+        return self._memo["zero"]
 
     def entry_err(self, vals: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Relative per-entry error bound of the float64 probabilities of source values
