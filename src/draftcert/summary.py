@@ -1,11 +1,11 @@
 """One pass over a batch of distributions: the statistics every certificate needs.
 
 Every criterion in this library is decided by the *top of the sorted target
-distribution* (and, for Medusa's rule, its entropy).  ``summarize`` reads each
-row of ``(..., V)`` logits or probabilities once for the normaliser, the
-entropy and the minimum (a fused kernel when the input is large), once for a
-block partial sort (``topk_rows``), and keeps the top-``k`` probabilities in
-float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
+distribution* (and, for Medusa's rule, its entropy).  ``summarize`` reads large
+16/32-bit logits once (``_window_pass``: block maxima for the top-k, the minimum,
+and the float64 normaliser and entropy in one compiled loop); other inputs once
+for the normaliser, the entropy and the minimum and once for a block partial
+sort (``topk_rows``).  It keeps the top-``k`` probabilities in float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
 deeper) are settled exactly on demand (the row minimum, :meth:`Summary.max_src_below`,
 and for extremely flat rows
 :meth:`Summary.sorted_rows`), so the answer never depends on ``k``; ``k`` only
