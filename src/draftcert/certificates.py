@@ -54,7 +54,7 @@ def _tail_bound(summ: Summary) -> torch.Tensor:
         return torch.zeros_like(summ.top_probs[:, 0])
     if summ.tail_cache is None:
         top = summ.top_probs
-        lo = top * (1 - summ.entry_err(summ.top_vals) - 8 * U) / (1 + summ.common_err()[:, None])
+        lo = top * (1 - summ.top_entry_err() - 8 * U) / (1 + summ.common_err()[:, None])
         tail = (1 - lo.sum(1)).clamp_min(0) + gamma(summ.k + 4)
         rows = (tail < 1e-3).nonzero().squeeze(1)
         if rows.numel():
@@ -236,8 +236,8 @@ def _level_set_radius(crit: LevelSet, summ: Summary, kind: str) -> torch.Tensor:
     cut = crit.rejection_cut(summ)
     r, found = _first_cut(vals, cut)
     uc = summ.common_err()
-    es = summ.entry_err(vals)
-    zero = summ.zero_mask(vals)
+    es = summ.top_entry_err()
+    zero = summ.top_zero_mask()
     extra = _tail_bound(summ) if kind == "reverse" else None
     out = torch.full((n,), torch.inf, dtype=torch.float64, device=top.device)
     redo = []  # rows settled in arbitrary precision, then from a full sort
@@ -296,7 +296,7 @@ def radius_rows(crit: Criterion, summ: Summary, kind: str) -> torch.Tensor:
         if summ.k < crit.m + 1:
             raise ValueError(f"summary holds top-{summ.k}; tree:{crit.m} needs k >= {crit.m + 1}")
         extra = _tail_bound(summ) if kind == "reverse" else None
-        return tree_bound(top, summ.entry_err(summ.top_vals), summ.zero_mask(summ.top_vals), crit.m, kind,
+        return tree_bound(top, summ.top_entry_err(), summ.top_zero_mask(), crit.m, kind,
                           summ.common_err(), extra)
     if not isinstance(crit, LevelSet):
         raise ValueError(f"criterion: unsupported type {type(crit).__name__}")

@@ -132,16 +132,22 @@ class LevelSet(Criterion):
     def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
         """(N,) bool: is token ids[n] accepted by the rule evaluated exactly on the given
         values?  float64 decides every row whose p(x) is clear of the threshold by more
-        than the error bounds; the others are decided in arbitrary precision (mpmath)."""
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        acc, rej = self.sure(s, rows, s.source.gather(-1, ids[:, None])[:, 0])
+        than the error bounds; the others are decided in arbitrary precision (mpmath).
+        ``ids`` may also be (N, K) (K tokens per row): then (N, K), the same decisions."""
+        n = ids.shape[0]
+        rows = torch.arange(n, device=ids.device)
+        if ids.ndim == 2:
+            rows = rows[:, None].expand(ids.shape).reshape(-1)
+        flat = ids.reshape(-1)
+        acc, rej = self.sure(s, rows, s.source[rows, flat])
         out = acc.clone()
         unsure = (~acc & ~rej).nonzero().squeeze(1)
         if unsure.numel():
             tau = self.threshold_from_summary(s)
             for i in unsure.tolist():
-                out[i] = exact_accept(self, s.source[i], s.is_logits, int(ids[i]), float(tau[i]))
-        return out
+                r = int(rows[i])
+                out[i] = exact_accept(self, s.source[r], s.is_logits, int(flat[i]), float(tau[r]))
+        return out.reshape(ids.shape)
 
     def exact_tau(self, P: list, tau_hat: float, mp):
         """The threshold of the exact distribution P (mpmath numbers); a user rule's is
@@ -168,6 +174,18 @@ class LevelSet(Criterion):
         if bool(((ids < 0) | (ids >= s.vocab_size)).any()):
             raise ValueError(f"tokens: ids must lie in [0, {s.vocab_size})")
         return s.out.wrap(self.accept_ids(s, ids))
+
+
+def _given(s: Summary, ids: torch.Tensor) -> torch.Tensor:
+    """The given values of tokens ids (N,) or (N, K), in the shape of ids."""
+    if ids.ndim == 2:
+        return s.source.gather(-1, ids)
+    return s.source.gather(-1, ids[:, None])[:, 0]
+
+
+def _per_row(t: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """A per-row (N,) value broadcast against ids (N,) or (N, K)."""
+    return t[:, None] if ids.ndim == 2 else t
 
 
 def _check_param(name: str, value: float, ok: bool, what: str) -> float:
@@ -200,7 +218,7 @@ class Strict(LevelSet):
         return s.top_vals[:, 0]  # reject exactly the values below the maximum
 
     def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
-        return s.source.gather(-1, ids[:, None])[:, 0] >= s.top_vals[:, 0]
+        return _given(s, ids) >= _per_row(s.top_vals[:, 0], ids)
 
     def exact_tau(self, P, tau_hat, mp):
         return max(P)
@@ -208,7 +226,7 @@ class Strict(LevelSet):
 
 def _p1_bounds(s: Summary) -> tuple[torch.Tensor, torch.Tensor]:
     p1 = s.top_probs[:, 0]
-    e = s.common_err() + s.entry_err(s.top_vals[:, :1])[:, 0] + 4 * U
+    e = s.common_err() + s.top_entry_err()[:, 0] + 4 * U
     return p1 * (1 - e), p1 * (1 + e)
 
 
@@ -317,7 +335,7 @@ class TopM(LevelSet):
 
     def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
         self.threshold_from_summary(s)
-        return s.source.gather(-1, ids[:, None])[:, 0] >= s.top_vals[:, self.m - 1]
+        return _given(s, ids) >= _per_row(s.top_vals[:, self.m - 1], ids)
 
     def exact_tau(self, P, tau_hat, mp):
         return sorted(P, reverse=True)[self.m - 1]
@@ -437,7 +455,7 @@ class MarginAware(LevelSet):
         return torch.where(self._close_exact(s), s.top_vals[:, 1], s.top_vals[:, 0])
 
     def accept_ids(self, s: Summary, ids: torch.Tensor) -> torch.Tensor:
-        return s.source.gather(-1, ids[:, None])[:, 0] >= self.rejection_cut(s)
+        return _given(s, ids) >= _per_row(self.rejection_cut(s), ids)
 
     def exact_tau(self, P, tau_hat, mp):
         srt = sorted(P, reverse=True)

@@ -1,11 +1,11 @@
 """One pass over a batch of distributions: the statistics every certificate needs.
 
 Every criterion in this library is decided by the *top of the sorted target
-distribution* (and, for Medusa's rule, its entropy).  ``summarize`` reads each
-row of ``(..., V)`` logits or probabilities once for the normaliser, the
-entropy and the minimum (a fused kernel when the input is large), once for a
-block partial sort (``topk_rows``), and keeps the top-``k`` probabilities in
-float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
+distribution* (and, for Medusa's rule, its entropy).  ``summarize`` reads large
+16/32-bit logits once (``_window_pass``: block maxima for the top-k, the minimum,
+and the float64 normaliser and entropy in one compiled loop); other inputs once
+for the normaliser, the entropy and the minimum and once for a block partial
+sort (``topk_rows``).  It keeps the top-``k`` probabilities in float64.  Rows for which ``k`` turns out to be too few (the rejected token sits
 deeper) are settled exactly on demand (the row minimum, :meth:`Summary.max_src_below`,
 and for extremely flat rows
 :meth:`Summary.sorted_rows`), so the answer never depends on ``k``; ``k`` only
@@ -114,10 +114,109 @@ def _below(x: torch.Tensor, rows: torch.Tensor, cut: torch.Tensor) -> torch.Tens
     return torch.where(xr < cut, xr, neg).amax(-1)
 
 
+# The one-read pass for large 16/32-bit logits (``_window_pass``): each row is cut into
+# windows of _WIN = 16 * _WIN_T columns, and block (w, c) of the top-k search is the _WIN_T
+# columns w * _WIN + c + 16 t (t < _WIN_T) -- strided, so that a compiled loop over t keeps
+# 16 block maxima and 16 partial sums per vector register and reads the window in order.
+_WIN_T = 64
+_WIN = 16 * _WIN_T
+_REF_COLS = 2048  # the reference r of exp(x - r) is the maximum of this many leading columns
+# rows whose maximum exceeds r by more than this are redone with r = max (the error bounds
+# of docs/theory.md, section 7 grow with the gap; float64 exp(x - r) stays far from overflow)
+MAX_REF_GAP = 64.0
+# the gap assumed for a summary built without it (only the one-read pass leaves a gap, and
+# only for V >= _WIN_MIN_V)
+_WIN_MIN_V = 4 * _WIN
+
+
+def _window_moments(x: torch.Tensor, r: torch.Tensor, want_entropy: bool):
+    """Per strided block of the first R * _WIN columns: max, min, sum exp(x - r) and
+    sum exp(x - r) (x - r) (float64; 0 where exp underflows or x = -inf), r (N, 1) float64.
+    Written so that torch.compile emits a single loop nest: one read of x."""
+    N, V = x.shape
+    R = V // _WIN
+    xb = x[:, : R * _WIN].view(N, R, _WIN_T, 16)
+    z = xb.double() - r[:, :, None, None]
+    s = torch.exp(z).sum(2)
+    if not want_entropy:
+        return xb.amax(2), xb.amin(2), s, None
+    # a second, identical expression: a shared exp(z) with two consumers is materialised by
+    # the compiler as an (N, V) float64 buffer; two copies are fused (and CSE'd) in one loop
+    z2 = xb.double() - r[:, :, None, None]
+    d = (torch.exp(z2) * z2.clamp_min(-1e300)).sum(2)
+    return xb.amax(2), xb.amin(2), s, d
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(fn_name: str):
-    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "below": _below}[fn_name]
+    fn = {"logit": _logit_moments_fused, "prob": _prob_moments_eager, "below": _below,
+          "window": _window_moments}[fn_name]
     return torch.compile(fn, dynamic=True)
+
+
+def _use_window(x: torch.Tensor, k: int) -> bool:
+    V = x.shape[-1]
+    return (
+        not _compile_broken
+        and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
+        and x.numel() >= _COMPILE_MIN_NUMEL
+        and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and V >= _WIN_MIN_V
+        and 16 * (V // _WIN) >= 4 * k
+    )
+
+
+def _window_pass(x: torch.Tensor, k: int, want_entropy: bool):
+    """Top-k, row minimum and the float64 moments of exp(x - r) of (N, V) logits from one read
+    of x (docs/theory.md, sections 4 and 7).  Returns (top_vals, top_ids, s, d, row_min, r,
+    gap) with gap = max(x) - r in [0, MAX_REF_GAP] (0 where a row was redone with r = max),
+    or None when the compiler is unavailable (the caller takes the two-pass path)."""
+    global _compile_broken
+    N, V = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    R = V // _WIN
+    r = x[:, : min(V, _REF_COLS)].amax(-1).double()
+    r = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
+    try:
+        bmax, bmin, sw, dw = _compiled("window")(x, r[:, None], want_entropy)
+    except Exception as exc:  # pragma: no cover - depends on the host toolchain
+        _compile_broken = True
+        warnings.warn(f"draftcert: torch.compile unavailable ({exc!s:.200}); using eager kernels", stacklevel=3)
+        return None
+    s = sw.sum((1, 2))
+    d = dw.sum((1, 2)) if want_entropy else None
+    row_min = bmin.amin((1, 2))
+    nb = 16 * R
+    blocks = torch.topk(bmax.reshape(N, nb), k, dim=-1, sorted=False).indices
+    t = torch.arange(_WIN_T, device=x.device) * 16
+    # block b = 16 w + c starts at column 1024 w + c = b + 1008 w
+    cols = (blocks + (blocks // 16) * (_WIN - 16))[:, :, None] + t
+    cols = cols.reshape(N, k * _WIN_T)
+    if R * _WIN < V:  # the columns past the last whole window: always candidates, summed here
+        tail = x[:, R * _WIN :]
+        ts, td, tlo = _logit_moments(tail, r[:, None], want_entropy)
+        s = s + ts
+        d = d + td if want_entropy else None
+        row_min = torch.minimum(row_min, tlo)
+        cols = torch.cat([cols, torch.arange(R * _WIN, V, device=x.device).expand(N, -1)], 1)
+    # exact for any partition of the columns into blocks: the argument of topk_rows
+    vals, j = torch.topk(x.gather(1, cols), k, dim=-1, largest=True, sorted=True)
+    top_vals, top_ids = _stable_tie_order(vals, cols.gather(1, j))
+    M = top_vals[:, 0].double()  # the row maximum (NaN ranks first)
+    gap = M - r
+    redo = ~(torch.isfinite(M) & (gap >= 0) & (gap <= MAX_REF_GAP) & torch.isfinite(s) & (s > 0))
+    if bool(redo.any()):
+        i = redo.nonzero().squeeze(1)
+        m = torch.where(torch.isfinite(M[i]), M[i], torch.zeros_like(M[i]))
+        s_i, d_i, _ = _logit_moments_eager(x[i], m[:, None], want_entropy)
+        s, r, gap = s.clone(), r.clone(), gap.clone()
+        s[i], r[i], gap[i] = s_i, m, 0.0
+        if want_entropy:
+            d = d.clone()
+            d[i] = d_i
+    gap = torch.where(torch.isfinite(gap), gap.clamp_min(0), torch.zeros_like(gap))
+    return top_vals, top_ids, s, d, row_min, r, gap
 
 
 _compile_broken = False
@@ -179,6 +278,13 @@ class Summary:
     norm: torch.Tensor | None = field(default=None, repr=False)  # (N,) float64 row sums (probability input)
     lse_err: torch.Tensor | None = field(default=None, repr=False)  # (N,) bound on |log_norm - exact|
     entropy_tilde: torch.Tensor | None = field(default=None, repr=False)  # (N,) -sum p log(p + 1e-5)
+    # logits: the normaliser was summed as s = sum exp(x - r) with r = max(x) - ref_gap; log_s =
+    # log s, ent_q = sum exp(x - r) (x - r) / s (the entropy is log_s - ent_q).  None in a
+    # summary built by hand: the error bounds then assume the worst gap (docs/theory.md, section 7)
+    ref_gap: torch.Tensor | None = field(default=None, repr=False)
+    log_s: torch.Tensor | None = field(default=None, repr=False)
+    ent_q: torch.Tensor | None = field(default=None, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)  # per-summary values every rule asks for
 
     def __post_init__(self):
         # the given values of the top-k (built from top_ids when a caller assembles a Summary
@@ -202,22 +308,49 @@ class Summary:
             self.norm = self.source.sum(-1, dtype=torch.float64)
         return self.norm
 
+    def _gap(self) -> torch.Tensor | float:
+        """max(x) - r of the normaliser's sum (logits), or its worst case when unknown."""
+        if self.ref_gap is not None:
+            return self.ref_gap
+        return MAX_REF_GAP if self.vocab_size >= _WIN_MIN_V else 0.0
+
+    def _abs_log_s(self) -> torch.Tensor | float:
+        """|log s| (logits), or its bound log V + gap when unknown (e^gap <= s <= V e^gap)."""
+        if self.log_s is not None:
+            return self.log_s.abs()
+        return math.log(self.vocab_size) + self._gap()
+
     def log_norm_err(self) -> torch.Tensor:
         """(N,) bound on |log_norm - exact log-sum-exp| (logit input)."""
         if self.lse_err is None:
-            V = self.vocab_size
-            self.lse_err = gamma(2 * V + 8) + 4 * U * (self.log_norm.abs() + math.log(V) + 2)
+            self.lse_err = _lse_err(self.vocab_size, self.log_norm, self._abs_log_s(), self._gap())
         return self.lse_err
 
     def common_err(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """(N,) u_c: the computed probabilities are p_i * c * theta_i with |c - 1| <= u_c a
         factor common to the row (the normaliser's error) and |theta_i - 1| <= entry_err."""
+        if rows is None and "uc" in self._memo:
+            return self._memo["uc"]
         if self.is_logits:
             e = torch.expm1(self.log_norm_err())
         else:
             e = torch.full((self.top_probs.shape[0],), float(gamma(self.vocab_size + 2)), dtype=torch.float64,
                            device=self.top_probs.device)
-        return e if rows is None else e[rows]
+        if rows is None:
+            self._memo["uc"] = e
+            return e
+        return e[rows]
+
+    def top_entry_err(self) -> torch.Tensor:
+        """entry_err of the top-k (computed once per summary: every rule asks for it)."""
+        if "es" not in self._memo:
+            self._memo["es"] = self.entry_err(self.top_vals)
+        return self._memo["es"]
+
+    def top_zero_mask(self) -> torch.Tensor:
+        if "zero" not in self._memo:
+            self._memo["zero"] = self.zero_mask(self.top_vals)
+        return self._memo["zero"]
 
     def entry_err(self, vals: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Relative per-entry error bound of the float64 probabilities of source values
@@ -293,9 +426,25 @@ class Summary:
 
     # -- entropies with their error bounds -----------------------------------------------
     def entropy_err(self) -> torch.Tensor:
-        """(N,) bound on |entropy - exact Shannon entropy of the given values|."""
+        """(N,) bound on |entropy - exact Shannon entropy of the given values|.
+
+        Logits (docs/theory.md, section 7): H = log s - q with s = sum e^z, q = sum e^z z / s,
+        z = x - r and r = max(x) - gap, gap >= 0.  s carries a relative error sigma =
+        gamma_{2V+8} + 2 U gap; q an absolute (c1 + sigma + 2U)|q| + 2 c1 gap, c1 = gamma_V +
+        U (gap + 760) (each term e^z z is off by U (|z| + 7) relative, |z| <= 746 + gap where
+        e^z does not underflow, and sum p |z| <= |q| + 2 gap); log s 4U |log s| more, and the
+        final subtraction U |H|."""
         V = self.vocab_size
-        return U * ((4 * V + 300) * (self.entropy + 1) + 2 * (math.log(V) + 20) ** 2)
+        H = self.entropy
+        if not self.is_logits:
+            return U * ((4 * V + 300) * (H + 1) + 2 * (math.log(V) + 20) ** 2)
+        gap = self._gap()
+        ls = self._abs_log_s()
+        q = self.ent_q.abs() if self.ent_q is not None else (ls + H.abs()) * (1 + 4 * U)
+        sigma = gamma(2 * V + 8) + 2 * U * gap
+        c1 = gamma(V) + U * (gap + 760)
+        e = sigma + 4 * U * ls + (c1 + sigma + 2 * U) * q + 2 * c1 * gap
+        return e * (1 + 1e-6) + U * H.abs() * (1 + U) + 2.0**-1000
 
     def tilde_entropy(self) -> torch.Tensor:
         """(N,) H~ = -sum p log(p + 1e-5), the entropy of Medusa / vLLM's typical acceptance,
@@ -322,6 +471,15 @@ class Summary:
 
 
 TYPICAL_EPS = 1e-5  # the constant inside Medusa's / vLLM's log(p + 1e-5)
+
+
+def _lse_err(V: int, log_norm: torch.Tensor, abs_log_s, gap) -> torch.Tensor:
+    """Bound on |log_norm - exact log-sum-exp| for log_norm = r + log s, s = sum exp(x - r)
+    summed in float64, r = max(x) - gap (docs/theory.md, section 7): each term exp(x - r) is
+    off by U (|x - r| + 4) relative, sum e^z |z| <= s (V/e + gap), the sum adds gamma_V."""
+    if isinstance(abs_log_s, torch.Tensor):
+        abs_log_s = abs_log_s.abs()
+    return gamma(2 * V + 8) + 2 * U * gap + 4 * U * (log_norm.abs() + abs_log_s + 2)
 
 
 def summarize(
@@ -354,20 +512,33 @@ def summarize(
     if x2.shape[0] == 0:
         raise ValueError(f"{arg}: empty batch (shape {tuple(x.shape)})")
     kk = max(1, min(int(k), V))
-    top_vals, top_ids = topk_rows(x2, kk)
+    win = _window_pass(x2, kk, entropy) if is_logits and _use_window(x2, kk) else None
+    gap = ent_q = None
+    if win is not None:
+        top_vals, top_ids, s, d, row_min, r, gap = win
+        if validate and not bool(torch.isfinite(top_vals[:, 0]).all()):
+            check_logits_rows(top_vals[:, 0].double(), arg)
+    else:
+        top_vals, top_ids = topk_rows(x2, kk)
     if is_logits:
-        m = top_vals[:, :1].double()
-        if validate and not bool(torch.isfinite(m).all()):
-            check_logits_rows(m[:, 0], arg)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # broken rows: NaN below, flagged
-        s, d, row_min = _moments("logit", x2, m, want_entropy=entropy)
+        if win is None:
+            m = top_vals[:, :1].double()
+            if validate and not bool(torch.isfinite(m).all()):
+                check_logits_rows(m[:, 0], arg)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # broken rows: NaN below, flagged
+            s, d, row_min = _moments("logit", x2, m, want_entropy=entropy)
+            r, gap = m[:, 0], torch.zeros_like(m[:, 0])
         log_s = torch.log(s)
-        log_norm = m[:, 0] + log_s
+        log_norm = r + log_s
         if validate:
             check_logits_rows(log_norm, arg)
-        lse_err = gamma(2 * V + 8) + 4 * U * (log_norm.abs() + log_s.abs() + 2)
+        lse_err = _lse_err(V, log_norm, log_s, gap)
         top = torch.exp(top_vals.double() - log_norm[:, None])
-        ent = (log_s - d / s) if entropy else None
+        if entropy:
+            ent_q = d / s
+            ent = log_s - ent_q
+        else:
+            ent = None
         norm = None
     else:
         norm = x2.sum(-1, dtype=torch.float64)
@@ -379,7 +550,8 @@ def summarize(
         # H(x / S) = sum entr(x) / S + log S
         ent = (h / norm + torch.log(norm)) if entropy else None
     return Summary(top, top_ids, ent, log_norm, V, out, x2, is_logits, row_min,
-                   top_vals=top_vals, norm=norm, lse_err=lse_err)
+                   top_vals=top_vals, norm=norm, lse_err=lse_err, ref_gap=gap,
+                   log_s=log_s if is_logits else None, ent_q=ent_q)
 
 
 # Block size of topk_rows' candidate search (32-64 measured fastest at V = 49k and 152k).
