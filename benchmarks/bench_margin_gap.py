@@ -14,6 +14,10 @@ recomputed by draftcert.margin_statistic.  Three searches supply candidate targe
    (a, t x (M-1), b) with any t and any tail mass, for single-token rules
    (a, c x k, b, tail) with c at the rule's breakpoints; each is searched by brute force
    over its parameters (random draws, and a grid zoomed around the best cell);
+   For entropy and typical, a third family (``pool_family``) holds the candidates the
+   extremal argument of docs/theory.md section 5 points at: ties with the top, a block of
+   tied intermediates joining the pool, and the rest filled at the pool's level (or just
+   below the pair level, or as copies of b), zoomed over (b, block size, block level);
 3. local refinement: Nelder-Mead on the logits of the best target per bin (generic
    distributions), maximising the ratio while G stays in the bin.
 
