@@ -342,3 +342,20 @@ def test_entropy_bound_below_radius_structured(args):
     G = float(dc.margin_statistic(spec, p))
     if math.isfinite(G) and 1 - G > 1e-6:
         assert float(dc.margin_bound_from_statistic(spec, np.array(G), kind)) <= r * (1 + 1e-12) + 1e-15
+
+
+@pytest.mark.parametrize("spec", ("entropy:0.5:5", "typical:0.5:5", "entropy:0.4:1", "typical:0.45:1.5"))
+@pytest.mark.parametrize("kind", KINDS)
+def test_entropy_loose_regime_pair_attains_bound(spec, kind):
+    """docs/theory.md 5: for DELTA >= 1 and (1-G)/2 <= EPSILON < (1+G)/2 the pair
+    ((1+G)/2, (1-G)/2) has the statistic G and its radius is the bound in every divergence."""
+    eps = float(spec.split(":")[1])
+    for G in np.linspace(0.01, 0.99, 25):
+        if not (1 - G) / 2 <= eps < (1 + G) / 2:
+            continue
+        p = np.array([(1 + G) / 2, (1 - G) / 2])
+        assert float(dc.margin_statistic(spec, p)) == pytest.approx(G, rel=1e-12, abs=1e-15)
+        r = float(dc.radius(spec, p, kind))
+        b = float(dc.margin_bound(spec, p, kind))
+        assert b <= r
+        assert b >= r * (1 - SHARP_REL) - SHARP_ABS, (spec, kind, G, b, r)
