@@ -325,7 +325,9 @@ def ratio_of(crit, kind, P):
     G = np.asarray(dc.margin_statistic(crit, P), dtype=np.float64)
     b = np.asarray(dc.margin_bound(crit, P, kind), dtype=np.float64)
     bG = np.asarray(dc.margin_bound_from_statistic(crit, np.where(np.isfinite(G), G, np.inf), kind), dtype=np.float64)
-    resolvable = np.isfinite(G) & (1 - G > 1e-6)
+    # where the radius is +inf (reverse KL with b = 0: a zero-padded row whose only rejected
+    # tokens are the padding) margin_bound returns the radius itself, by design
+    resolvable = np.isfinite(G) & (1 - G > 1e-6) & np.isfinite(r)
     with np.errstate(invalid="ignore"):
         STAT_ONLY["mismatch"] += int(np.sum(resolvable & ~np.isclose(b, bG, rtol=1e-9, atol=1e-15)))
         STAT_ONLY["violations"] += int(np.sum(~resolvable & np.isfinite(G) & (bG > r * (1 + VIOLATION_TOL) + VIOLATION_ABS)))
