@@ -14,6 +14,10 @@ recomputed by draftcert.margin_statistic.  Three searches supply candidate targe
    (a, t x (M-1), b) with any t and any tail mass, for single-token rules
    (a, c x k, b, tail) with c at the rule's breakpoints; each is searched by brute force
    over its parameters (random draws, and a grid zoomed around the best cell);
+   For entropy and typical, a third family (``pool_family``) holds the candidates the
+   extremal argument of docs/theory.md section 5 points at: ties with the top, a block of
+   tied intermediates joining the pool, and the rest filled at the pool's level (or just
+   below the pair level, or as copies of b), zoomed over (b, block size, block level);
 3. local refinement: Nelder-Mead on the logits of the best target per bin (generic
    distributions), maximising the ratio while G stays in the bin.
 
@@ -48,6 +52,8 @@ CRITERIA = [
     "topm:2",
     "entropy:0.09:0.3",
     "typical:0.09:0.3",
+    "entropy:0.5:5",
+    "typical:0.5:5",
     "mars:0.5",
     "mars:2",
     "tree:2",
@@ -224,6 +230,85 @@ def family_zoom(crit: str, kind: str, G: float) -> list[np.ndarray]:
     return out
 
 
+def _rows(blocks: list[tuple[np.ndarray, np.ndarray]], vmax: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows made of blocks (value, count) (each of shape (N,)), as batches of similar width
+    (zero padded within a batch), each with the indices of its rows; rows wider than
+    ``vmax`` tokens, or with negative counts, are dropped."""
+    vals = np.stack([v for v, _ in blocks], 1)
+    cnts = np.stack([c for _, c in blocks], 1).astype(np.int64)
+    width = cnts.sum(1)
+    keep = (cnts >= 0).all(1) & (width >= 2) & (width <= vmax) & np.isfinite(vals).all(1) & (vals >= 0).all(1)
+    out = []
+    lo = 0
+    for hi in (16, 128, 1024, vmax):
+        idx = np.flatnonzero(keep & (width > lo) & (width <= hi))
+        lo = hi
+        if not idx.size:
+            continue
+        P = np.zeros((idx.size, int(width[idx].max())))
+        for row, i in enumerate(idx):
+            r = np.repeat(vals[i], cnts[i])
+            P[row, : r.shape[0]] = r
+        out.append((P / P.sum(1, keepdims=True), idx))  # the division: float64 mass round-off only
+    return out
+
+
+def pool_family(crit: str, kind: str, G: float, vmax: int = 4096) -> list[np.ndarray]:
+    """Entropy rules: the candidates the extremal argument of docs/theory.md section 5 points at.
+
+    (s_0 x (1+j), mu x k, b, f x n, r) with s_0 = b + G: j further tokens tied with the top, a
+    block of k tied intermediates mu in [pair level, s_0] (they join the pool), and the rest
+    of the mass *filled* at one level f with one remainder r.  For KL, f is the pool's level
+    (arithmetic for forward, geometric for reverse: the off-pool tokens that make the entropy
+    lowest without joining the pool) or just below the pair level; for TV, f = b (copies of
+    b, the family of the TV proof) or just below the pair level.  A grid over (b, k, mu, j, f),
+    zoomed twice around the best ratio (in b and mu, neighbouring k)."""
+    out = []
+    bmax = (1 - G) / 2
+    if bmax <= 0:
+        return out
+    b_lo, b_hi, u_lo, u_hi = 1e-7, 1.0, 0.0, 1.0
+    ks = np.array([0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    for rnd in range(3):
+        nb = 10 if rnd == 0 else 7
+        bs = np.unique(np.concatenate([np.geomspace(b_lo, b_hi, nb), np.linspace(b_lo, b_hi, nb)])) * bmax
+        us = np.linspace(u_lo, u_hi, 5)
+        B, K, U, J, F = (x.ravel() for x in np.meshgrid(bs, ks, us, np.array([0, 3]), np.arange(2), indexing="ij"))
+        s0 = B + G
+        mu = B + G / 2 + U * G / 2
+        pool_mass = (1 + J) * s0 + B + K * mu
+        n_pool = J + K + 2
+        if kind == "reverse":
+            lev = np.exp(((1 + J) * np.log(s0) + np.log(B) + K * np.log(mu)) / n_pool)
+        else:
+            lev = pool_mass / n_pool
+        f = np.where(F == 1, (B + G / 2) * (1 - 1e-9), B if kind == "tv" else lev * (1 - 1e-12))
+        rest = 1 - pool_mass
+        ok = (rest >= -1e-15) & (f > 0)
+        rest = np.maximum(rest, 0)
+        n = np.floor(rest / np.maximum(f, 1e-300) * (1 - 1e-15))
+        r = rest - n * f
+        ok &= n + J + K + 3 <= vmax
+        sel = np.flatnonzero(ok)
+        best = (-np.inf, None)
+        for P, idx in _rows([(s0[sel], 1 + J[sel]), (mu[sel], K[sel]), (B[sel], np.ones(sel.size)), (f[sel], n[sel]), (r[sel], (r[sel] > 0).astype(int))], vmax):
+            out.append(P)
+            ratio, Gs, _, _ = ratio_of(crit, kind, P)
+            okr = np.isfinite(ratio) & (np.abs(Gs - G) <= G_MATCH * max(1.0, G))
+            if okr.any():
+                i = np.flatnonzero(okr)[np.argmax(ratio[okr])]
+                if ratio[i] > best[0]:
+                    best = (ratio[i], sel[idx[i]])
+        if best[1] is None:
+            break
+        g = best[1]
+        bi, ki, ui = B[g] / bmax, K[g], U[g]
+        b_lo, b_hi = max(bi / 3, 1e-12), min(1.0, bi * 3)
+        wu = (u_hi - u_lo) / 4
+        u_lo, u_hi = max(0.0, ui - wu), min(1.0, ui + wu)
+        ks = np.unique(np.round(ki * np.array([0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.6])).astype(int))
+    return out
+
 STAT_ONLY = {"violations": 0, "mismatch": 0}
 
 
@@ -240,7 +325,9 @@ def ratio_of(crit, kind, P):
     G = np.asarray(dc.margin_statistic(crit, P), dtype=np.float64)
     b = np.asarray(dc.margin_bound(crit, P, kind), dtype=np.float64)
     bG = np.asarray(dc.margin_bound_from_statistic(crit, np.where(np.isfinite(G), G, np.inf), kind), dtype=np.float64)
-    resolvable = np.isfinite(G) & (1 - G > 1e-6)
+    # where the radius is +inf (reverse KL with b = 0: a zero-padded row whose only rejected
+    # tokens are the padding) margin_bound returns the radius itself, by design
+    resolvable = np.isfinite(G) & (1 - G > 1e-6) & np.isfinite(r)
     with np.errstate(invalid="ignore"):
         STAT_ONLY["mismatch"] += int(np.sum(resolvable & ~np.isclose(b, bG, rtol=1e-9, atol=1e-15)))
         STAT_ONLY["violations"] += int(np.sum(~resolvable & np.isfinite(G) & (bG > r * (1 + VIOLATION_TOL) + VIOLATION_ABS)))
@@ -321,6 +408,9 @@ def main() -> None:
                         tally.add(P, "structured", at_G=G)
                     for P in family_zoom(crit, kind, G):
                         tally.add(P, "family", at_G=G)
+                    if crit.startswith(("entropy", "typical")):
+                        for P in pool_family(crit, kind, G):
+                            tally.add(P, "pool-family", at_G=G)
             worst = (math.inf, None, None)
             for k, (rt, p, src) in sorted(tally.best.items()):
                 lo, hi = EDGES[k], EDGES[k + 1]

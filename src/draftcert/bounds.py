@@ -230,8 +230,9 @@ def margin_bound(
     Never exceeds the radius.  Sharp (the infimum of the radius over all distributions with
     the same statistic, up to rounding down) for strict, additive, multiplicative, topm, mars
     and tree:M in all three divergences; for ``strict``: forward g(Δ), reverse
-    -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  Valid, not sharp, for entropy and
-    typical (docs/theory.md, section 5).
+    -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  For entropy and typical: sharp in tv
+    (G/2; for typical at every G when EPSILON <= 1/3), valid, not sharp, in KL
+    (docs/theory.md, section 5).
     """
     crit = as_criterion(criterion)
     check_divergence(divergence)
