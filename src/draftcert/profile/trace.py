@@ -64,8 +64,11 @@ def radius_column(spec: str, divergence: str = "forward") -> str:
     return f"{_PREFIX[divergence]}/{spec}"
 
 
-def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with_drafter: bool):
-    """The Arrow schema of a trace shard (column order is part of the format)."""
+def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with_drafter: bool,
+                 rollout: tuple[int, int] | None = None):
+    """The Arrow schema of a trace shard (column order is part of the format).
+
+    ``rollout = (depth, width)``: a feature drafter's rollout columns (``profile.rollout``)."""
     import pyarrow as pa
 
     f64, i32, f32 = pa.float64(), pa.int32(), pa.float32()
@@ -99,6 +102,17 @@ def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with
         # bit i set iff the rule accepts the drafter's rank-i token (level-set rules; replay of trees)
         fields += [pa.field(f"accept_mask/{c.spec}", i32) for c in criteria if not isinstance(c, TreeCoverage)]
         fields += [pa.field(f"certified/{c.spec}", pa.bool_()) for c in criteria]
+        if rollout is not None:
+            # draftcert-trace/3, feature drafters: the drafter's top-m at depths 2..depth for this
+            # row's token (flattened depth-major, -1 = no such round), their log p, the top-2 logit
+            # gap per depth, and per level-set rule a bit mask per depth (bit r: rank r accepted)
+            fields += [
+                pa.field("rollout_topk_ids", pa.list_(i32)),
+                pa.field("rollout_topk_target_logp", pa.list_(f32)),
+                pa.field("rollout_logit_gap", pa.list_(f32)),
+            ]
+            fields += [pa.field(f"rollout_accept_mask/{c.spec}", pa.list_(i32)) for c in criteria
+                       if not isinstance(c, TreeCoverage)]
     return pa.schema(fields)
 
 
@@ -136,7 +150,7 @@ class StepCertifier:
         return _summarize_guarded(logits, self.k, entropy=True)
 
     def rows(self, summaries: Sequence[Summary], bads: Sequence[torch.Tensor],
-             draft_logits: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+             draft_logits: torch.Tensor | None = None, rollout=None) -> dict[str, torch.Tensor]:
         """Trace columns for the rows of several steps at once (concatenated in order).
 
         Radii of every criterion and divergence come from one concatenated summary
@@ -160,6 +174,28 @@ class StepCertifier:
                 cols[radius_column(c.spec, d)] = torch.where(bad, nan, r)
         if draft_logits is not None:
             cols.update(self._draft_cols(summ, bad, cols, draft_logits))
+            if rollout is not None:
+                cols.update(self._rollout_cols(summ, bad | cols["draft_nonfinite"], *rollout))
+        return cols
+
+    def _rollout_cols(self, summ: Summary, bad: torch.Tensor, ids: torch.Tensor, gap: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rollout columns of rows whose proposals at depths 2.. are ``ids`` (N, D, m), -1 = none."""
+        N, D, m = ids.shape
+        flat = ids.reshape(N, D * m)
+        valid = (flat >= 0) & ~bad[:, None]
+        safe = flat.clamp_min(0)
+        lp = summ.source.gather(-1, safe).double() - summ.log_norm[:, None]
+        nan = torch.tensor(torch.nan, dtype=torch.float64, device=lp.device)
+        cols = {
+            "rollout_topk_ids": flat.to(torch.int32),
+            "rollout_topk_target_logp": torch.where(valid, lp, nan).to(torch.float32),
+            "rollout_logit_gap": gap.to(torch.float32),
+        }
+        bits = 2 ** torch.arange(m, device=ids.device, dtype=torch.int64)
+        for c in self.criteria:
+            if not isinstance(c, TreeCoverage):
+                keep = accept_ids_2d(c, summ, safe) & valid  # as the engine decides a child
+                cols[f"rollout_accept_mask/{c.spec}"] = (keep.reshape(N, D, m).to(torch.int64) * bits).sum(2).to(torch.int32)
         return cols
 
     def _draft_cols(self, summ: Summary, target_bad: torch.Tensor, tcols: dict[str, torch.Tensor],
@@ -299,10 +335,11 @@ def _rank_under(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k logits per row, descending, lower token id first among equal values."""
-    from ..summary import topk_rows
+    """Top-k logits per row, descending, lower token id first among equal values (also across the
+    k-th value: a feature drafter's out-of-vocabulary tokens share one logit)."""
+    from ..summary import topk_lowest_ids
 
-    return topk_rows(logits, min(k, logits.shape[-1]))
+    return topk_lowest_ids(logits, min(k, logits.shape[-1]))
 
 
 def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,
@@ -351,6 +388,27 @@ def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Te
             acc[i] = accepts_rows(c, _rows_of(summ, i), q_logits[i])
         out[c.spec] = acc
     return out
+
+
+def accept_ids_2d(c: Criterion, summ: Summary, ids: torch.Tensor) -> torch.Tensor:
+    """(N, M) bool: ``c.accept_ids(summ, ids[:, j])`` for every column j, in one pass for the
+    rules that use the generic exact test (float64 with error bounds, mpmath near the threshold)."""
+    from ..criteria import LevelSet, exact_accept
+
+    N, M = ids.shape
+    if type(c).accept_ids is not LevelSet.accept_ids:  # a rule with its own (cheap) exact test
+        return torch.stack([c.accept_ids(summ, ids[:, j]) for j in range(M)], 1)
+    rows = torch.arange(N, device=ids.device).repeat_interleave(M)
+    flat = ids.reshape(-1)
+    acc, rej = c.sure(summ, rows, summ.source.gather(-1, ids).reshape(-1))
+    out = acc.clone()
+    unsure = (~acc & ~rej).nonzero().squeeze(1)
+    if unsure.numel():
+        tau = c.threshold_from_summary(summ)
+        for i in unsure.tolist():
+            r = int(rows[i])
+            out[i] = exact_accept(c, summ.source[r], summ.is_logits, int(flat[i]), float(tau[r]))
+    return out.reshape(N, M)
 
 
 def _rows_of(summ: Summary, i: torch.Tensor) -> Summary:
