@@ -117,7 +117,30 @@ def test_teacher_forced_replay_would_differ(fpair, ftrace):
     tf = copy.deepcopy(ftrace)
     for pt in tf.prompts:
         pt.roll_ids = None
+    tf.rollout = None  # as a feature drafter's draftcert-trace/2 is read
     shape = Shape((1,) * 8)
     rep = replay_config(ftrace, "strict", shape)
     rep_tf = replay_config(tf, "strict", shape)
     assert any(rep.accepted_lengths(p) != rep_tf.accepted_lengths(p) for p, _ in PROMPTS)
+    # without rollouts only depth 1 is exact: rounds that reach depth 2 are labelled estimates
+    rounds = [r for rs in rep_tf.rounds.values() for r in rs]
+    assert all(r.exact == (len(r.depth_accepted) <= 1) for r in rounds)
+    assert any(not r.exact for r in rounds)
+
+
+def test_explain_leaves_own_feature_drafts_out_of_the_split(ftrace):
+    """A rejection at depth >= 2 is of the drafter's own-feature draft, whose D(p, q) the trace does
+    not hold: explain names its rollout tokens and files it under own_features, never inside_radius."""
+    from draftcert.replay.api import replay
+    from draftcert.replay.explain import explain
+
+    res = replay(ftrace, rules="strict,additive:0.05", ks=(4,), tree_widths=(), static=())
+    ex = explain(res, k=4)
+    for spec in ("strict", "additive:0.05"):
+        evs = ex["rules"][spec]["events"]
+        deep = [e for e in evs if e.depth >= 2]
+        assert deep and all(e.category == "own_features" for e in deep)
+        assert all(e.category != "own_features" for e in evs if e.depth == 1)
+        assert ex["rules"][spec]["split"]["inside_radius"] == 0
+        pt = next(p for p in ftrace.prompts if p.id == deep[0].prompt)
+        assert deep[0].drafter_tokens[0] == pt.roll_ids[deep[0].position, deep[0].depth - 2, 0]

@@ -25,6 +25,7 @@ tokens are computed from the target's summary of row t (``trace.StepCertifier``)
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -54,8 +55,6 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
     width) int64 and ``rollout_gap`` (B, T, depth - 1) float32 use the same layout: step t of row
     b sits at ``[b, index[b] + t]``.
     """
-    from ..summary import topk_lowest_ids
-
     timer = timer or StepTimer()
     dev = draft.fc.weight.device
     dt = draft.fc.weight.dtype
@@ -97,8 +96,9 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
     key_sigma = torch.arange(n, device=dev)
     teacher_ok = (key_sigma[None, None, :] <= roots[None, :, None]) & keyok[:, None, :]  # (B, nq, n)
     eye = torch.eye(nq, dtype=torch.bool, device=dev)
+    fast = _fast_top(draft, width)
     for j in range(2, depth + 1):
-        with timer.section("model"):
+        with timer.section("model"), timer.section("model.rollout"):
             tok_idx = (roots + j).clamp(max=L - 1)  # the node of depth j - 1 holds token x_{sigma + j}
             tokens = ids[:, tok_idx]
             p_ids = pos[:, roots] + (j - 1)
@@ -112,10 +112,41 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
             ok = u < T
             if not bool(ok.any()):
                 continue
-            for b in range(B):  # one row of full-vocabulary logits per root at a time: bounded memory
-                q = draft.full_logits(red[b, ok], tail[b, ok])
-                vals, top = topk_lowest_ids(q, min(width, q.shape[-1]))
+            for b in range(B):
+                vals, top = _top_of(draft, red[b, ok], tail[b, ok], width, fast)
                 roll_ids[b, u[ok], j - 2, : top.shape[1]] = top
                 if vals.shape[1] > 1:
                     roll_gap[b, u[ok], j - 2] = (vals[:, 0] - vals[:, 1]).float()
     return logits, index, roll_ids, roll_gap
+
+
+def _fast_top(draft, width: int):
+    """For ``_top_of``: the ``width`` lowest out-of-vocabulary ids, when the draft vocabulary is
+    sorted (then the reduced rows' index order is the id order); None: use the full logits."""
+    vid = draft.vocab_ids
+    V, Vd = draft.vocab_size, int(vid.numel())
+    if Vd == V or Vd < width or not bool((vid[1:] > vid[:-1]).all()):
+        return None
+    inv = torch.ones(V, dtype=torch.bool, device=vid.device)
+    inv[vid] = False
+    oov = inv.nonzero().flatten()[:width]
+    return oov if oov.numel() == width else None
+
+
+def _top_of(draft, red, tail, width: int, oov):
+    """Top-``width`` (values, ids) of ``draft.full_logits(red, tail)``, lowest ids first among equal
+    values (``summary.topk_lowest_ids``, what the engine drafts with).  With ``oov`` (``_fast_top``)
+    without building the full rows: the top of the draft vocabulary (sorted ids: the same tie
+    rule) merged with the lowest out-of-vocabulary ids, which all carry the tail logit."""
+    from ..summary import topk_lowest_ids
+
+    if oov is None:
+        return topk_lowest_ids(draft.full_logits(red, tail), min(width, draft.vocab_size))
+    v, i = topk_lowest_ids(red, width)
+    fill = (tail - math.log(draft.vocab_size - draft.n_draft_vocab)).to(red.dtype)
+    vals = torch.cat([v, fill[:, None].expand(-1, width)], 1)
+    ids = torch.cat([draft.vocab_ids[i], oov[None].expand(v.shape[0], -1)], 1)
+    by_id, perm = torch.sort(ids, dim=-1)
+    v_by_id = vals.gather(-1, perm)
+    order = torch.sort(v_by_id, dim=-1, descending=True, stable=True).indices[:, :width]
+    return v_by_id.gather(-1, order), by_id.gather(-1, order)

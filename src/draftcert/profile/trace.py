@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 TOPK_STORED = 16  # top-k ids/probs stored per step (target and drafter)
+ROLLOUT_MASK_WIDTH = 4  # ranks per depth whose acceptance the rollout masks record (trace/3)
 SUMMARY_K = 64  # partial sort kept on the device; exactness never depends on it
 SHARD_META_PROMPTS = b"draftcert.prompt_ids"
 SHARD_META_SETTINGS = b"draftcert.settings_sha256"
@@ -191,11 +192,14 @@ class StepCertifier:
             "rollout_topk_target_logp": torch.where(valid, lp, nan).to(torch.float32),
             "rollout_logit_gap": gap.to(torch.float32),
         }
-        bits = 2 ** torch.arange(m, device=ids.device, dtype=torch.int64)
+        # level-set rules on trees of width <= ROLLOUT_MASK_WIDTH below the root (every default shape)
+        mw = min(m, ROLLOUT_MASK_WIDTH)
+        sub, vsub = safe.reshape(N, D, m)[:, :, :mw].reshape(N, D * mw), valid.reshape(N, D, m)[:, :, :mw].reshape(N, D * mw)
+        bits = 2 ** torch.arange(mw, device=ids.device, dtype=torch.int64)
         for c in self.criteria:
             if not isinstance(c, TreeCoverage):
-                keep = accept_ids_2d(c, summ, safe) & valid  # as the engine decides a child
-                cols[f"rollout_accept_mask/{c.spec}"] = (keep.reshape(N, D, m).to(torch.int64) * bits).sum(2).to(torch.int32)
+                keep = accept_ids_2d(c, summ, sub) & vsub  # as the engine decides a child
+                cols[f"rollout_accept_mask/{c.spec}"] = (keep.reshape(N, D, mw).to(torch.int64) * bits).sum(2).to(torch.int32)
         return cols
 
     def _draft_cols(self, summ: Summary, target_bad: torch.Tensor, tcols: dict[str, torch.Tensor],

@@ -254,8 +254,15 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
     if pt.roll_ids is not None and shape.depth > pt.roll_ids.shape[1] + 1:
         raise ValueError(f"{shape.label}: the trace records the feature drafter's rollouts to depth "
                          f"{pt.roll_ids.shape[1] + 1}; replay depths <= {pt.roll_ids.shape[1] + 1}")
-    if pt.roll_ids is not None and kind == "levelset" and spec not in pt.roll_mask and shape.depth > 1:
-        raise ValueError(f"{spec} on {shape.label}: the trace lacks rollout_accept_mask/{spec}; re-record it")
+    if pt.roll_ids is not None and kind == "levelset" and shape.depth > 1:
+        from ..profile.trace import ROLLOUT_MASK_WIDTH
+
+        if spec not in pt.roll_mask:
+            raise ValueError(f"{spec} on {shape.label}: the trace lacks rollout_accept_mask/{spec}; re-record it")
+        if max(shape.widths[1:]) > ROLLOUT_MASK_WIDTH:
+            raise ValueError(f"{spec} on {shape.label}: below the root the trace records which of the feature "
+                             f"drafter's top-{ROLLOUT_MASK_WIDTH} a level-set rule accepts; use widths <= "
+                             f"{ROLLOUT_MASK_WIDTH} there (strict and tree:M take up to {pt.roll_ids.shape[2]})")
     T = len(pt)
     ended_by_eos = T < max_new_tokens
     rounds: list[Round] = []
