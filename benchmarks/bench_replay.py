@@ -11,8 +11,9 @@
    (``replay.speed.calibrate``), one before decoding and one after each prompt's runs.
 3. Real decoding with ``speculative_generate`` on the same prompts: strict chains k = 1..8,
    strict (2, 4) tree and static [4, 2, 1] tree, and every relaxed rule of the trace as a
-   chain of k = 4; the target's own greedy decoding is timed before and after each
-   prompt's runs (interleaved: load on the shared machine hits both alike).
+   chain of k = 4; the target's own greedy decoding of the same prompt is timed right before
+   every one of these runs, and each configuration's measured speedup is against its own
+   paired baseline runs (load on the shared machine then hits both alike).
 
 Figures:
 * ``strict_round_match``: rounds whose accepted length equals the replayed one (rounds
@@ -125,9 +126,14 @@ def main() -> None:
         base = greedy_generate(target, ids[p.id], args.max_new_tokens)
         b1 = time.perf_counter() - b0
         for r, s in configs:
+            g0 = time.perf_counter()  # the target alone right before this run: the pair shares the load
+            g_tok = len(greedy_generate(target, ids[p.id], args.max_new_tokens, eos_token_id=eos))
+            g_sec = time.perf_counter() - g0
             st = speculative_generate(target, drafter, ids[p.id], r, max_new_tokens=args.max_new_tokens,
                                       eos_token_id=eos, **s.engine_args(r)).stats
             m = saved["meas"][f"{r}|{s.label}"]
+            m["base_tok"] = m.get("base_tok", 0) + g_tok
+            m["base_sec"] = m.get("base_sec", 0.0) + g_sec
             m["tok"] += st.emitted
             m["fwd"] += st.target_forwards
             m["sec"] += st.seconds
@@ -213,7 +219,8 @@ def analyze(saved: dict, args) -> None:
     errs, errs_after, errs_before, table = [], [], [], []
     for r, s in configs:
         m = meas[(r, s.label)]
-        measured = (m["tok"] / m["sec"]) / base_tps
+        # against the target alone timed right before each of this configuration's runs (same load)
+        measured = (m["tok"] / m["sec"]) / (m["base_tok"] / m["base_sec"] if m.get("base_sec") else base_tps)
         pred = res.row(r, s.label)["predicted"]["speedup"]
         pred_after = res_after.row(r, s.label)["predicted"]["speedup"]
         errs.append(abs(pred - measured) / measured)

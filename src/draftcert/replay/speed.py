@@ -7,7 +7,8 @@ drafted depth, ``D(front)`` (the first is the catch-up over the pending token, t
 per further depth: 1 token for chains and (m, depth) trees, the whole front for static
 trees).  The first round also pays the prompt prefills: ``T_pre - T(1)`` and
 ``D_pre - D(1)``.  The target alone pays ``T_pre + (N - 1) T(1)`` for N tokens.
-``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``.
+``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``, the target
+alone timed as ``greedy_generate``'s step (``target_step``: one cached forward and its argmax).
 
 ``calibrate`` measures T(n), D(n), O(n) (median of interleaved repeats, at a fixed cached
 context) and both prefills on this machine; tree verifications are timed with the
@@ -50,6 +51,7 @@ class Costs:
     # feature drafters: one round's drafting, by shape prefix "w1,w2,...[|static]" (see round_key)
     drafter_round: dict[str, float] = field(default_factory=dict)
     feature: bool = False
+    target_step: float | None = None  # the target alone, one greedy step (greedy_generate's loop body)
     context: int | None = None
     prompt_length: int | None = None
     repeats: int | None = None
@@ -128,7 +130,8 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
             t_spec += n_prompts * (costs.drafter_prefill - d1)
     if costs.target_prefill is not None:
         t_spec += n_prompts * (costs.target_prefill - t1)
-    t_base = baseline_tokens * t1 + (n_prompts * (costs.target_prefill - t1) if costs.target_prefill is not None else 0.0)
+    g1 = costs.target_step if costs.target_step is not None else t1
+    t_base = baseline_tokens * g1 + (n_prompts * (costs.target_prefill - g1) if costs.target_prefill is not None else 0.0)
     emitted = sum(r.emitted for rs in rep.rounds.values() for r in rs)
     tps = emitted / t_spec if t_spec > 0 else float("inf")
     tps_base = baseline_tokens / t_base if t_base > 0 else float("inf")
@@ -231,7 +234,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
     jobs += [("dr", r) for r in rounds]
     jobs += [("o", n) for n in sorted(chain | tree)]
-    jobs += [("tp", prompt_length), ("dp", prompt_length)]
+    jobs += [("tp", prompt_length), ("dp", prompt_length), ("g", 1)]
     rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
     times: dict[tuple, list[float]] = {j: [] for j in jobs}
     from ..decode.tree import DraftTree
@@ -259,6 +262,8 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 src.accept([])
             elif kind == "o":
                 _accept(*rows[n])
+            elif kind == "g":  # the target alone: greedy_generate's step
+                int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
             elif kind == "tp":
                 (forward_with_hidden if feature else model_forward)(target, new_cache(target), ids[:n], 1)
             elif feature:  # the catch-up over a whole prompt (the second round)
@@ -271,7 +276,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
             else:
                 model_forward(drafter, new_cache(drafter), ids[:n], 1)
             dt = time.perf_counter() - t0
-            if kind in ("t", "tt"):
+            if kind in ("t", "tt", "g"):
                 crop_cache(tcache, context)
             elif kind == "d":
                 crop_cache(dcache, context)
@@ -287,7 +292,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
         target={n: med[("t", n)] for n in sorted(chain)},
         drafter={n: med[("d", n)] for n in sorted(draft)} or {1: med[("dr", round_key([1], False))] if feature and
                                                                ("dr", round_key([1], False)) in med else 0.0},
-        drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature,
+        drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
         target_tree={n: med[("tt", n)] for n in sorted(tree)},
         overhead={n: med[("o", n)] for n in sorted(chain | tree)},
         target_prefill=med[("tp", prompt_length)],
