@@ -144,3 +144,7 @@ def test_explain_leaves_own_feature_drafts_out_of_the_split(ftrace):
         assert ex["rules"][spec]["split"]["inside_radius"] == 0
         pt = next(p for p in ftrace.prompts if p.id == deep[0].prompt)
         assert deep[0].drafter_tokens[0] == pt.roll_ids[deep[0].position, deep[0].depth - 2, 0]
+    from draftcert.replay.explain import format_explain
+
+    text = format_explain(ex, top=50)
+    assert "own features" in text and "KL not recorded" in text

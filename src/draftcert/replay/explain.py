@@ -244,13 +244,14 @@ def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
         lines.append("")
         lines.append(f"{spec} [{r['config']}]: {n} rejections")
         lines.append(f"  inside radius {sp['inside_radius']}, low margin {sp['low_margin']}, far off {sp['far_off']}"
-                     + (f", nonfinite {sp['nonfinite']}" if sp["nonfinite"] else ""))
+                     + (f", nonfinite {sp['nonfinite']}" if sp["nonfinite"] else "")
+                     + (f", own features {sp['own_features']}" if sp.get("own_features") else ""))
         if sp["inside_radius"]:
             msg = f"SOUNDNESS VIOLATION: {sp['inside_radius']} rejection(s) inside the radius under {spec}"
             lines.append(f"{_RED}{msg}{_RESET}" if color else msg)
         for i, e in enumerate(r["events"][:top], 1):
             cat = {"inside_radius": "INSIDE RADIUS", "low_margin": "low margin", "far_off": "far off",
-                   "nonfinite": "nonfinite"}[e.category]
+                   "nonfinite": "nonfinite", "own_features": "own features"}[e.category]
             sur = "inf" if math.isinf(e.surprise) else f"{e.surprise:.2f}"
             lines.append(f" #{i} prompt {e.prompt} pos {e.position} (depth {e.depth}): {cat}, surprise "
                          f"{'>=' if e.surprise_is_lower_bound else ''}{sur} nats" + (" [est.]" if e.estimated else ""))
@@ -261,7 +262,10 @@ def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
                 lines.append(f"    ids …{e.context[-6:]} [target {e.target_token} | drafter {e.drafter_tokens[0]}]")
             rank = "?" if e.drafter_rank_under_p is None else str(e.drafter_rank_under_p)
             ratio = f" ({e.kl / e.radius:.3g}x)" if e.radius > 0 and math.isfinite(e.radius) else ""
-            lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}{ratio}; margin {e.margin:.3f}")
+            if e.category == "own_features":  # drafted from the drafter's own features: no D(p, q) recorded
+                lines.append(f"    KL not recorded (own-feature draft) vs radius {e.radius:.4g}; margin {e.margin:.3f}")
+            else:
+                lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}{ratio}; margin {e.margin:.3f}")
             lines.append(f"    drafter token's rank under p: {rank}")
             acc = ", ".join(e.accepted_by) if e.accepted_by else "none"
             lines.append("    accepted by: " + _short(acc, 62))
