@@ -25,10 +25,11 @@ Figures:
   target forward (replay: exact until the rule accepts a non-greedy token, aligned
   estimate after).
 * ``speedup_pred_err``: mean over every configuration of |predicted - measured| / measured
-  speedup over the target alone.  The prediction uses the costs measured in the same run:
-  the median, entry by entry, of the calibrations interleaved with the decoding (before it and
-  after every prompt), so that a load change on the shared machine hits the costs as it hits
-  the decoding; the error with the calibration before decoding alone is printed too.
+  speedup over the target alone.  The prediction uses the costs measured in the same run: the
+  median of the speedups predicted with each of the calibrations interleaved with the decoding
+  (before it and after every prompt; each calibration is one consistent set of costs, timed in
+  one pass), so that a load change on the shared machine hits the costs as it hits the decoding;
+  the errors with the calibration before decoding alone and after it alone are printed too.
 
 The CPU is shared with other jobs: timings (hence speedups) are noisy; the round match and
 tokens per forward are exact counts.
@@ -175,14 +176,17 @@ def analyze(saved: dict, args) -> None:
     base_tok, base_sec = saved["base_tok"], saved["base_sec"]
     costs = Costs.from_dict(saved["costs"])
     costs_after = Costs.from_dict(saved["costs_after"]) if saved.get("costs_after") else costs
-    costs_run = _median_costs([Costs.from_dict(c) for c in saved.get("costs_run") or [saved["costs"]]])
+    runs = [Costs.from_dict(c) for c in saved.get("costs_run") or [saved["costs"]]]
     shapes = sorted({s for _, s in configs}, key=lambda s: s.label)
     rules = sorted({r for r, _ in configs}, key=[r for r, _ in configs].index)
     n_prompts = len(trace.prompts)
 
     res_before = replay(trace, rules=rules, shapes=shapes, costs=costs)
     res_after = replay(trace, rules=rules, shapes=shapes, costs=costs_after)
-    res = replay(trace, rules=rules, shapes=shapes, costs=costs_run)
+    # one replay per calibration: each prediction uses one consistent set of costs (the target alone
+    # and the engine timed in the same pass), and the run's prediction is their median
+    res_runs = [replay(trace, rules=rules, shapes=shapes, costs=c) for c in runs]
+    res = res_runs[0]
     by_id = {pt.id: pt for pt in trace.prompts}
 
     # strict round match
@@ -221,12 +225,13 @@ def analyze(saved: dict, args) -> None:
         m = meas[(r, s.label)]
         # against the target alone timed right before each of this configuration's runs (same load)
         measured = (m["tok"] / m["sec"]) / (m["base_tok"] / m["base_sec"] if m.get("base_sec") else base_tps)
-        pred = res.row(r, s.label)["predicted"]["speedup"]
+        pred = statistics.median(x.row(r, s.label)["predicted"]["speedup"] for x in res_runs)
         pred_after = res_after.row(r, s.label)["predicted"]["speedup"]
         errs.append(abs(pred - measured) / measured)
         errs_after.append(abs(pred_after - measured) / measured)
         errs_before.append(abs(res_before.row(r, s.label)["predicted"]["speedup"] - measured) / measured)
         table.append((r, s.label, res.row(r, s.label)["tokens_per_forward"], m["tok"] / m["fwd"], pred, measured))
+    costs_run = _median_costs(runs)  # for the printout only
 
     print(f"\nembedded pair (SmolLM2-135M-Instruct, drafter {saved.get('drafter', args.drafter)}), {n_prompts} MT-Bench prompts x "
           f"{saved['max_new_tokens']} tokens, {saved['threads']} thread(s); decoding took {saved['decode_seconds']:.0f} s")
@@ -244,11 +249,11 @@ def analyze(saved: dict, args) -> None:
         print(f"  {r} {lab} prompt {pid}: first mismatching round starts at {pos}: {kind} at step {where}, "
               f"top-2 gap {gap:.2e}" + (" (near tie)" if gap < NEAR_TIE else " (NOT a near tie)"))
     print(f"mismatching prompts explained by a near tie (top-2 gap < {NEAR_TIE:g}): {near}/{len(flips)}")
-    print(f"speedup error with the run's costs (median of {len(saved.get('costs_run') or [1])} calibrations "
-          f"interleaved with decoding): {statistics.mean(errs):.4f}, max {max(errs):.4f}; with the calibration "
+    print(f"speedup error of the run's prediction (median over the {len(runs)} calibrations interleaved with "
+          f"decoding, each a consistent set of costs): {statistics.mean(errs):.4f}, max {max(errs):.4f}; with the calibration "
           f"before decoding alone: {statistics.mean(errs_before):.4f}; after decoding alone: {statistics.mean(errs_after):.4f}")
     c = costs_run
-    print(f"run costs: T(1) {c.t(1) * 1e3:.1f} ms, T(5) {c.t(5) * 1e3:.1f} ms, target prefill "
+    print(f"run costs (entry-wise median): T(1) {c.t(1) * 1e3:.1f} ms, T(5) {c.t(5) * 1e3:.1f} ms, target prefill "
           f"{(c.target_prefill or 0) * 1e3:.1f} ms, O(5) {c.o(5) * 1e3:.2f} ms"
           + (f", drafting a chain k=4 round {c.drafter_round.get('1,1,1,1', float('nan')) * 1e3:.1f} ms"
              if c.drafter_round else f", D(1) {c.d(1) * 1e3:.1f} ms"))
