@@ -78,6 +78,11 @@ def main(argv=None) -> int:
         if "." in k:
             print(f"  {k}_s={t[k]:.3f}")
     print(f"soundness_violations={res.soundness_violations} nonfinite_steps={res.nonfinite_steps}")
+    roll = t.get("model.rollout", 0.0)
+    if roll:  # a feature drafter: its own rollouts (draftcert-trace/3) are drafter compute counted as model time
+        print(f"rollouts: drafter steps {roll:.3f} s ({roll / (model - roll):.4f} of the other model time), "
+              f"top-m {t.get('certificate.rollout', 0.0):.3f} s; overhead against the model time without the "
+              f"rollout steps: {(cert + trace) / (model - roll):.4f}")
     print(f"overhead={res.overhead:.4f}")
     return 0
 

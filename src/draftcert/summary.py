@@ -588,6 +588,21 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _stable_tie_order(vals, ids)
 
 
+def topk_lowest_ids(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``topk_rows`` with the tie rule applied across the k-th value too: among equal values the
+    lowest ids are kept (``topk_rows`` keeps *some* of them when a tie crosses the end of its list),
+    i.e. the first k of the row stably sorted by value, descending.  A feature drafter gives every
+    token outside its draft vocabulary one shared logit, so such ties are real there; the engine
+    drafts with this order and the profile records it.  Costs one extra comparison pass per row."""
+    vals, ids = topk_rows(x, k)
+    kth = vals[:, -1:]
+    short = (x == kth).sum(1) > (vals == kth).sum(1)
+    for r in short.nonzero().flatten().tolist():
+        v, i = torch.sort(x[r], descending=True, stable=True)
+        vals[r], ids[r] = v[:k], i[:k]
+    return vals, ids
+
+
 def _stable_tie_order(vals: torch.Tensor, ids: torch.Tensor):
     """Reorder equal values so that lower token ids come first (numpy/torch argmax convention)."""
     # Sorting by id then stably by value (descending) gives value-desc, id-asc order.

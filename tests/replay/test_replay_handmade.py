@@ -117,7 +117,8 @@ def test_explain_ranks_planted_far_off_step_first(tmp_path):
     assert ev[0].position == 7 and ev[0].category == "far_off"
     assert ev[0].surprise == pytest.approx(float(__import__("numpy").float32(__import__("math").log(0.6))) + 18.0, rel=1e-6)
     assert all(e.category == "low_margin" for e in ev[1:])
-    assert ex["rules"]["strict"]["split"] == {"inside_radius": 0, "low_margin": len(ev) - 1, "far_off": 1, "nonfinite": 0}
+    assert ex["rules"]["strict"]["split"] == {"inside_radius": 0, "low_margin": len(ev) - 1, "far_off": 1, "nonfinite": 0,
+                                                 "own_features": 0}
     text = format_explain(ex)
     assert "far off" in text and all(len(line) <= 80 for line in text.splitlines())
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..summary import topk_lowest_ids
 from .drafters import _cache_kwarg
 from .tree import DraftTree, crop_cache, tree_attention_mask, tree_position_ids
 
@@ -105,7 +106,9 @@ class FeatureDrafter:
         q_rows = []
         for d, w in enumerate(widths, 1):
             q_rows.append(front_q)
-            top = front_q.argmax(-1, keepdim=True) if w == 1 else torch.topk(front_q, w, dim=-1).indices
+            # top-w, lower id first among equal logits (the tokens outside the draft vocabulary share
+            # one logit): a deterministic order, the one the profile's trace records
+            top = front_q.argmax(-1, keepdim=True) if w == 1 else topk_lowest_ids(front_q, w)[1]
             new_nodes = []
             for i, (f, row) in enumerate(zip(front, top.tolist())):
                 tree.expanded.append(f)

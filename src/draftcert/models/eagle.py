@@ -228,7 +228,9 @@ class EagleDrafter(nn.Module):
         dt = self.fc.weight.dtype
         keyok = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
         causal = torch.ones(T - 1, T - 1, dtype=torch.bool, device=input_ids.device).tril()
-        allowed = causal[None] & keyok[:, None, 1:]
+        # pair row s = (token s + 1, feature s) is real iff both are: with left padding, iff token s is
+        # (the first real token's pair would carry a padded position's feature)
+        allowed = causal[None] & keyok[:, None, :-1] & keyok[:, None, 1:]
         allowed |= torch.eye(T - 1, dtype=torch.bool, device=input_ids.device)[None]  # pad rows see themselves
         mask = torch.zeros(B, 1, T - 1, T - 1, dtype=dt, device=input_ids.device)
         mask.masked_fill_(~allowed[:, None], torch.finfo(dt).min)

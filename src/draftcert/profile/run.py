@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..criteria import Criterion, parse_criterion
+from ..criteria import Criterion, TreeCoverage, parse_criterion
 from ..divergences import check_divergence
 from . import distributed as dist_mod
 from .generate import GreedyRun, StepTimer, eos_token_ids, score_teacher_forced
@@ -63,10 +63,13 @@ DEFAULT_CRITERIA = (
     "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8",
 )
 DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
-TRACE_FORMAT = "draftcert-trace/2"  # /2: draft_topk_target_logp, draft_token_target_rank, accept_mask/<spec>
+# /2: draft_topk_target_logp, draft_token_target_rank, accept_mask/<spec>
+# /3: with a feature drafter, its own rollouts (rollout_* columns, profile/rollout.py); other traces as /2
+TRACE_FORMAT = "draftcert-trace/3"
 # Settings that change the trace's contents; a resumed run must repeat them exactly.  The
 # prompt list itself may grow (a larger limit): the traced prompts must be its first ones.
-_TRACE_KEYS = ("format", "target", "drafter", "prompts", "max_new_tokens", "criteria", "divergences", "dtype", "topk")
+_TRACE_KEYS = ("format", "target", "drafter", "prompts", "max_new_tokens", "criteria", "divergences", "dtype", "topk",
+               "rollout")
 # Shards written before runs could be extended hashed the prompt list and limit too.
 _LEGACY_TRACE_KEYS = ("format", "target", "drafter", "prompts", "prompts_sha256", "limit", "max_new_tokens",
                       "criteria", "divergences", "dtype", "topk")
@@ -242,6 +245,28 @@ def _drafter_spec(drafter) -> str | None:
             return DEFAULT_DRAFTER
         return str(drafter)
     return _model_name(drafter)
+
+
+def _rollout_setting(drafter, crits) -> list[int] | None:
+    """[depth, top-m] of the rollouts recorded for a feature drafter (``profile/rollout.py``), else None."""
+    from .rollout import ROLLOUT_DEPTH, ROLLOUT_TOPK, is_feature_model
+
+    if drafter is None:
+        return None
+    if isinstance(drafter, (str, os.PathLike)):
+        from ..models.eagle import resolve_spec
+
+        spec = _drafter_spec(drafter)
+        try:
+            feature = resolve_spec(spec) is not None
+        except ValueError:
+            feature = False
+    else:
+        feature = is_feature_model(drafter)
+    if not feature:
+        return None
+    widths = [c.m for c in crits if isinstance(c, TreeCoverage)]
+    return [ROLLOUT_DEPTH, max([ROLLOUT_TOPK] + widths)]
 
 
 def _load_target(target, device, dtype):
@@ -486,6 +511,8 @@ def profile(
             "dtype": str(torch_dtype).removeprefix("torch.") if torch_dtype is not None else "default",
             "topk": TOPK_STORED,
             "epsilons": eps,
+            # a feature drafter's rollouts (depth, top-m) for exact replay at every depth
+            "rollout": _rollout_setting(drafter, crits),
         }
         sha = _settings_sha(settings)
         shas = _check_resume(out, settings, plist)
@@ -522,7 +549,7 @@ def profile(
         timer = timer or StepTimer(dev)
         timer.device = dev
         res = _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, out, sha, info,
-                           int(max_new_tokens), timer, progress, on_batch, len(mine))
+                           int(max_new_tokens), timer, progress, on_batch, len(mine), settings["rollout"])
     except BaseException as exc:
         _mark_stopped(out, info, wrote_run_json, exc)
         # Take part in the collective the other ranks are waiting in, reporting failure, so
@@ -635,7 +662,7 @@ def _write_report(out: Path):
 
 
 def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, out, sha, info,
-                 max_new_tokens, timer, progress, on_batch, n_mine):
+                 max_new_tokens, timer, progress, on_batch, n_mine, rollout_shape=None):
     from tqdm.auto import tqdm
 
     # A killed run can leave a half-written temporary shard (never a half-written shard:
@@ -643,7 +670,10 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
     for stale in (out / "trace").glob(f".rank{info.rank}-*.tmp"):
         stale.unlink(missing_ok=True)
     certifier = StepCertifier(crits, divs)
-    schema = trace_schema(crits, certifier.divergences, draft is not None)
+    from .rollout import is_feature_model, score_feature_drafter
+
+    rollout = tuple(rollout_shape) if rollout_shape and draft is not None and is_feature_model(draft) else None
+    schema = trace_schema(crits, certifier.divergences, draft is not None, rollout)
     eos = eos_token_ids(model, tok)
     pad = _pad_id(tok, model)
     specs = [c.spec for c in crits]
@@ -674,13 +704,17 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
                 with timer.section("certificate"), timer.section("certificate.target"):
                     _flush(certifier, pending, batch)
             else:
-                dlogits, index = score_teacher_forced(draft, ids, gen.continuations, pad_id=pad, timer=timer)
+                if rollout is None:
+                    dlogits, index = score_teacher_forced(draft, ids, gen.continuations, pad_id=pad, timer=timer)
+                else:
+                    dlogits, index, r_ids, r_gap = score_feature_drafter(
+                        draft, ids, gen.continuations, pad_id=pad, depth=rollout[0], width=rollout[1], timer=timer)
                 with timer.section("certificate"), timer.section("certificate.draft"):
                     for group in _groups(pending, dlogits.shape[-1]):
                         r = torch.cat([rows for rows, *_ in group])
                         c = torch.cat([index[rows] + t for rows, t, *_ in group])
                         d = dlogits[r, c]  # one gather: (rows of the group, V)
-                        _flush(certifier, group, batch, d)
+                        _flush(certifier, group, batch, d, None if rollout is None else (r_ids[r, c], r_gap[r, c]))
                 del dlogits
             del pending
             with timer.section("trace"):
@@ -719,11 +753,11 @@ def _run_batches(model, tok, draft, plist, chunks, done, encoded, crits, divs, o
 _GROUP_ELEMENTS = 1 << 21
 
 
-def _flush(certifier, steps, batch, draft_logits=None) -> None:
+def _flush(certifier, steps, batch, draft_logits=None, rollout=None) -> None:
     """Certificates for a group of pending steps, added to the batch's trace."""
     if not steps:
         return
-    cols = certifier.rows([s[3] for s in steps], [s[4] for s in steps], draft_logits)
+    cols = certifier.rows([s[3] for s in steps], [s[4] for s in steps], draft_logits, rollout)
     rows = torch.cat([s[0] for s in steps])
     pos = torch.cat([torch.full_like(s[0], s[1]) for s in steps])
     tokens = torch.cat([s[2] for s in steps])

@@ -54,6 +54,7 @@ __all__ = [
 ]
 
 TOPK_STORED = 16  # top-k ids/probs stored per step (target and drafter)
+ROLLOUT_MASK_WIDTH = 4  # ranks per depth whose acceptance the rollout masks record (trace/3)
 SUMMARY_K = 64  # partial sort kept on the device; exactness never depends on it
 SHARD_META_PROMPTS = b"draftcert.prompt_ids"
 SHARD_META_SETTINGS = b"draftcert.settings_sha256"
@@ -64,8 +65,11 @@ def radius_column(spec: str, divergence: str = "forward") -> str:
     return f"{_PREFIX[divergence]}/{spec}"
 
 
-def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with_drafter: bool):
-    """The Arrow schema of a trace shard (column order is part of the format)."""
+def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with_drafter: bool,
+                 rollout: tuple[int, int] | None = None):
+    """The Arrow schema of a trace shard (column order is part of the format).
+
+    ``rollout = (depth, width)``: a feature drafter's rollout columns (``profile.rollout``)."""
     import pyarrow as pa
 
     f64, i32, f32 = pa.float64(), pa.int32(), pa.float32()
@@ -99,6 +103,17 @@ def trace_schema(criteria: Sequence[Criterion], divergences: Sequence[str], with
         # bit i set iff the rule accepts the drafter's rank-i token (level-set rules; replay of trees)
         fields += [pa.field(f"accept_mask/{c.spec}", i32) for c in criteria if not isinstance(c, TreeCoverage)]
         fields += [pa.field(f"certified/{c.spec}", pa.bool_()) for c in criteria]
+        if rollout is not None:
+            # draftcert-trace/3, feature drafters: the drafter's top-m at depths 2..depth for this
+            # row's token (flattened depth-major, -1 = no such round), their log p, the top-2 logit
+            # gap per depth, and per level-set rule a bit mask per depth (bit r: rank r accepted)
+            fields += [
+                pa.field("rollout_topk_ids", pa.list_(i32)),
+                pa.field("rollout_topk_target_logp", pa.list_(f32)),
+                pa.field("rollout_logit_gap", pa.list_(f32)),
+            ]
+            fields += [pa.field(f"rollout_accept_mask/{c.spec}", pa.list_(i32)) for c in criteria
+                       if not isinstance(c, TreeCoverage)]
     return pa.schema(fields)
 
 
@@ -136,7 +151,7 @@ class StepCertifier:
         return _summarize_guarded(logits, self.k, entropy=True)
 
     def rows(self, summaries: Sequence[Summary], bads: Sequence[torch.Tensor],
-             draft_logits: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+             draft_logits: torch.Tensor | None = None, rollout=None) -> dict[str, torch.Tensor]:
         """Trace columns for the rows of several steps at once (concatenated in order).
 
         Radii of every criterion and divergence come from one concatenated summary
@@ -160,6 +175,31 @@ class StepCertifier:
                 cols[radius_column(c.spec, d)] = torch.where(bad, nan, r)
         if draft_logits is not None:
             cols.update(self._draft_cols(summ, bad, cols, draft_logits))
+            if rollout is not None:
+                cols.update(self._rollout_cols(summ, bad | cols["draft_nonfinite"], *rollout))
+        return cols
+
+    def _rollout_cols(self, summ: Summary, bad: torch.Tensor, ids: torch.Tensor, gap: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rollout columns of rows whose proposals at depths 2.. are ``ids`` (N, D, m), -1 = none."""
+        N, D, m = ids.shape
+        flat = ids.reshape(N, D * m)
+        valid = (flat >= 0) & ~bad[:, None]
+        safe = flat.clamp_min(0)
+        lp = summ.source.gather(-1, safe).double() - summ.log_norm[:, None]
+        nan = torch.tensor(torch.nan, dtype=torch.float64, device=lp.device)
+        cols = {
+            "rollout_topk_ids": flat.to(torch.int32),
+            "rollout_topk_target_logp": torch.where(valid, lp, nan).to(torch.float32),
+            "rollout_logit_gap": gap.to(torch.float32),
+        }
+        # level-set rules on trees of width <= ROLLOUT_MASK_WIDTH below the root (every default shape)
+        mw = min(m, ROLLOUT_MASK_WIDTH)
+        sub, vsub = safe.reshape(N, D, m)[:, :, :mw].reshape(N, D * mw), valid.reshape(N, D, m)[:, :, :mw].reshape(N, D * mw)
+        bits = 2 ** torch.arange(mw, device=ids.device, dtype=torch.int64)
+        for c in self.criteria:
+            if not isinstance(c, TreeCoverage):
+                keep = c.accept_ids(summ, sub) & vsub  # as the engine decides a child ((N, K) ids: one pass)
+                cols[f"rollout_accept_mask/{c.spec}"] = (keep.reshape(N, D, mw).to(torch.int64) * bits).sum(2).to(torch.int32)
         return cols
 
     def _draft_cols(self, summ: Summary, target_bad: torch.Tensor, tcols: dict[str, torch.Tensor],
@@ -299,10 +339,11 @@ def _rank_under(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def draft_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k logits per row, descending, lower token id first among equal values."""
-    from ..summary import topk_rows
+    """Top-k logits per row, descending, lower token id first among equal values (also across the
+    k-th value: a feature drafter's out-of-vocabulary tokens share one logit)."""
+    from ..summary import topk_lowest_ids
 
-    return topk_rows(logits, min(k, logits.shape[-1]))
+    return topk_lowest_ids(logits, min(k, logits.shape[-1]))
 
 
 def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,

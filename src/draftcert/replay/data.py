@@ -7,6 +7,13 @@ prefix), every rule's accept/certify flags and radii.  ``draftcert-trace/2`` add
 ``draft_topk_target_logp`` and ``draft_token_target_rank``; older traces are read
 too, and only the replays that need the new columns (relaxed rules on trees) are
 skipped, with a note saying so.
+
+A feature (EAGLE-style) drafter drafts depth >= 2 from its own predicted features; its
+``draftcert-trace/3`` trace adds the drafter's own rollouts (``profile/rollout.py``): per row,
+its top-m at depths 2..D for that row's token (``rollout_topk_ids``), their log p, the top-2
+logit gap, and per level-set rule the accepted ranks (``rollout_accept_mask/<spec>``).  Its
+first round drafts nothing (the engine has no target feature before the prefill).  A feature
+drafter's trace/2 (no rollouts) is read with a note: exact at depth 1 only.
 """
 
 from __future__ import annotations
@@ -45,6 +52,11 @@ class PromptTrace:
     certified: dict[str, np.ndarray]
     draft_rank: np.ndarray | None  # (T,) rank of the drafter's token under p (trace/2)
     broken: np.ndarray  # (T,) bool: target or drafter logits non-finite
+    # feature drafters (trace/3): proposals at depths 2..D for row t's token, depth-major
+    roll_ids: np.ndarray | None = None  # (T, D - 1, m) int64, -1 = no such round
+    roll_logp: np.ndarray | None = None  # (T, D - 1, m) float64
+    roll_gap: np.ndarray | None = None  # (T, D - 1) float64: top-2 logit gap of the drafter
+    roll_mask: dict[str, np.ndarray] = field(default_factory=dict)  # spec -> (T, D - 1) int64
 
     def __len__(self) -> int:
         return int(self.target_token.shape[0])
@@ -59,6 +71,15 @@ class ReplayTrace:
     prompts: list[PromptTrace]
     topk: int
     notes: list[str] = field(default_factory=list)
+    feature: bool = False  # a feature drafter: the first round drafts nothing
+    rollout: tuple[int, int] | None = None  # (depth, top-m) of the recorded rollouts
+
+    @property
+    def max_depth(self) -> int | None:
+        """Deepest draft depth replayed exactly for this drafter (None: any)."""
+        if not self.feature:
+            return None
+        return self.rollout[0] if self.rollout else 1
 
     @property
     def has_masks(self) -> bool:
@@ -107,9 +128,11 @@ def load_replay_trace(out_dir) -> ReplayTrace:
                              "mixes runs: profile into a fresh --out directory")
         want = ["prompt_id", "position", "target_token", "target_margin", "target_topk_ids", "target_topk_probs",
                 "draft_topk_ids", "kl_forward"]
-        opt = ["nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank", "draft_topk_probs"]
+        opt = ["nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank", "draft_topk_probs",
+               "rollout_topk_ids", "rollout_topk_target_logp", "rollout_logit_gap"]
         per = [f"{k}/{s}" for s in sp for k in ("accepted", "certified", "radius")]
         masks = [f"accept_mask/{s}" for s in sp if f"accept_mask/{s}" in names]
+        masks += [f"rollout_accept_mask/{s}" for s in sp if f"rollout_accept_mask/{s}" in names]
         if "draft_topk_target_logp" not in names:
             masks_everywhere = False
         t = f.read(columns=want + [c for c in opt if c in names] + [c for c in per if c in names] + masks)
@@ -168,12 +191,31 @@ def load_replay_trace(out_dir) -> ReplayTrace:
         for s in specs:
             if len(cols.get(f"accept_mask/{s}", [])) == len(shards):  # present in every shard
                 masks[s] = get1(f"accept_mask/{s}", np.int64)
+    settings = run.get("settings") or {}
+    rollout = settings.get("rollout")
+    roll_ids = get2("rollout_topk_ids", np.int64) if rollout else None
+    roll_logp = get2("rollout_topk_target_logp", np.float64) if rollout else None
+    roll_gap = get2("rollout_logit_gap", np.float64) if rollout else None
+    roll_masks = {}
+    if roll_ids is not None:
+        depth, width = int(rollout[0]), int(rollout[1])
+        roll_ids = roll_ids.reshape(n, depth - 1, width)
+        roll_logp = roll_logp.reshape(n, depth - 1, width)
+        for s in specs:
+            if len(cols.get(f"rollout_accept_mask/{s}", [])) == len(shards):
+                roll_masks[s] = get2(f"rollout_accept_mask/{s}", np.int64)
+    elif rollout:
+        raise ValueError(f"trace in {out_dir}: run.json says rollouts were recorded but the shards lack "
+                         "rollout_topk_ids; the directory mixes runs: profile into a fresh --out directory")
     notes = []
-    dspec = run.get("drafter") or (run.get("settings") or {}).get("drafter")
-    if isinstance(dspec, str) and _is_feature_drafter(dspec):
-        notes.append(f"drafter {dspec} is a feature drafter: the trace scores it on the target's own hidden states "
-                     "at every position, while in decoding its drafts at depth >= 2 condition on its own predicted "
-                     "features; replay is exact at depth 1 and an estimate deeper, strict rules included")
+    dspec = run.get("drafter") or settings.get("drafter")
+    feature = bool(rollout) or (isinstance(dspec, str) and _is_feature_drafter(dspec))
+    if feature and roll_ids is None:
+        notes.append(f"drafter {dspec} is a feature drafter and this trace ({run.get('format', 'draftcert-trace/2')}) "
+                     "lacks its own rollouts: it scores the drafter on the target's own hidden states at every "
+                     "position, while in decoding its drafts at depth >= 2 condition on its own predicted features; "
+                     "replay is exact at depth 1 and an estimate deeper, strict rules included. Re-record it with "
+                     "this version of `draftcert profile` (draftcert-trace/3) for exact replay at every depth")
     if not masks_everywhere:
         notes.append("trace format draftcert-trace/1 (no accept_mask/<spec>): relaxed rules are replayed as chains "
                      "only; re-record with this version of `draftcert profile` to replay them on trees")
@@ -194,12 +236,17 @@ def load_replay_trace(out_dir) -> ReplayTrace:
             target_topk_ids=tids[sl], target_topk_probs=tprobs[sl],
             margin=margin[sl], kl=kl[sl], radius={s: v[sl] for s, v in rad.items() if v is not None},
             certified={s: v[sl] for s, v in cert.items() if v is not None},
-            draft_rank=None if drank is None else drank[sl], broken=bad[sl]))
+            draft_rank=None if drank is None else drank[sl], broken=bad[sl],
+            roll_ids=None if roll_ids is None else roll_ids[sl],
+            roll_logp=None if roll_logp is None else roll_logp[sl],
+            roll_gap=None if roll_gap is None else roll_gap[sl],
+            roll_mask={s: np.where(bad[sl, None], 0, v[sl]) for s, v in roll_masks.items()}))
     mnt = run.get("max_new_tokens") or (run.get("settings") or {}).get("max_new_tokens")
     if mnt is None:
         mnt = max(len(p) for p in prompts)
         notes.append(f"run.json lacks max_new_tokens: assuming {mnt} (the longest prompt's steps)")
-    return ReplayTrace(out_dir, run, list(specs or []), int(mnt), prompts, int(dids.shape[1]), notes)
+    return ReplayTrace(out_dir, run, list(specs or []), int(mnt), prompts, int(dids.shape[1]), notes, feature,
+                       None if roll_ids is None else (int(rollout[0]), int(rollout[1])))
 
 
 def _is_feature_drafter(spec: str) -> bool:

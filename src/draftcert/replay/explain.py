@@ -20,6 +20,9 @@ Aggregate split (a partition of the events; eps = ``epsilon``, default 0.1 nats)
 * ``far_off``: D > eps and D >= r.  The drafter was further from p than eps (and than
   the radius): the drafter is what needs fixing.  ``kl / radius`` says by how much.
 * ``nonfinite``: the step's target or drafter logits were non-finite.
+* ``own_features``: a feature drafter's draft at depth >= 2, made from its own predicted
+  features (the trace's rollouts): its tokens and their p are recorded, D(p, q) of that q is
+  not (it would cost a float64 pass over the vocabulary per depth), so the split leaves it out.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from .walk import rule_kind
 __all__ = ["explain", "Event", "DEFAULT_EPSILON", "CATEGORIES", "format_explain", "load_tokenizer"]
 
 DEFAULT_EPSILON = 0.1
-CATEGORIES = ("inside_radius", "low_margin", "far_off", "nonfinite")
+# "own_features": a feature drafter's depth >= 2 draft, made from its own predicted features: the trace
+# records its tokens (rollouts) but not D(p, q) of that q, so the split cannot place it
+CATEGORIES = ("inside_radius", "low_margin", "far_off", "nonfinite", "own_features")
 _RED, _RESET = "\033[1;91m", "\033[0m"
 
 
@@ -114,24 +119,33 @@ def explain(res: ReplayResult, *, configs: dict[str, str] | None = None, k: int 
                 d = len(r.depth_accepted)
                 s = r.start + d - 1
                 w = rep.shape.widths[d - 1]
-                ranks = list(range(min(w, pt.draft_ids.shape[1])))
-                toks = [int(pt.draft_ids[s, i]) for i in ranks]
+                own = pt.roll_ids is not None and d >= 2  # a feature drafter's own rollout
                 a = int(pt.target_token[s])
                 la = math.log(max(float(pt.target_topk_probs[s, 0]), 1e-300))
-                lc, bound = _logp_of(pt, s, toks, ranks)
-                kl = float(pt.kl[s])
                 rad = float(pt.radius[spec][s]) if spec in pt.radius else math.nan
-                if pt.draft_rank is not None:
-                    rank = int(pt.draft_rank[s])
-                else:
+                if own:
+                    ranks = list(range(min(w, pt.roll_ids.shape[2])))
+                    toks = [int(pt.roll_ids[s, d - 2, i]) for i in ranks]
+                    lc, bound = float(np.nanmax(pt.roll_logp[s, d - 2, : len(ranks)])), False
+                    kl = math.nan
                     hit = np.flatnonzero(pt.target_topk_ids[s] == toks[0])
-                    rank = int(hit[0]) if hit.size else None
-                cat = "nonfinite" if pt.broken[s] else _category(kl, rad, epsilon)
+                    rank = int(hit[0]) if hit.size else None  # None: below p's stored top-16
+                else:
+                    ranks = list(range(min(w, pt.draft_ids.shape[1])))
+                    toks = [int(pt.draft_ids[s, i]) for i in ranks]
+                    lc, bound = _logp_of(pt, s, toks, ranks)
+                    kl = float(pt.kl[s])
+                    if pt.draft_rank is not None:
+                        rank = int(pt.draft_rank[s])
+                    else:
+                        hit = np.flatnonzero(pt.target_topk_ids[s] == toks[0])
+                        rank = int(hit[0]) if hit.size else None
+                cat = "nonfinite" if pt.broken[s] else "own_features" if own else _category(kl, rad, epsilon)
                 events.append(Event(
                     rule=spec, config=rep.shape.label, prompt=pid, position=s, depth=d, target_token=a,
                     drafter_tokens=toks, drafter_rank_under_p=rank, margin=float(pt.margin[s]), kl=kl, radius=rad,
                     surprise=max(0.0, la - lc) if math.isfinite(lc) else math.inf, surprise_is_lower_bound=bound,
-                    category=cat, accepted_by=[o for o in tr.specs if o != spec and bool(pt.accepted[o][s])],
+                    category=cat, accepted_by=_accepted_by(pt, tr.specs, spec, s, d if own else 1),
                     estimated=not r.exact, context=[int(x) for x in pt.target_token[max(0, s - context):s]],
                     after=[int(x) for x in pt.target_token[s:s + context]]))
         events.sort(key=lambda e: (e.category != "inside_radius", -e.surprise if not math.isnan(e.surprise) else 0.0,
@@ -139,6 +153,27 @@ def explain(res: ReplayResult, *, configs: dict[str, str] | None = None, k: int 
         split = {c: sum(e.category == c for e in events) for c in CATEGORIES}
         out["rules"][spec] = {"config": rep.shape.label, "events": events, "split": split,
                               "split_fraction": {c: (v / len(events) if events else None) for c, v in split.items()}}
+    return out
+
+
+def _accepted_by(pt, specs, spec: str, s: int, d: int) -> list[str]:
+    """The other rules that accept the drafter's rank-0 token of this event (at depth d >= 2 of a
+    feature drafter: its own rollout token, from the rollout masks; strict/tree:M: is it p's greedy)."""
+    if d == 1:
+        return [o for o in specs if o != spec and bool(pt.accepted[o][s])]
+    out = []
+    for o in specs:
+        if o == spec:
+            continue
+        kind, m = rule_kind(o)
+        if kind == "tree":
+            ok = int(pt.target_token[s]) in pt.roll_ids[s, d - 2, :m].tolist()
+        elif o in pt.roll_mask:
+            ok = bool(pt.roll_mask[o][s, d - 2] & 1)
+        else:
+            continue
+        if ok:
+            out.append(o)
     return out
 
 
@@ -209,13 +244,14 @@ def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
         lines.append("")
         lines.append(f"{spec} [{r['config']}]: {n} rejections")
         lines.append(f"  inside radius {sp['inside_radius']}, low margin {sp['low_margin']}, far off {sp['far_off']}"
-                     + (f", nonfinite {sp['nonfinite']}" if sp["nonfinite"] else ""))
+                     + (f", nonfinite {sp['nonfinite']}" if sp["nonfinite"] else "")
+                     + (f", own features {sp['own_features']}" if sp.get("own_features") else ""))
         if sp["inside_radius"]:
             msg = f"SOUNDNESS VIOLATION: {sp['inside_radius']} rejection(s) inside the radius under {spec}"
             lines.append(f"{_RED}{msg}{_RESET}" if color else msg)
         for i, e in enumerate(r["events"][:top], 1):
             cat = {"inside_radius": "INSIDE RADIUS", "low_margin": "low margin", "far_off": "far off",
-                   "nonfinite": "nonfinite"}[e.category]
+                   "nonfinite": "nonfinite", "own_features": "own features"}[e.category]
             sur = "inf" if math.isinf(e.surprise) else f"{e.surprise:.2f}"
             lines.append(f" #{i} prompt {e.prompt} pos {e.position} (depth {e.depth}): {cat}, surprise "
                          f"{'>=' if e.surprise_is_lower_bound else ''}{sur} nats" + (" [est.]" if e.estimated else ""))
@@ -226,7 +262,10 @@ def format_explain(ex: dict, top: int = 5, color: bool = False) -> str:
                 lines.append(f"    ids …{e.context[-6:]} [target {e.target_token} | drafter {e.drafter_tokens[0]}]")
             rank = "?" if e.drafter_rank_under_p is None else str(e.drafter_rank_under_p)
             ratio = f" ({e.kl / e.radius:.3g}x)" if e.radius > 0 and math.isfinite(e.radius) else ""
-            lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}{ratio}; margin {e.margin:.3f}")
+            if e.category == "own_features":  # drafted from the drafter's own features: no D(p, q) recorded
+                lines.append(f"    KL not recorded (own-feature draft) vs radius {e.radius:.4g}; margin {e.margin:.3f}")
+            else:
+                lines.append(f"    KL {e.kl:.4g} vs radius {e.radius:.4g}{ratio}; margin {e.margin:.3f}")
             lines.append(f"    drafter token's rank under p: {rank}")
             acc = ", ".join(e.accepted_by) if e.accepted_by else "none"
             lines.append("    accepted by: " + _short(acc, 62))

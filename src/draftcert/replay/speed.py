@@ -7,12 +7,22 @@ drafted depth, ``D(front)`` (the first is the catch-up over the pending token, t
 per further depth: 1 token for chains and (m, depth) trees, the whole front for static
 trees).  The first round also pays the prompt prefills: ``T_pre - T(1)`` and
 ``D_pre - D(1)``.  The target alone pays ``T_pre + (N - 1) T(1)`` for N tokens.
-``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``.
+``speedup = (tokens / predicted time) / (recorded tokens / target-alone time)``, the target
+alone timed as ``greedy_generate``'s step (``target_step``: one cached forward and its argmax).
 
 ``calibrate`` measures T(n), D(n), O(n) (median of interleaved repeats, at a fixed cached
 context) and both prefills on this machine; tree verifications are timed with the
 engine's 4-D tree mask.  Without a calibration the speed is left out, unless a drafter
 cost ratio is given (``forward-count`` model: T(n) = 1, D(n) = ratio).
+
+What is timed is what the engine runs: verification is ``engine._verify`` followed by the
+cache rollback (``keep_cache``: a crop for chains, a gather of the kept nodes for trees), with
+the target's hidden states for a feature drafter; the per-round work O(n) is ``engine._accept``
+(acceptance walk and certificates).  A feature drafter's drafting of a round is timed whole, per
+draft shape and budget: ``FeatureDrafter.propose`` (the catch-up step over the new target
+features, then one step per further depth, each with its full-vocabulary logits and top-w) and
+``accept``; its first round drafts nothing (the verification is the prefill) and its second
+round's catch-up covers the whole prompt (``drafter_prefill``).
 """
 
 from __future__ import annotations
@@ -38,6 +48,10 @@ class Costs:
     overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
     target_prefill: float | None = None
     drafter_prefill: float | None = None
+    # feature drafters: one round's drafting, by shape prefix "w1,w2,...[|static]" (see round_key)
+    drafter_round: dict[str, float] = field(default_factory=dict)
+    feature: bool = False
+    target_step: float | None = None  # the target alone, one greedy step (greedy_generate's loop body)
     context: int | None = None
     prompt_length: int | None = None
     repeats: int | None = None
@@ -47,6 +61,7 @@ class Costs:
         d = asdict(self)
         for k in ("target", "drafter", "target_tree", "overhead"):
             d[k] = {str(n): v for n, v in sorted(d[k].items())}
+        d["drafter_round"] = dict(sorted(d["drafter_round"].items()))
         return d
 
     @classmethod
@@ -55,6 +70,7 @@ class Costs:
             kw = dict(d)
             for k in ("target", "drafter", "target_tree", "overhead"):
                 kw[k] = {int(n): float(v) for n, v in (d.get(k) or {}).items()}
+            kw["drafter_round"] = {str(n): float(v) for n, v in (d.get("drafter_round") or {}).items()}
             return cls(**kw)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"calibration: unreadable costs ({exc}); rerun `draftcert replay DIR --calibrate`") from None
@@ -84,6 +100,10 @@ class Costs:
         return self._interp(self.overhead, n) if self.overhead else 0.0
 
 
+def round_key(widths, expand_all: bool) -> str:
+    return ",".join(map(str, widths)) + ("|static" if expand_all else "")
+
+
 def forward_count_costs(drafter_ratio: float) -> Costs:
     if not (drafter_ratio >= 0 and np.isfinite(drafter_ratio)):
         raise ValueError(f"drafter cost: expected a finite ratio >= 0 (drafter forward / target forward), got {drafter_ratio!r}")
@@ -97,13 +117,21 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
     tv, dv = rep.work()
     tree = rep.shape.kind != "chain"
     t_spec = sum(c * (costs.t(n, tree and n > 1) + costs.o(n)) for n, c in tv.items())
-    t_spec += sum(c * costs.d(n) for n, c in dv.items())
     t1, d1 = costs.t(1), costs.d(1)
+    if costs.drafter_round:  # a feature drafter: each round's drafting as timed whole
+        sh = rep.shape
+        for r in (r for rs in rep.rounds.values() for r in rs if r.budget > 0):
+            t_spec += _round_cost(costs, sh.widths[: r.budget], sh.expand_all)
+        if costs.drafter_prefill is not None:  # the second round's catch-up covers the prompt
+            t_spec += n_prompts * costs.drafter_prefill
+    else:
+        t_spec += sum(c * costs.d(n) for n, c in dv.items())
+        if costs.drafter_prefill is not None:
+            t_spec += n_prompts * (costs.drafter_prefill - d1)
     if costs.target_prefill is not None:
         t_spec += n_prompts * (costs.target_prefill - t1)
-    if costs.drafter_prefill is not None:
-        t_spec += n_prompts * (costs.drafter_prefill - d1)
-    t_base = baseline_tokens * t1 + (n_prompts * (costs.target_prefill - t1) if costs.target_prefill is not None else 0.0)
+    g1 = costs.target_step if costs.target_step is not None else t1
+    t_base = baseline_tokens * g1 + (n_prompts * (costs.target_prefill - g1) if costs.target_prefill is not None else 0.0)
     emitted = sum(r.emitted for rs in rep.rounds.values() for r in rs)
     tps = emitted / t_spec if t_spec > 0 else float("inf")
     tps_base = baseline_tokens / t_base if t_base > 0 else float("inf")
@@ -113,6 +141,13 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
         "baseline_tokens_per_second": tps_base if costs.source == "calibrated" else None,
         "speedup": tps / tps_base if np.isfinite(tps_base) and tps_base > 0 else None,
     }
+
+
+def _round_cost(costs: Costs, widths, expand_all: bool) -> float:
+    key = round_key(widths, expand_all)
+    if key not in costs.drafter_round:
+        raise ValueError(f"calibration: no drafting time for draft shape {key}; rerun --calibrate with this shape")
+    return costs.drafter_round[key]
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -164,9 +199,9 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     is cropped back.  Sizes are interleaved round-robin ``repeats`` times (load on a shared
     machine then hits every size alike) and the median is kept.
     """
-    from ..decode.drafters import model_forward, new_cache, vocab_size_of
+    from ..decode.drafters import make_drafter, model_forward, new_cache, vocab_size_of
     from ..decode.engine import _accept, _verify
-    from ..decode.tree import crop_cache
+    from ..decode.tree import crop_cache, keep_cache
 
     if repeats < 1 or context < 1 or prompt_length < 1:
         raise ValueError("calibrate: repeats, context and prompt_length must be >= 1")
@@ -174,41 +209,90 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     V = vocab or vocab_size_of(target)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
-    tcache, dcache = new_cache(target), new_cache(drafter)
-    model_forward(target, tcache, ids[:context], 1)
-    model_forward(drafter, dcache, ids[:context], 1)
+    src = make_drafter(drafter, target)
+    feature = bool(getattr(src, "needs_target_hidden", False))
+    tcache = new_cache(target)
+    if feature:
+        from ..decode.feature import forward_with_hidden
+
+        _, hidden = forward_with_hidden(target, tcache, ids[:context], 1)
+        seq = ids[: context + 1]
+        src.start(seq)
+        src.observe(hidden)
+        src.propose(seq, [1])  # the catch-up over the context, once
+        src.accept([])
+        rounds = sorted({round_key(s.widths[:b], s.expand_all) for s in shapes for b in range(1, s.depth + 1)})
+        shape_of = {round_key(s.widths[:b], s.expand_all): (list(s.widths[:b]), s.expand_all)
+                    for s in shapes for b in range(1, s.depth + 1)}
+        draft = set()
+    else:
+        dcache = new_cache(drafter)
+        model_forward(target, tcache, ids[:context], 1)
+        model_forward(drafter, dcache, ids[:context], 1)
+        rounds = []
     trees = {n: _tree_for(n - 1) for n in tree}
     jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
+    jobs += [("dr", r) for r in rounds]
     jobs += [("o", n) for n in sorted(chain | tree)]
-    jobs += [("tp", prompt_length), ("dp", prompt_length)]
+    jobs += [("tp", prompt_length), ("dp", prompt_length), ("g", 1)]
     rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
-    times: dict[tuple[str, int], list[float]] = {j: [] for j in jobs}
+    times: dict[tuple, list[float]] = {j: [] for j in jobs}
+    from ..decode.tree import DraftTree
+
     for _ in range(repeats + 1):  # the first pass warms up and is dropped
         for kind, n in jobs:
+            if kind == "dr":  # rewind: the round's catch-up covers 2 new target features
+                crop_cache(src.cache, context - 2)
+                src.n_valid = context - 2
             t0 = time.perf_counter()
-            if kind == "t":
-                model_forward(target, tcache, ids[context:context + n], n)
-            elif kind == "tt":
-                _verify(target, tcache, context, ids[context:context + 1], trees[n])
+            if kind == "t":  # a chain's verification and rollback (the engine's _verify + keep_cache)
+                chain_draft = DraftTree()
+                for i in range(n - 1):
+                    chain_draft.add(ids[context + 1 + i], i - 1)
+                _verify(target, tcache, context, ids[context:context + 1], chain_draft, feature)
+                keep_cache(tcache, context + 1, list(range(max(0, n - 2))))
+            elif kind == "tt":  # a tree's: the kept path is gathered into place
+                _verify(target, tcache, context, ids[context:context + 1], trees[n], feature)
+                keep_cache(tcache, context + 1, [0, 2] if n > 3 else [0])
             elif kind == "d":
                 model_forward(drafter, dcache, ids[context:context + n], 1)
+            elif kind == "dr":
+                w, e = shape_of[n]
+                src.propose(seq, w, e)
+                src.accept([])
             elif kind == "o":
                 _accept(*rows[n])
+            elif kind == "g":  # the target alone: greedy_generate's step
+                int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
             elif kind == "tp":
-                model_forward(target, new_cache(target), ids[:n], 1)
+                (forward_with_hidden if feature else model_forward)(target, new_cache(target), ids[:n], 1)
+            elif feature:  # the catch-up over a whole prompt (the second round)
+                src.cache = src.model.new_cache()
+                src.n_valid = 0
+                src.feats, saved = src.feats[:n], src.feats
+                src.propose(ids[: n + 1], [1])
+                src.accept([])
+                src.feats = saved
             else:
                 model_forward(drafter, new_cache(drafter), ids[:n], 1)
             dt = time.perf_counter() - t0
-            if kind in ("t", "tt"):
+            if kind in ("t", "tt", "g"):
                 crop_cache(tcache, context)
             elif kind == "d":
                 crop_cache(dcache, context)
+            elif kind == "dp" and feature:  # back to the context state
+                src.cache = src.model.new_cache()
+                src.n_valid = 0
+                src.propose(seq, [1])
+                src.accept([])
             times[(kind, n)].append(dt)
     med = {j: statistics.median(v[1:]) for j, v in times.items()}
     return Costs(
         "calibrated",
         target={n: med[("t", n)] for n in sorted(chain)},
-        drafter={n: med[("d", n)] for n in sorted(draft)},
+        drafter={n: med[("d", n)] for n in sorted(draft)} or {1: med[("dr", round_key([1], False))] if feature and
+                                                               ("dr", round_key([1], False)) in med else 0.0},
+        drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
         target_tree={n: med[("tt", n)] for n in sorted(tree)},
         overhead={n: med[("o", n)] for n in sorted(chain | tree)},
         target_prefill=med[("tp", prompt_length)],

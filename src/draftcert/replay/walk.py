@@ -212,52 +212,83 @@ class ConfigReplay:
         return tv, dv
 
 
-def _passing(pt: PromptTrace, spec: str, kind: str, pos: int, w: int) -> list[int]:
-    """Drafter ranks (< w) the rule accepts at trace step ``pos``."""
-    ids = pt.draft_ids[pos]
+def _children(pt: PromptTrace, d: int, pos: int):
+    """(drafter's ranked proposals for step ``pos`` at draft depth ``d``, their log p, accept masks by spec).
+
+    Depth 1 is the teacher-forced top-K; a feature drafter's deeper depths come from its own
+    rollouts (trace/3) when recorded."""
+    if d == 1 or pt.roll_ids is None:
+        return pt.draft_ids[pos], pt.draft_logp[pos] if pt.draft_logp is not None else None, None
+    return pt.roll_ids[pos, d - 2], pt.roll_logp[pos, d - 2], d - 2
+
+
+def _passing(pt: PromptTrace, spec: str, kind: str, pos: int, w: int, d: int = 1) -> tuple[list[int], object]:
+    """(drafter ranks (< w) the rule accepts at trace step ``pos``, depth ``d``; their log p under p)."""
+    ids, lp, j = _children(pt, d, pos)
     if pt.broken[pos]:
-        return []
+        return [], lp
     if kind in ("strict", "tree"):
         g = pt.target_token[pos]
-        return [r for r in range(min(w, ids.shape[0])) if ids[r] == g]
-    if w == 1:
-        return [0] if pt.accepted[spec][pos] else []
-    m = int(pt.accept_mask[spec][pos])
-    return [r for r in range(w) if (m >> r) & 1]
+        return [r for r in range(min(w, ids.shape[0])) if ids[r] == g], lp
+    if j is not None:
+        m = int(pt.roll_mask[spec][pos, j])
+    elif w == 1:
+        return ([0] if pt.accepted[spec][pos] else []), lp
+    else:
+        m = int(pt.accept_mask[spec][pos])
+    return [r for r in range(w) if (m >> r) & 1], lp
 
 
-def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int) -> list[Round]:
+def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, feature: bool = False,
+                max_depth: int | None = None) -> list[Round]:
+    """Replay one prompt.  ``feature``: a feature drafter, whose first round drafts nothing (the engine
+    has no target feature before the prefill).  ``max_depth``: deepest depth the trace replays exactly."""
     kind, _ = rule_kind(spec)
-    if max(shape.widths) > pt.draft_ids.shape[1]:
-        raise ValueError(f"tree shape {shape.label}: the trace stores the drafter's top-{pt.draft_ids.shape[1]} only; "
-                         f"use widths <= {pt.draft_ids.shape[1]}")
+    width = pt.draft_ids.shape[1] if pt.roll_ids is None or shape.depth == 1 else min(pt.draft_ids.shape[1], pt.roll_ids.shape[2])
+    if max(shape.widths) > width:
+        raise ValueError(f"tree shape {shape.label}: the trace stores the drafter's top-{width} only; "
+                         f"use widths <= {width}")
     if kind == "levelset" and max(shape.widths) > 1 and spec not in pt.accept_mask:
         raise ValueError(f"{spec} on {shape.label}: the trace lacks accept_mask/{spec} (recorded by an older "
                          "draftcert); re-record it with `draftcert profile --drafter ...`")
+    if pt.roll_ids is not None and shape.depth > pt.roll_ids.shape[1] + 1:
+        raise ValueError(f"{shape.label}: the trace records the feature drafter's rollouts to depth "
+                         f"{pt.roll_ids.shape[1] + 1}; replay depths <= {pt.roll_ids.shape[1] + 1}")
+    if pt.roll_ids is not None and kind == "levelset" and shape.depth > 1:
+        from ..profile.trace import ROLLOUT_MASK_WIDTH
+
+        if spec not in pt.roll_mask:
+            raise ValueError(f"{spec} on {shape.label}: the trace lacks rollout_accept_mask/{spec}; re-record it")
+        if max(shape.widths[1:]) > ROLLOUT_MASK_WIDTH:
+            raise ValueError(f"{spec} on {shape.label}: below the root the trace records which of the feature "
+                             f"drafter's top-{ROLLOUT_MASK_WIDTH} a level-set rule accepts; use widths <= "
+                             f"{ROLLOUT_MASK_WIDTH} there (strict and tree:M take up to {pt.roll_ids.shape[2]})")
     T = len(pt)
     ended_by_eos = T < max_new_tokens
     rounds: list[Round] = []
     t, exact = 0, True
     while t < min(T, max_new_tokens):
         b = max(0, min(shape.depth, max_new_tokens - t - 1))
+        if feature and t == 0:
+            b = 0  # the engine's first round is the prefill: a feature drafter has nothing to draft from
         accepted, drift, dep, r_exact, stop_eos = 0, 0, [], exact, False
         for d in range(b):
             pos = t + d
             if pos >= T:
                 break
             w = shape.widths[d]
-            passing = _passing(pt, spec, kind, pos, w)
-            r_exact = r_exact and exact
+            passing, lp = _passing(pt, spec, kind, pos, w, d + 1)
+            r_exact = r_exact and exact and (max_depth is None or d < max_depth)
             dep.append(bool(passing))
             if not passing:
                 break
             g = pt.target_token[pos]
-            ranks = [r for r in passing if pt.draft_ids[pos, r] == g]
+            ids = _children(pt, d + 1, pos)[0]
+            ranks = [r for r in passing if ids[r] == g]
             if ranks:
                 rank = ranks[0]
             else:  # only non-greedy children pass: the real sequence leaves the recorded path here
-                lp = pt.draft_logp
-                rank = max(passing, key=lambda r: (lp[pos, r], -r)) if lp is not None else passing[0]
+                rank = max(passing, key=lambda r: (lp[r], -r)) if lp is not None else passing[0]
                 drift += 1
                 exact = False
             accepted += 1
@@ -277,5 +308,5 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int) -
 def replay_config(trace: ReplayTrace, spec: str, shape: Shape) -> ConfigReplay:
     out = ConfigReplay(spec, shape)
     for pt in trace.prompts:
-        out.rounds[pt.id] = walk_prompt(pt, spec, shape, trace.max_new_tokens)
+        out.rounds[pt.id] = walk_prompt(pt, spec, shape, trace.max_new_tokens, trace.feature, trace.max_depth)
     return out
