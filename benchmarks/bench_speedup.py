@@ -15,8 +15,10 @@ its total tokens over the sum, over prompts, of its fastest repeat):
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the shipped drafter (``--drafter``), live
     certificates on, as a chain (``k=K``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
 
-Then the cost breakdown that limits the speed-up: a target forward of n tokens after a 100-token
-cache (verification cost by tree size), one drafter step, the certificate work per round.
+Then the cost breakdown that limits the speed-up: a target forward of n tokens after the first
+prompt's cache (verification cost by tree size; with and without ``draftcert.decode.fastlinear``'s
+column-major weight copies, interleaved), one drafter step, the certificate work per round
+(``--costs-only`` prints just that).
 
 Last lines: ``speedup_strict=`` (best strict dc tokens/s / target), ``speedup_best=`` (best dc /
 target), ``ratio_vs_hf_best=`` (best strict dc / best hf-pld).
@@ -77,19 +79,34 @@ def cost_breakdown(target, drafter, ids, reps=5):
     from draftcert.certificates import radius_rows
     from draftcert.criteria import Strict
 
+    from draftcert.decode import fastlinear
+
     out = {}
+    dual = fastlinear.is_enabled(target)
     with torch.inference_mode():
         cache = new_cache(target)
         _, h = forward_with_hidden(target, cache, ids, 1)
         S = len(ids)
-        for n in (1, 2, 3, 4, 5, 7, 9):
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                logits, _ = forward_with_hidden(target, cache, ids[-1:] * n, n)
-                ts.append(time.perf_counter() - t0)
-                crop_cache(cache, S)
-            out[f"target_forward_{n}"] = sorted(ts)[reps // 2]
+        ns = (1, 2, 3, 4, 5, 7, 9)
+        ts = {(n, lay): [] for n in ns for lay in ("dual", "plain")}
+        for _ in range(reps):  # both layouts interleaved, so that load changes hit them alike
+            for n in ns:
+                for lay in (("dual", "plain") if dual else ("plain",)):
+                    saved = fastlinear.MIN_ROWS
+                    if lay == "plain":
+                        fastlinear.MIN_ROWS = 1 << 62  # every pass on the row-major weights
+                    try:
+                        t0 = time.perf_counter()
+                        logits, _ = forward_with_hidden(target, cache, ids[-1:] * n, n)
+                        ts[(n, lay)].append(time.perf_counter() - t0)
+                    finally:
+                        fastlinear.MIN_ROWS = saved
+                    crop_cache(cache, S)
+        for n in ns:
+            out[f"target_forward_{n}"] = sorted(ts[(n, "dual" if dual else "plain")])[reps // 2]
+        if dual:
+            for n in ns[1:]:
+                out[f"plain_layout_forward_{n}"] = sorted(ts[(n, "plain")])[reps // 2]
         fd = FeatureDrafter(drafter)
         fd.start(ids)
         fd.observe(h[:-1])
@@ -113,6 +130,13 @@ def cost_breakdown(target, drafter, ids, reps=5):
     return out
 
 
+def _print_costs(costs, threads) -> None:
+    print(f"cost breakdown (median seconds, {threads} thread(s); plain_layout_* = the same passes without "
+          "fastlinear's column-major copies): " + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in costs.items()))
+    f1 = costs["target_forward_1"]
+    print("relative to one target token: " + ", ".join(f"{k}={v / f1:.3f}" for k, v in costs.items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", default="default", help="feature drafter (default: the shipped one)")
@@ -123,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; see the module docstring")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts x 32 tokens, 1 repeat")
+    ap.add_argument("--costs-only", action="store_true", help="only the cost breakdown (forward cost by token count, "
+                    "with and without fastlinear's column-major copies, interleaved; drafter step; certificates)")
+    ap.add_argument("--cost-repeats", type=int, default=5, help="repeats per cost measurement (median; default 5)")
     args = ap.parse_args(argv)
     if args.quick:
         args.mt_bench, args.humaneval, args.max_new_tokens, args.repeats = 1, 1, 32, 1
@@ -139,6 +166,9 @@ def main(argv=None) -> int:
     enc = [list(encode_prompt(tok, p.text)) for p in prompts]
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else [0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.costs_only:
+        _print_costs(cost_breakdown(target, drafter, enc[0], args.cost_repeats), args.threads)
+        return 0
     print(f"target: embedded SmolLM2-135M-Instruct; drafter: {dspec}; {len(prompts)} prompts x {args.max_new_tokens} tokens, "
           f"{args.repeats} repeats, {args.threads} thread(s)")
 
@@ -192,11 +222,8 @@ def main(argv=None) -> int:
         print(f"| {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f} | {f('tokens_per_forward', '{:.2f}')} | "
               f"{f('mean_accepted', '{:.2f}')} | {f('accept_rate')} | {f('certified')} | {f('drift')} | {r['identical']} |")
 
-    costs = cost_breakdown(target, drafter, enc[0])
     print()
-    print("cost breakdown (median seconds, 1 thread): " + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in costs.items()))
-    f1 = costs["target_forward_1"]
-    print("relative to one target token: " + ", ".join(f"{k}={v / f1:.3f}" for k, v in costs.items()))
+    _print_costs(cost_breakdown(target, drafter, enc[0], args.cost_repeats), args.threads)
 
     strict = [r for r in rows if r["method"].startswith("dc:strict:")]
     dcs = [r for r in rows if r["method"].startswith("dc:")]

