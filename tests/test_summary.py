@@ -82,3 +82,29 @@ def test_chunked_moments_and_float64_sums_match_the_plain_formulas():
                 assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-15, atol=0)
         e = torch.exp(x - m)
         torch.testing.assert_close(summary_mod._sum_f64(e), e.sum(-1, dtype=torch.float64), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_topk_lowest_ids_is_the_stable_sort_prefix(seed):
+    """topk_lowest_ids == the first k of a stable descending sort, also when a tie crosses the
+    k-th value (a feature drafter's shared out-of-vocabulary logit), with NaN and all -inf rows."""
+    from draftcert.summary import topk_lowest_ids
+
+    g = torch.Generator().manual_seed(seed)
+    for trial in range(60):
+        N = int(torch.randint(1, 6, (1,), generator=g))
+        V = int(torch.randint(2, 6000, (1,), generator=g))
+        k = min(int(torch.randint(1, 17, (1,), generator=g)), V)
+        x = torch.randint(-3, 3, (N, V), generator=g).float()
+        if trial % 3 == 0:  # a few distinct values above one shared tail value
+            x = torch.full((N, V), -1.0)
+            x[:, :5] = torch.randn(N, 5, generator=g)
+        if trial % 5 == 0:
+            x[0, min(3, V - 1)] = float("nan")
+        if trial % 7 == 0:
+            x[-1, :] = float("-inf")
+        vals, ids = topk_lowest_ids(x, k)
+        for r in range(N):
+            sv, si = torch.sort(x[r], descending=True, stable=True)
+            assert torch.equal(si[:k], ids[r]), (seed, trial, r, V, k)
+            assert torch.equal(sv[:k].nan_to_num(9.0), vals[r].nan_to_num(9.0))

@@ -593,13 +593,27 @@ def topk_lowest_ids(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     lowest ids are kept (``topk_rows`` keeps *some* of them when a tie crosses the end of its list),
     i.e. the first k of the row stably sorted by value, descending.  A feature drafter gives every
     token outside its draft vocabulary one shared logit, so such ties are real there; the engine
-    drafts with this order and the profile records it.  Costs one extra comparison pass per row."""
-    vals, ids = topk_rows(x, k)
+    drafts with this order and the profile records it.  Costs a top-(k+1) instead of a top-k, and one
+    vectorised pass over the rows where the tie crosses the end."""
+    if k >= x.shape[-1]:
+        return topk_rows(x, k)
+    # One more than asked: the tie at the k-th value crosses the end of the list exactly when
+    # the (k+1)-th value equals it (cheaper than counting the row's copies of it).
+    vals, ids = topk_rows(x, k + 1)
+    short = (vals[:, k] == vals[:, k - 1]).nonzero().flatten()
+    vals, ids = vals[:, :k].contiguous(), ids[:, :k].contiguous()
     kth = vals[:, -1:]
-    short = (x == kth).sum(1) > (vals == kth).sum(1)
-    for r in short.nonzero().flatten().tolist():
-        v, i = torch.sort(x[r], descending=True, stable=True)
-        vals[r], ids[r] = v[:k], i[:k]
+    if short.numel():
+        # Rows where the tie at the k-th value crosses the end of the list: keep every value
+        # above it and the lowest-id copies of it, exactly k per row (one vectorised pass).
+        xs, ks = x[short], kth[short]
+        above = (xs > ks) | xs.isnan()  # NaN ranks above everything, as in topk and sort
+        tied = xs == ks
+        need = k - above.sum(1, keepdim=True)
+        keep = above | (tied & (tied.cumsum(1) <= need))
+        cols = keep.nonzero()[:, 1].reshape(-1, k)  # row-major: ascending ids within a row
+        v, i = _stable_tie_order(xs.gather(1, cols), cols)
+        vals[short], ids[short] = v, i
     return vals, ids
 
 
