@@ -20,12 +20,41 @@ def pair():
     return model, derive_drafter(model, "self:skip=2"), tok
 
 
-@pytest.fixture(scope="session")
-def profiled(pair, tmp_path_factory):
+def run_profile(pair, out):
+    """Profile PROMPTS with the pair's drafter into ``out`` (the trace every replay test reads)."""
     from draftcert.profile import profile
 
     model, drafter, tok = pair
-    out = tmp_path_factory.mktemp("replay-run")
     profile((model, tok), drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=2, progress=False, report=False,
             criteria=CRITERIA)
     return out
+
+
+def run_engine(pair, spec, shape, text):
+    """DecodeStats of the engine on one prompt, with the shape's arguments."""
+    from draftcert.decode import speculative_generate
+    from draftcert.profile.generate import eos_token_ids
+    from draftcert.prompts import encode_prompt
+
+    model, drafter, tok = pair
+    ids = encode_prompt(tok, text)
+    return speculative_generate(model, drafter, ids, spec, max_new_tokens=T, eos_token_id=sorted(eos_token_ids(model, tok)),
+                                **shape.engine_args(spec)).stats
+
+
+def exact_prefix_matches(pair, rep, spec, shape):
+    """Per prompt: the engine's accepted lengths equal the replay's up to its first inexact round.
+    Returns each prompt's replayed rounds after that point (for further checks)."""
+    rest = {}
+    for pid, text in PROMPTS:
+        real = [r.accepted for r in run_engine(pair, spec, shape, text).rounds]
+        rounds = rep.rounds[pid]
+        n_exact = next((i for i, r in enumerate(rounds) if not r.exact), len(rounds))
+        assert real[:n_exact] == [r.accepted for r in rounds[:n_exact]], (pid, shape.label)
+        rest[pid] = rounds[n_exact:]
+    return rest
+
+
+@pytest.fixture(scope="session")
+def profiled(pair, tmp_path_factory):
+    return run_profile(pair, tmp_path_factory.mktemp("replay-run"))

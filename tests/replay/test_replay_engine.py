@@ -9,12 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from draftcert.decode import speculative_generate
-from draftcert.profile.generate import eos_token_ids
-from draftcert.prompts import encode_prompt
 from draftcert.replay import Shape, load_replay_trace, replay_config
 
-from .conftest import PROMPTS, T
+from .conftest import PROMPTS, exact_prefix_matches, run_engine
 
 STRICT_SHAPES = [Shape((1,) * k) for k in (1, 2, 3, 5, 8)] + [Shape((2,) * 3), Shape((4,) * 2), Shape((3, 2, 1), True),
                                                               Shape((2, 2), True)]
@@ -22,13 +19,6 @@ CASES = ([("strict", s) for s in STRICT_SHAPES] + [("tree:2", Shape((2,) * k)) f
          + [("tree:4", Shape((4,) * k)) for k in (2, 5)])
 RELAXED = [(r, s) for r in ("additive:0.05", "topm:2") for s in (Shape((1,) * 3), Shape((1,) * 6), Shape((2,) * 3),
                                                                  Shape((3, 2), True))]
-
-
-def _engine(pair, spec, shape, text):
-    model, drafter, tok = pair
-    ids = encode_prompt(tok, text)
-    return speculative_generate(model, drafter, ids, spec, max_new_tokens=T, eos_token_id=sorted(eos_token_ids(model, tok)),
-                                **shape.engine_args(spec)).stats
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +32,7 @@ def test_strict_replay_equals_engine_round_by_round(pair, trace, spec, shape):
     tot = rep.totals()
     att, acc, emitted, fwd = [0] * shape.depth, [0] * shape.depth, 0, 0
     for pid, text in PROMPTS:
-        st = _engine(pair, spec, shape, text)
+        st = run_engine(pair, spec, shape, text)
         assert [r.accepted for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
         assert [r.emitted for r in st.rounds] == [x.tolist() for x in _emitted(trace, pid, rep)]  # the recorded path
         assert all(r.exact for r in rep.rounds[pid])
@@ -62,14 +52,9 @@ def _emitted(trace, pid, rep):
 
 @pytest.mark.parametrize("spec,shape", RELAXED, ids=[f"{r}-{s.label}" for r, s in RELAXED])
 def test_relaxed_replay_exact_until_it_leaves_the_path(pair, trace, spec, shape):
-    rep = replay_config(trace, spec, shape)
-    for pid, text in PROMPTS:
-        real = [r.accepted for r in _engine(pair, spec, shape, text).rounds]
-        rounds = rep.rounds[pid]
-        n_exact = next((i for i, r in enumerate(rounds) if not r.exact), len(rounds))
-        assert real[:n_exact] == [r.accepted for r in rounds[:n_exact]], (pid, shape.label)
-        # once a round is inexact, every later one is too (the path never comes back)
-        assert not any(r.exact for r in rounds[n_exact:])
+    rest = exact_prefix_matches(pair, replay_config(trace, spec, shape), spec, shape)
+    # once a round is inexact, every later one is too (the path never comes back)
+    assert not any(r.exact for rounds in rest.values() for r in rounds)
 
 
 def test_trace_replay_columns(trace, profiled):

@@ -11,12 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftcert.decode import speculative_generate
-from draftcert.profile.generate import eos_token_ids
 from draftcert.prompts import encode_prompt
 from draftcert.replay import Shape, load_replay_trace, replay_config
 
-from .conftest import CRITERIA, PROMPTS, T
+from .conftest import PROMPTS, T, exact_prefix_matches, run_engine, run_profile
 
 STRICT_SHAPES = [Shape((1,) * k) for k in (1, 2, 3, 5, 8)] + [Shape((2,) * 3), Shape((4,) * 4), Shape((3, 2, 1), True),
                                                               Shape((2, 2, 2), True)]
@@ -60,20 +58,7 @@ def _fit(model, drafter, tok, steps=50):
 
 @pytest.fixture(scope="module")
 def ftrace(fpair, tmp_path_factory):
-    from draftcert.profile import profile
-
-    model, drafter, tok = fpair
-    out = tmp_path_factory.mktemp("replay-feature")
-    profile((model, tok), drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=2, progress=False, report=False,
-            criteria=CRITERIA)
-    return load_replay_trace(out)
-
-
-def _engine(pair, spec, shape, text):
-    model, drafter, tok = pair
-    ids = encode_prompt(tok, text)
-    return speculative_generate(model, drafter, ids, spec, max_new_tokens=T, eos_token_id=sorted(eos_token_ids(model, tok)),
-                                **shape.engine_args(spec)).stats
+    return load_replay_trace(run_profile(fpair, tmp_path_factory.mktemp("replay-feature")))
 
 
 def test_feature_trace_records_rollouts(ftrace):
@@ -90,7 +75,7 @@ def test_strict_replay_equals_engine_with_a_feature_drafter(fpair, ftrace, spec,
     rep = replay_config(ftrace, spec, shape)
     deep = 0
     for pid, text in PROMPTS:
-        st = _engine(fpair, spec, shape, text)
+        st = run_engine(fpair, spec, shape, text)
         assert [r.accepted for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
         assert [r.drafted for r in st.rounds][0] == 0 and rep.rounds[pid][0].budget == 0  # the prefill round
         assert all(r.exact for r in rep.rounds[pid])
@@ -101,12 +86,7 @@ def test_strict_replay_equals_engine_with_a_feature_drafter(fpair, ftrace, spec,
 
 @pytest.mark.parametrize("spec,shape", RELAXED, ids=[f"{r}-{s.label}" for r, s in RELAXED])
 def test_relaxed_replay_with_a_feature_drafter_is_exact_until_it_leaves_the_path(fpair, ftrace, spec, shape):
-    rep = replay_config(ftrace, spec, shape)
-    for pid, text in PROMPTS:
-        real = [r.accepted for r in _engine(fpair, spec, shape, text).rounds]
-        rounds = rep.rounds[pid]
-        n_exact = next((i for i, r in enumerate(rounds) if not r.exact), len(rounds))
-        assert real[:n_exact] == [r.accepted for r in rounds[:n_exact]], (pid, shape.label)
+    exact_prefix_matches(fpair, replay_config(ftrace, spec, shape), spec, shape)
 
 
 def test_teacher_forced_replay_would_differ(fpair, ftrace):
