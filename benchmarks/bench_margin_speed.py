@@ -9,7 +9,7 @@ nothing.  Before the sharp bounds, margin_bound cost the same as radius (ratio ~
 
 Last line: ``margin_vs_radius=X``, the worst rule's ratio (target: <= 2).
 
-    python benchmarks/bench_margin_speed.py [--rows 256] [--vocab 151936] [--repeats 5]
+    python benchmarks/bench_margin_speed.py [--rows 256] [--vocab 151936] [--repeats 5] [--rules R1,R2]
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rules", default=",".join(RULES), help="comma-separated rules to time")
     args = ap.parse_args(argv)
     x = lm_like_logits(args.rows, args.vocab)
     worst = 0.0
-    for rule in RULES:
+    for rule in args.rules.split(","):
         draftcert.margin_bound(rule, logits=x)  # warm-up: compiles the fused kernels once
         draftcert.radius(rule, logits=x)
         mb, rd = [], []

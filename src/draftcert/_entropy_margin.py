@@ -1,0 +1,238 @@
+"""Exact forward-KL margin bound of the entropy rules (``entropy:ε:δ``, ``typical:ε:δ``).
+
+docs/theory.md, section 5 ("Entropy rules in forward KL: the exact infimum") proves that
+for every p with rejection gap G, top s0 = G + b and competitor b, the forward radius is at
+least
+
+    max(F1(b, L), F2(b, L))      at the level L of its own water-filling pool, where
+
+    F1 = L [φ(s0/L) + φ(b/L) + K φ(1 + e/K)],   K = floor(1/L) - 2,  e = (2L - s0 - b)/L
+    F2 = log(b / (δ (L + c))) + r log((L + c) / (r + c)),   r = 1 - floor(1/L) L
+
+φ(u) = u log u - u + 1, c = 0 (``entropy``) or 1e-5 (``typical``), L in [(s0 + b)/2, s0].
+F1 is the radius of the pool with its intermediates tied (K of them, as many as the mass
+allows); F2 is the entropy constraint b <= δ exp(-H) with the off-pool mass filled at the
+level and one remainder r.  So the infimum over all p with statistic G is
+
+    I(G) = inf over b in (0, min(ε, (1 - G)/2)], L   of   max(F1, F2),
+
+and the family (s0, b, t x K, r) with t = L (1 + e/K) attains it (c = 0, while t <= s0).
+
+Monotonicity (section 5): F1 is non-decreasing in L and non-increasing in b; F2 is
+non-increasing in L and non-decreasing in b.  So over a box b in [b0, b1]
+
+    f(L) = F1(b1, max(L, ℓ(b1)))   <=  F1,   non-decreasing in L   (ℓ(b) = (s0 + b)/2)
+    g(L) = F2(b0, L)               <=  F2,   non-increasing in L
+
+and bisection on L brackets their crossing [La, Lb]; max(f(La), g(Lb)) is a lower bound of
+max(F1, F2) over the whole box (for L < La, g(L) >= g(La) >= f(La); for L > Lb,
+f(L) >= f(Lb) >= g(Lb)).  The bound is the minimum over boxes that cover (0, b_max], so it
+never exceeds I(G) whatever the boxes; boxes are split (branch and bound, vectorised over
+rows) until the lower bound is within ``TOL`` of a value the family attains.  Evaluated in
+float64; the result is lowered by ``_REL`` relative and ``_ABS`` absolute for round-off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Relative gap at which the branch and bound stops (lower bound vs an attained value).
+TOL = 3e-4
+_ROUNDS = 48
+_BISECT = 24
+#: float64 round-off allowance: F2 is a logarithm of a ratio near 1 (a few ulps absolute),
+#: F1 a sum of non-negative Bregman terms (a few ulps relative).
+_REL = 1e-10
+_ABS = 1e-15
+_B_START = 10  # initial boxes per row (geometric in b)
+_CHUNK = 1024  # rows per branch and bound
+_MAX_BOXES = 1 << 18  # never more live boxes than this (their lower bounds still count)
+
+
+def _phi(v: np.ndarray) -> np.ndarray:
+    """φ(1 + v) = (1 + v) log(1 + v) - v >= 0, without cancellation near v = 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        near = (1 + v) * np.log1p(v) - v
+        u = np.maximum(1 + v, 0.0)
+        far = np.where(u > 0, u * np.log(np.where(u > 0, u, 1.0)), 0.0) - v
+    return np.where(np.abs(v) < 0.5, near, far)
+
+
+def f1(G, b, L):
+    """F1: forward radius of the pool (s0, b, K x t) at level L, K = floor(1/L) - 2 (+inf if
+    the pool cannot hold the excess)."""
+    s0 = G + b
+    n = np.floor(1 / L)  # floor(fl(1/L)) >= floor(1/L): K never too small, F1 never too large
+    K = n - 2
+    exc = (2 * L - s0 - b) / L  # e >= 0 on the domain
+    exc = np.maximum(exc, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tail = np.where((exc > 0) & (K >= 1), K * _phi(exc / np.maximum(K, 1.0)), 0.0)
+        v = L * (_phi((s0 - L) / L) + _phi((b - L) / L) + tail)
+    # No intermediates fit (K < 1): only the pair's own level is feasible.  Up to a relative
+    # 1e-12 of rounding in 2L - s0 - b, L still counts as that level (the pair's cost, a
+    # lower value): F1 must never come out above the radius through round-off.
+    return np.where((exc > 1e-12) & (K < 1), np.inf, v)
+
+
+def q_level(L, c):
+    """Q(L) = -log(L + c) + r log((L + c)/(r + c)), r = 1 - floor(1/L) L: the level part of
+    F2, continuous and non-increasing in L."""
+    n = np.floor(1 / L)
+    r = np.clip(1 - n * L, 0.0, None)
+    r = np.minimum(r, L)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if c:
+            rem = r * (np.log1p(c / L) + np.log(L) - np.log(r + c))
+        else:
+            rem = np.where(r > 0, r * (np.log(L) - np.log(np.where(r > 0, r, 1.0))), 0.0)
+    return -np.log(L + c), np.maximum(rem, 0.0)
+
+
+def f2(b, L, delta, c):
+    lev, rem = q_level(L, c)
+    with np.errstate(divide="ignore"):
+        return np.where(b > 0, np.log(b / delta) + lev + rem, -np.inf)
+
+
+def _box_lower(G, b0, b1, delta, c):
+    """Lower bound of max(F1, F2) over the box b in [b0, b1], arrays (N,)."""
+    lo = (G + 2 * b0) / 2
+    hi = G + b1
+    l1 = (G + 2 * b1) / 2
+
+    def f(L):
+        return f1(G, b1, np.maximum(L, l1))
+
+    def g(L):
+        return f2(b0, L, delta, c)
+
+    La, Lb = lo.copy(), hi.copy()
+    f_lo, g_lo = f(La), g(La)
+    f_hi, g_hi = f(Lb), g(Lb)
+    left = f_lo >= g_lo  # f above g everywhere: the minimum of max is f(lo)
+    right = f_hi <= g_hi  # g above f everywhere: g(hi)
+    for _ in range(_BISECT):
+        Lm = 0.5 * (La + Lb)
+        up = f(Lm) <= g(Lm)
+        La = np.where(up, Lm, La)
+        Lb = np.where(up, Lb, Lm)
+    lb = np.maximum(f(La), g(Lb))
+    lb = np.where(left, f_lo, np.where(right, g_hi, lb))
+    return lb
+
+
+def _point(G, b, delta, c):
+    """min over L of max(F1(b, L), F2(b, L)) at one b (by bisection): a value the family
+    attains (up to the bracket width)."""
+    La, Lb = (G + 2 * b) / 2, G + b
+    for _ in range(_BISECT):
+        Lm = 0.5 * (La + Lb)
+        up = f1(G, b, Lm) <= f2(b, Lm, delta, c)
+        La = np.where(up, Lm, La)
+        Lb = np.where(up, Lb, Lm)
+    return np.minimum(np.maximum(f1(G, b, Lb), f2(b, Lb, delta, c)), np.maximum(f1(G, b, La), f2(b, La, delta, c)))
+
+
+def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+    """Certified lower bound on I(G), the infimum of the forward radius of ``entropy:eps:delta``
+    (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G.
+
+    G: float64 array, entries in (0, 1).  Returns an array of the same shape."""
+    G = np.asarray(G, dtype=np.float64)
+    shape = G.shape
+    G = G.ravel()
+    if G.size > _CHUNK:  # rows are independent; chunks keep the live boxes bounded
+        return np.concatenate([forward_infimum(G[i:i + _CHUNK], eps, delta, c)
+                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
+    out = np.zeros_like(G)
+    bmax = np.minimum(eps, (1 - G) / 2)
+    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    if todo.size == 0:
+        return out.reshape(shape)
+    # initial boxes: [0, bmax * 1e-6] and geometric up to bmax
+    fr = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, _B_START)])
+    rows = np.repeat(todo, _B_START)
+    b0 = (bmax[todo][:, None] * fr[None, :-1]).ravel()
+    b1 = (bmax[todo][:, None] * fr[None, 1:]).ravel()
+    best = np.full(G.shape, np.inf)  # attained values
+    done_lb = np.full(G.shape, np.inf)  # min lower bound over retired boxes
+    for _ in range(_ROUNDS):
+        lb = _box_lower(G[rows], b0, b1, delta, c)
+        # a value the family attains, per row: the middle b of the row's lowest box at its
+        # own crossing (only for the pruning decision, never for the bound)
+        order = np.lexsort((lb, rows))
+        first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+        bm = np.where(b0[first] > 0, np.sqrt(b0[first] * b1[first]), b1[first])
+        np.minimum.at(best, rows[first], _point(G[rows[first]], bm, delta, c))
+        split = lb < best[rows] * (1 - TOL)
+        np.minimum.at(done_lb, rows[~split], lb[~split])
+        if not split.any():
+            rows = rows[:0]
+            break
+        if split.sum() > _MAX_BOXES:  # safety valve: retire the rest with their lower bounds
+            np.minimum.at(done_lb, rows[split], lb[split])
+            rows = rows[:0]
+            break
+        rows, b0, b1 = rows[split], b0[split], b1[split]
+        mid = np.where(b0 > 0, np.sqrt(b0 * b1), b1 * 1e-3)
+        rows = np.concatenate([rows, rows])
+        b0, b1 = np.concatenate([b0, mid]), np.concatenate([mid, b1])
+    if rows.size:  # out of rounds: what is left still counts with its own lower bound
+        lb = _box_lower(G[rows], b0, b1, delta, c)
+        np.minimum.at(done_lb, rows, lb)
+    v = done_lb[todo]
+    out[todo] = np.maximum(v * (1 - _REL) - _ABS, 0.0)
+    return out.reshape(shape)
+
+
+def _tied_family(G, b, L):
+    """(s0, b, t x K, r) at level L: the pool with K = floor(1/L) - 2 tied intermediates."""
+    n = int(np.floor(1 / L))
+    K = n - 2
+    s0 = G + b
+    r = max(1 - n * L, 0.0)
+    parts = [np.array([s0, b])]
+    if K > 0:
+        parts.append(np.full(K, (n * L - s0 - b) / K))
+    if r > 0:
+        parts.append(np.array([r]))
+    return np.sort(np.concatenate(parts))[::-1]
+
+
+def extremal(G: float, eps: float, delta: float, c: float = 0.0, n_b: int = 20001, slack: float = 1e-9) -> np.ndarray:
+    """The attaining distribution (s0, b, t x K, r) at (numerically) the best b: a float64
+    vector summing to 1, for tests and the benchmark.  Independent of the certification: a
+    grid over b, then bisection over L on the *rule itself* evaluated on the built vector
+    (b <= delta exp(-H) with H the rule's entropy, checked with a relative margin ``slack``),
+    so that b is rejected in exact arithmetic and not only on the boundary."""
+    bmax = min(eps, (1 - G) / 2) * (1 - slack)
+    bs = np.geomspace(bmax * 1e-6, bmax, n_b)
+    vals = _point(np.full_like(bs, G), bs, delta, c)
+    i = int(np.argmin(vals))  # zoom in around the best grid point
+    fine = np.geomspace(bs[max(i - 1, 0)], bs[min(i + 1, bs.size - 1)], 4001)
+    bs = np.concatenate([fine, bs])
+    vals = np.concatenate([_point(np.full_like(fine, G), fine, delta, c), vals])
+    order = np.argsort(vals, kind="stable")
+    for i in order[:50]:
+        b = float(bs[i])
+        lo, hi = (G + 2 * b) / 2, G + b
+
+        def ok(L):
+            p = _tied_family(G, b, L)
+            if np.floor(1 / L) < 3 and L > lo * (1 + 1e-15):
+                return False
+            neg_h = float(np.sum(p * np.log(p + c)))
+            need = np.log(b / delta)
+            return need + slack * max(1.0, abs(need)) <= neg_h
+
+        if ok(lo):
+            return _tied_family(G, b, lo)
+        hi = min(hi, 1 / 3 * (1 - 1e-12))  # above 1/3 no intermediate fits (K < 1)
+        if hi <= lo or not ok(hi):
+            continue
+        for _ in range(100):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        return _tied_family(G, b, hi)
+    raise ValueError(f"no member of the tied family found at G={G}")
