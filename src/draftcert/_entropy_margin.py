@@ -1,4 +1,6 @@
-"""Exact forward-KL margin bound of the entropy rules (``entropy:ε:δ``, ``typical:ε:δ``).
+"""Margin bounds of the entropy rules (``entropy:ε:δ``, ``typical:ε:δ``) in KL: the exact
+forward-KL infimum (``forward_infimum``) and a certified reverse-KL relaxation
+(``reverse_infimum``, at the end of the module).
 
 docs/theory.md, section 5 ("Entropy rules in forward KL: the exact infimum") proves that
 for every p with rejection gap G, top s0 = G + b and competitor b, the forward radius is at
@@ -236,3 +238,151 @@ def extremal(G: float, eps: float, delta: float, c: float = 0.0, n_b: int = 2000
             lo, hi = (lo, mid) if ok(mid) else (mid, hi)
         return _tied_family(G, b, hi)
     raise ValueError(f"no member of the tied family found at G={G}")
+
+
+# --- reverse KL ------------------------------------------------------------------------------
+#
+# docs/theory.md section 5 ("Entropy rules in reverse KL"): with the pool's geometric level g,
+# its excess D = Σ_pool (x - g) (radius = -log(1 - D)), Λ = log(g² / (s0 b)), u_t = log(s0/g),
+# every p with statistic G satisfies, at its own (b, g),
+#
+#     D >= R1 = s0 + b - 2g + g K (e^{Λ/K} - 1),            K = floor(1/g) - 2   (tied pool)
+#     D >= R2 = s0 + b - 2g + g [Kr ψ(Λ/Kr) + β C]           Kr = 1/g - 2 (a real count)
+#
+# for every β in [0, 1/(u_t + 2)], ψ(u) = (e^u - 1)(1 - β u), and
+# C = log(b / (δ (g + c))) / g - (s0/g - 1) u_t - (b/g - 1) log(b/g) (the entropy constraint).
+# R2 is not monotone in g, so the minimum over (b, g) is certified by branch and bound over
+# rectangles with an interval evaluation of every term (each elementary term is monotone in
+# b and g, or bounded at the rectangle's corners); β is one value per rectangle.
+
+_R_TOL = 1e-3
+_R_ROUNDS = 60
+_R_MAX_BOXES = 1 << 19
+
+
+def _r1_lower(G, b0, b1, g0, g1):
+    """Lower bound of R1 over b in [b0, b1], g in [g0, g1]: R1 is non-decreasing in g and
+    non-increasing in b (section 5), and below the pair's own level it is at least the pair's
+    cost at b1, so R1(b1, max(g0, sqrt(s0(b1) b1)))."""
+    s0 = G + b1
+    g = np.maximum(g0, np.sqrt(s0 * b1))
+    K = np.floor(1 / g) - 2  # floor(fl(1/g)) >= floor(1/g): never too few tokens
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        lam = np.maximum(2 * np.log(g) - np.log(s0) - np.log(b1), 0.0)
+        Kc = np.maximum(K, 1.0)
+        v = (s0 + b1 - 2 * g) + g * Kc * np.expm1(lam / Kc)
+    pair = (np.sqrt(s0) - np.sqrt(b1)) ** 2
+    # no intermediate fits (K < 1): only the pair itself; lam ~ 0 up to rounding
+    v = np.where(K < 1, np.where(lam <= 1e-12, pair, np.inf), v)
+    return np.maximum(v, 0.0)
+
+
+def _xlog_m1(y):
+    """(y - 1) log y >= 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(y > 0, (y - 1) * np.log(np.where(y > 0, y, 1.0)), np.inf)
+
+
+def _r2_lower(G, b0, b1, g0, g1, delta, c):
+    """Lower bound of R2 over the rectangle, by interval arithmetic."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s_lo, s_hi = G + b0, G + b1
+        A = s_lo + b0 - 2 * g1  # s0 + b - 2g
+        lam_lo = np.maximum(2 * np.log(g0) - np.log(s_hi) - np.log(b1), 0.0)
+        ut_hi = np.log(s_hi / g0)
+        beta = 1 / (ut_hi + 2)  # one beta valid at every point of the rectangle
+        kr_hi = 1 / g0 - 2
+        w_lo = np.where(kr_hi > 0, lam_lo / np.where(kr_hi > 0, kr_hi, 1.0), np.inf)
+        tied = np.where(lam_lo > 0, kr_hi * np.expm1(w_lo) * (1 - beta * w_lo), 0.0)
+        # C = T1 - T2 - T3
+        n_lo, n_hi = np.log(b0 / (delta * (g1 + c))), np.log(b1 / (delta * (g0 + c)))
+        i_lo, i_hi = 1 / g1, 1 / g0
+        T1 = np.minimum(np.minimum(n_lo * i_lo, n_lo * i_hi), np.minimum(n_hi * i_lo, n_hi * i_hi))
+        T2 = _xlog_m1(s_hi / g0)  # (y_t - 1) log y_t, increasing for y_t >= 1
+        T3 = _xlog_m1(np.minimum(b0 / g1, 1.0))  # (y_b - 1) log y_b, decreasing on (0, 1]
+        X = tied + beta * (T1 - T2 - T3)
+        v = A + np.where(X >= 0, g0 * X, g1 * X)
+    v = np.where(np.isnan(v) | (b0 <= 0), -np.inf, v)
+    return v
+
+
+def _r_point(G, b, g, delta, c):
+    """max(R1, R2) at a point with beta = 1/(u_t + 2): a value for the pruning decision."""
+    return np.maximum(_r1_lower(G, b, b, g, g), _r2_lower(G, b, b, g, g, delta, c))
+
+
+def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+    """Certified lower bound on the infimum of the reverse radius of ``entropy:eps:delta``
+    (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G: branch and
+    bound over rectangles in (log b, g) down to a relative gap of ``_R_TOL`` between the
+    lower bound and the smallest point value found.  -log(1 - D) of the bound on D."""
+    G = np.asarray(G, dtype=np.float64)
+    shape = G.shape
+    G = G.ravel()
+    if G.size > _CHUNK:
+        return np.concatenate([reverse_infimum(G[i:i + _CHUNK], eps, delta, c)
+                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
+    out = np.zeros_like(G)
+    bmax = np.minimum(eps, (1 - G) / 2)
+    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    if todo.size == 0:
+        return out.reshape(shape)
+    nb, ng = 8, 4
+    fr = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, nb)])
+    gf = np.linspace(0, 1, ng + 1)
+    rows = np.repeat(todo, nb * ng)
+    B = bmax[todo][:, None, None]
+    Gt = G[todo][:, None, None]
+    b0 = np.broadcast_to(B * fr[None, :-1, None], (todo.size, nb, ng))
+    b1 = np.broadcast_to(B * fr[None, 1:, None], (todo.size, nb, ng))
+    # g from the smallest possible level sqrt(s0 b) (at b0) to the top s0 (at b1)
+    glo = np.sqrt((Gt + b0) * b0)
+    ghi = Gt + b1
+    g0 = glo + (ghi - glo) * gf[None, None, :-1]
+    g1 = glo + (ghi - glo) * gf[None, None, 1:]
+    b0, b1, g0, g1 = (np.ascontiguousarray(x).ravel() for x in (b0, b1, g0, g1))
+    g0 = np.maximum(g0, 1e-300)
+    best = np.full(G.shape, np.inf)
+    done = np.full(G.shape, np.inf)
+    for _ in range(_R_ROUNDS):
+        Gr = G[rows]
+        lb = np.maximum(_r1_lower(Gr, b0, b1, g0, g1), _r2_lower(Gr, b0, b1, g0, g1, delta, c))
+        # the rectangle holds no level of any of its b: g above the top or below sqrt(s0 b)
+        empty = (g0 > Gr + b1) | (g1 < np.sqrt((Gr + b0) * np.maximum(b0, 0)))
+        lb = np.where(empty, np.inf, lb)
+        bm = np.where(b0 > 0, np.sqrt(b0 * b1), b1)
+        gm = np.clip(0.5 * (g0 + g1), np.sqrt((Gr + bm) * bm), Gr + bm)
+        pv = _r_point(Gr, bm, gm, delta, c)
+        np.minimum.at(best, rows, np.where(np.isfinite(pv), pv, np.inf))
+        split = lb < best[rows] * (1 - _R_TOL)
+        np.minimum.at(done, rows[~split], lb[~split])
+        if not split.any():
+            rows = rows[:0]
+            break
+        if split.sum() > _R_MAX_BOXES:
+            np.minimum.at(done, rows[split], lb[split])
+            rows = rows[:0]
+            break
+        rows, b0, b1, g0, g1 = rows[split], b0[split], b1[split], g0[split], g1[split]
+        Gr = G[rows]
+        # split the wider side (b in log scale, g relative to its own scale)
+        with np.errstate(divide="ignore"):
+            wb = np.where(b0 > 0, np.log(b1 / b0), 8.0)
+        wg = (g1 - g0) / g1 * 2
+        on_b = wb >= wg
+        bmid = np.where(b0 > 0, np.sqrt(b0 * b1), b1 * 1e-3)
+        gmid = 0.5 * (g0 + g1)
+        nb0 = np.concatenate([b0, np.where(on_b, bmid, b0)])
+        nb1 = np.concatenate([np.where(on_b, bmid, b1), b1])
+        ng0 = np.concatenate([g0, np.where(on_b, g0, gmid)])
+        ng1 = np.concatenate([np.where(on_b, g1, gmid), g1])
+        rows = np.concatenate([rows, rows])
+        b0, b1, g0, g1 = nb0, nb1, ng0, ng1
+    if rows.size:
+        Gr = G[rows]
+        lb = np.maximum(_r1_lower(Gr, b0, b1, g0, g1), _r2_lower(Gr, b0, b1, g0, g1, delta, c))
+        np.minimum.at(done, rows, lb)
+    D = np.clip(done[todo] * (1 - _REL) - _ABS, 0.0, None)
+    with np.errstate(divide="ignore"):
+        out[todo] = np.where(D >= 1, np.inf, -np.log1p(-np.minimum(D, 1.0)))
+    return out.reshape(shape)

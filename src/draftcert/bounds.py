@@ -43,7 +43,7 @@ from .criteria import (
 )
 from .certificates import _first_rejected, radius_rows
 from .divergences import check_divergence
-from ._entropy_margin import forward_infimum
+from ._entropy_margin import forward_infimum, reverse_infimum
 from .summary import DEFAULT_TOPK, TYPICAL_EPS, Summary, summarize
 
 __all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic"]
@@ -143,11 +143,13 @@ def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -
     if isinstance(crit, TreeCoverage):
         return _tree_bound(crit.m, G, co, kind)
     out = _shave(_pair_bound(crit, G, co, kind), 2)
-    if kind == "forward" and isinstance(crit, EntropyThreshold):
-        # the exact infimum (docs/theory.md section 5), certified from below by branch and
-        # bound; the two-token bound stays as a floor (both are valid lower bounds)
+    if kind != "tv" and isinstance(crit, EntropyThreshold):
+        # forward: the exact infimum; reverse: a relaxation of it (docs/theory.md section 5);
+        # both certified from below by branch and bound.  The two-token bound stays as a
+        # floor (all are valid lower bounds).
         c = TYPICAL_EPS if isinstance(crit, TypicalAcceptance) else 0.0
-        exact = forward_infimum(G.detach().cpu().numpy(), crit.epsilon, crit.delta, c)
+        fn = forward_infimum if kind == "forward" else reverse_infimum
+        exact = fn(G.detach().cpu().numpy(), crit.epsilon, crit.delta, c)
         out = torch.maximum(out, torch.from_numpy(exact).to(out))
     return out
 
@@ -241,7 +243,8 @@ def margin_bound(
     -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  For entropy and typical: sharp in tv
     (G/2; for typical at every G when EPSILON <= 1/3) and in forward KL (the exact infimum
     over the tied-pool family, certified from below by branch and bound to within 3e-4;
-    typical within 1e-3), valid, not sharp, in reverse KL (docs/theory.md, section 5).
+    typical within 1e-3); in reverse KL a certified relaxation within ~2% of the infimum,
+    not sharp (docs/theory.md, section 5).
     """
     crit = as_criterion(criterion)
     check_divergence(divergence)
