@@ -309,20 +309,21 @@ def pool_family(crit: str, kind: str, G: float, vmax: int = 4096) -> list[np.nda
         ks = np.unique(np.round(ki * np.array([0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.6])).astype(int))
     return out
 
-def tied_family(crit: str, G: float) -> list[np.ndarray]:
-    """Entropy rules, forward KL: the extremal family of docs/theory.md section 5,
-    (s0, b, t x K, r) with K = floor(1/L) - 2 tied intermediates filling the pool up to one
-    remainder r, at any V (about 1.4/G tokens: 115k at G = 1e-5).  Built by
-    ``draftcert._entropy_margin.extremal`` from a grid over b and a bisection over the pool
-    level L on the rule itself; its radius and statistic are then measured like every other
-    candidate (draftcert.radius, draftcert.margin_statistic), so a bound above the infimum
-    would show as a ratio above 1.  One row per G (rows of different V kept apart)."""
-    from draftcert._entropy_margin import extremal
+def tied_family(crit: str, G: float, kind: str = "forward") -> list[np.ndarray]:
+    """Entropy rules in KL: the tied families of docs/theory.md section 5, at any V (about
+    1.4/G tokens: 115k at G = 1e-5).  Forward: (s0, b, t x K, r) with K = floor(1/L) - 2
+    tied intermediates filling the pool up to one remainder r (``_entropy_margin.extremal``:
+    a grid over b, a bisection over the level L on the rule itself).  Reverse:
+    (s0, b, t x N, the rest at the geometric level) near the relaxed minimiser
+    (``_entropy_margin.reverse_extremal``).  Their radius and statistic are then measured like
+    every other candidate (draftcert.radius, draftcert.margin_statistic), so a bound above
+    the infimum would show as a ratio above 1.  One row per G (rows of different V apart)."""
+    from draftcert._entropy_margin import extremal, reverse_extremal
 
     name, eps, delta = crit.split(":")
     c = 1e-5 if name == "typical" else 0.0
     try:
-        p = extremal(G, float(eps), float(delta), c)
+        p = (extremal if kind == "forward" else reverse_extremal)(G, float(eps), float(delta), c)
     except ValueError:
         return []
     return [p[None, :]]
@@ -431,8 +432,8 @@ def main() -> None:
                     if crit.startswith(("entropy", "typical")):
                         for P in pool_family(crit, kind, G):
                             tally.add(P, "pool-family", at_G=G)
-                        if kind == "forward":
-                            for P in tied_family(crit, G):
+                        if kind in ("forward", "reverse"):
+                            for P in tied_family(crit, G, kind):
                                 tally.add(P, "tied-family", at_G=G)
             worst = (math.inf, None, None)
             for k, (rt, p, src) in sorted(tally.best.items()):

@@ -464,3 +464,61 @@ def test_entropy_forward_bound_improves_on_two_token_and_is_fast():
     small = G < 0.1
     assert np.all(exact[small] >= 1.25 * two[small])  # the two-token bound was 0.76 of it
     assert np.all(exact[small] >= 0.36 * G[small])  # I(G) ~ 0.372 G at small G
+
+
+@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3"))
+def test_entropy_reverse_family_member_above_bound(spec):
+    """The reverse family member behind D_cap has the statistic G, a radius above the bound,
+    and the bound is within 2% of it (docs/theory.md 5: a relaxation)."""
+    from draftcert._entropy_margin import reverse_extremal
+
+    eps, delta, c = _spec_params(spec)
+    for G in (1e-4, 0.01, 0.1, 0.3, 0.6):
+        p = reverse_extremal(G, eps, delta, c)
+        assert abs(p.sum() - 1) < 1e-12
+        assert float(dc.margin_statistic(spec, p)) == pytest.approx(G, rel=1e-9), (spec, G)
+        r = float(dc.radius(spec, p, "reverse"))
+        bound = float(dc.margin_bound_from_statistic(spec, np.array(G), "reverse"))
+        assert bound <= r, (spec, G, bound, r)
+        assert bound >= 0.98 * r, (spec, G, bound, r)
+
+
+@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))
+def test_entropy_reverse_rectangle_bound_is_sound(spec):
+    """The rectangle lower bound of the reverse branch and bound, checked directly: random
+    members of the tied family (any N, t, b, the rest filled at the geometric level) whose
+    statistic is G, inside random rectangles around their own (b, g), with and without an
+    assumed cap D_cap >= D: the rectangle's bound never exceeds the member's excess D."""
+    from draftcert._entropy_margin import _r_lower
+
+    eps, delta, c = _spec_params(spec)
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(1500):
+        G = float(10 ** rng.uniform(-3, -0.2))
+        b = float(min(eps, (1 - G) / 2) * 10 ** rng.uniform(-2, 0))
+        s0 = G + b
+        N = int(rng.choice([0, 1, 2, 3, 5, 10, 30, 100, 300]))
+        t = b + rng.uniform(0.05, 1.0) * (s0 - b)
+        if N == 0:
+            t = s0
+        g = math.exp((math.log(s0) + math.log(b) + N * math.log(t)) / (N + 2))
+        if t < g or s0 + b + N * t > 1:
+            continue
+        fill = g * (1 - 1e-9) * rng.choice([1.0, 0.5, 1e-3])
+        rest = 1 - s0 - b - N * t
+        q = int(math.floor(rest / fill))
+        if q > 200_000:
+            continue
+        r = rest - q * fill
+        p = np.array([s0, b] + [t] * N + [fill] * q + ([r] if r > 0 else []))
+        if abs(float(dc.margin_statistic(spec, p)) - G) > 1e-12 * max(1.0, G):
+            continue
+        D = -math.expm1(-float(dc.radius(spec, p, "reverse")))
+        for cap in (np.inf, D * (1 + rng.uniform(0, 0.05))):
+            w = rng.uniform(0, 0.05, 4)
+            lb = float(_r_lower(np.array([G]), np.array([b * (1 - w[0])]), np.array([min(b * (1 + w[1]), min(eps, (1 - G) / 2))]),
+                                np.array([g * (1 - w[2])]), np.array([g * (1 + w[3])]), delta, c, np.array([cap]))[0])
+            assert lb <= D * (1 + 1e-12) + 1e-15, (spec, G, b, N, t, lb, D, cap)
+        checked += 1
+    assert checked >= 40

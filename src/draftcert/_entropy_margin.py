@@ -36,6 +36,9 @@ float64; the result is lowered by ``_REL`` relative and ``_ABS`` absolute for ro
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 
 #: Relative gap at which the branch and bound stops (lower bound vs an attained value).
@@ -256,17 +259,21 @@ def extremal(G: float, eps: float, delta: float, c: float = 0.0, n_b: int = 2000
 # b and g, or bounded at the rectangle's corners); β is one value per rectangle.
 
 _R_TOL = 1e-3
+_R_TOL_COARSE = 1e-2
+_R_COUNT_PASSES = 2
 _R_ROUNDS = 60
 _R_MAX_BOXES = 1 << 19
 
 
-def _r1_lower(G, b0, b1, g0, g1):
+def _r1_lower(G, b0, b1, g0, g1, dlo=0.0):
     """Lower bound of R1 over b in [b0, b1], g in [g0, g1]: R1 is non-decreasing in g and
     non-increasing in b (section 5), and below the pair's own level it is at least the pair's
     cost at b1, so R1(b1, max(g0, sqrt(s0(b1) b1)))."""
     s0 = G + b1
     g = np.maximum(g0, np.sqrt(s0 * b1))
-    K = np.floor(1 / g) - 2  # floor(fl(1/g)) >= floor(1/g): never too few tokens
+    # k <= (1 - D)/g - 2 <= (1 - dlo)/g - 2 for any lower bound dlo of D in the rectangle;
+    # the float floor is nudged up so it is never too small
+    K = np.floor((1 - np.clip(dlo, 0.0, 1.0)) / g * (1 + 1e-15)) - 2
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         lam = np.maximum(2 * np.log(g) - np.log(s0) - np.log(b1), 0.0)
         Kc = np.maximum(K, 1.0)
@@ -283,88 +290,176 @@ def _xlog_m1(y):
         return np.where(y > 0, (y - 1) * np.log(np.where(y > 0, y, 1.0)), np.inf)
 
 
-def _r2_lower(G, b0, b1, g0, g1, delta, c):
-    """Lower bound of R2 over the rectangle, by interval arithmetic."""
+def _rem_u(u, g, c):
+    """The off-pool remainder's share of C: u log(1/u) (c = 0) or u log((g + c)/(u g + c)),
+    u = frac((1 - D)/g); >= 0, concave in u, increasing in g."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = u * (np.log1p(c / g) + np.log(g) - np.log(u * g + c)) if c else -u * np.log(np.where(u > 0, u, 1.0))
+    return np.where(u > 0, np.maximum(v, 0.0), 0.0)
+
+
+def _r2_lower(G, b0, b1, g0, g1, delta, c, dlo=0.0, dcap=np.inf):
+    """Lower bound of R2 over the rectangle, by interval arithmetic.  With dcap (a value of D
+    some member of the family attains, so D <= dcap may be assumed) the off-pool remainder
+    counts too: u = frac((1 - D)/g) over D in [dlo, dcap], g in [g0, g1]."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s_lo, s_hi = G + b0, G + b1
         A = s_lo + b0 - 2 * g1  # s0 + b - 2g
         lam_lo = np.maximum(2 * np.log(g0) - np.log(s_hi) - np.log(b1), 0.0)
         ut_hi = np.log(s_hi / g0)
         beta = 1 / (ut_hi + 2)  # one beta valid at every point of the rectangle
-        kr_hi = 1 / g0 - 2
-        w_lo = np.where(kr_hi > 0, lam_lo / np.where(kr_hi > 0, kr_hi, 1.0), np.inf)
-        tied = np.where(lam_lo > 0, kr_hi * np.expm1(w_lo) * (1 - beta * w_lo), 0.0)
+        # the count: k <= floor(1/g) - 2 <= floor(1/g0) - 2 (floor(fl(1/g0)) never too
+        # small); with no room (< 1) the pool is the pair and the tied term is 0
+        kr_hi = np.floor((1 - np.clip(dlo, 0.0, 1.0)) / g0 * (1 + 1e-15)) - 2
+        room = kr_hi >= 1
+        w_lo = np.where(room, lam_lo / np.where(room, kr_hi, 1.0), 0.0)
+        tied = np.where(room & (lam_lo > 0), kr_hi * np.expm1(w_lo) * (1 - beta * w_lo), 0.0)
         # C = T1 - T2 - T3
         n_lo, n_hi = np.log(b0 / (delta * (g1 + c))), np.log(b1 / (delta * (g0 + c)))
         i_lo, i_hi = 1 / g1, 1 / g0
         T1 = np.minimum(np.minimum(n_lo * i_lo, n_lo * i_hi), np.minimum(n_hi * i_lo, n_hi * i_hi))
         T2 = _xlog_m1(s_hi / g0)  # (y_t - 1) log y_t, increasing for y_t >= 1
         T3 = _xlog_m1(np.minimum(b0 / g1, 1.0))  # (y_b - 1) log y_b, decreasing on (0, 1]
-        X = tied + beta * (T1 - T2 - T3)
+        x_lo = (1 - dcap) / g1 * (1 - 1e-15)
+        x_hi = (1 - np.clip(dlo, 0.0, 1.0)) / g0 * (1 + 1e-15)
+        fl = np.floor(np.where(np.isfinite(x_lo), np.maximum(x_lo, 0.0), 0.0))
+        same = np.isfinite(x_lo) & (x_lo >= 0) & (np.floor(x_hi) == fl)
+        u_lo = np.clip(x_lo - fl, 0.0, 1.0)
+        u_hi = np.clip(x_hi - fl, 0.0, 1.0)
+        T4 = np.where(same, np.minimum(_rem_u(u_lo, g0, c), _rem_u(u_hi, g0, c)), 0.0)
+        X = tied + beta * (T1 - T2 - T3 + T4)
         v = A + np.where(X >= 0, g0 * X, g1 * X)
     v = np.where(np.isnan(v) | (b0 <= 0), -np.inf, v)
     return v
 
 
+def _r_lower(G, b0, b1, g0, g1, delta, c, dcap=np.inf):
+    """max(R1, R2) over the rectangle, with the count tightened twice by the bound itself
+    (k <= (1 - D)/g - 2: a larger excess leaves room for fewer intermediates)."""
+    d = np.zeros_like(G * b0)
+    for _ in range(_R_COUNT_PASSES):
+        d = np.maximum(d, np.maximum(_r1_lower(G, b0, b1, g0, g1, d),
+                                     _r2_lower(G, b0, b1, g0, g1, delta, c, d, dcap)))
+    return d
+
+
 def _r_point(G, b, g, delta, c):
     """max(R1, R2) at a point with beta = 1/(u_t + 2): a value for the pruning decision."""
-    return np.maximum(_r1_lower(G, b, b, g, g), _r2_lower(G, b, b, g, g, delta, c))
+    return _r_lower(G, b, b, g, g, delta, c)
 
 
-def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
-    """Certified lower bound on the infimum of the reverse radius of ``entropy:eps:delta``
-    (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G: branch and
-    bound over rectangles in (log b, g) down to a relative gap of ``_R_TOL`` between the
-    lower bound and the smallest point value found.  -log(1 - D) of the bound on D."""
-    G = np.asarray(G, dtype=np.float64)
-    shape = G.shape
-    G = G.ravel()
-    if G.size > _CHUNK:
-        return np.concatenate([reverse_infimum(G[i:i + _CHUNK], eps, delta, c)
-                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
-    out = np.zeros_like(G)
-    bmax = np.minimum(eps, (1 - G) / 2)
-    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
-    if todo.size == 0:
-        return out.reshape(shape)
+def _reverse_family(G, b, N, g, delta, c, eps, slack=1e-9):
+    """The tied family (s0, b, t x N, g' x q, r) at geometric level g (t from g, g' = g just
+    below): (D, feasible), vectorised.  Feasible = the rule, evaluated in closed form on the
+    family with a relative margin ``slack``, rejects b and nothing above it and accepts the
+    top, so its statistic is G and its reverse radius -log(1 - D) is attained."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s0 = G + b
+        n = N + 2
+        t = np.exp((n * np.log(g) - np.log(s0) - np.log(b)) / np.maximum(N, 1))
+        t = np.where(N > 0, t, g)
+        m = s0 + b + N * t
+        gp = g * (1 - 1e-12)
+        mo = 1 - m
+        q = np.floor(np.maximum(mo, 0) / gp)
+        r = np.maximum(mo - q * gp, 0.0)
+        xl = lambda x: np.where(x > 0, x * np.log(np.where(x > 0, x + c, 1.0)), 0.0)  # noqa: E731
+        neg_h = xl(s0) + xl(b) + N * xl(t) + q * xl(gp) + xl(r)
+        tau = np.minimum(eps, delta * np.exp(neg_h))
+        lam_ok = (N == 0) & (np.abs(n * np.log(g) - np.log(s0) - np.log(b)) < 1e-12) | (N > 0)
+        ok = (mo >= 0) & lam_ok & (t >= g) & (t < s0) & (b <= eps)
+        ok &= np.log(b / delta) + slack * np.maximum(1.0, np.abs(np.log(b / delta))) <= neg_h  # b rejected
+        ok &= (gp > tau * (1 + slack)) & (t > tau * (1 + slack)) & (s0 > tau * (1 + slack))
+        ok &= (r <= b) | (r > tau * (1 + slack))
+        Z = 1 - m + n * g
+        rej = np.log(b / delta) + slack * np.maximum(1.0, np.abs(np.log(b / delta))) <= neg_h
+        rej |= mo < 0  # past the mass limit: monotone in g for the bisection (then not ok)
+    return np.where(ok, 1 - Z, np.inf), ok, rej
+
+
+def _reverse_cap(G, b, g, d, delta, c, eps, full=False):
+    """An attained D near the relaxed minimiser (b, g) of each row (inf if none found): the
+    family with N = N0 - {0, 1, 2, 3, 5, 8} or N0 x {0.98, 0.96, 0.93} intermediates
+    (N0 = floor((1 - d)/g) - 2), at the minimiser's b, its level raised by bisection until the rule rejects b; every condition
+    of the family is then checked (D = inf where one fails)."""
+    best = np.full(G.shape, np.inf)
+    arg_n, arg_g = np.zeros(G.shape), np.zeros(G.shape)
+    for db in (1.0,):
+        bb = np.minimum(b * db, np.minimum(eps, (1 - G) / 2))
+        N0 = np.floor((1 - d) / g) - 2
+        for dn, f in itertools.chain(((k, 1.0) for k in (0, 1, 2, 3, 5, 8)), ((0, f) for f in (0.98, 0.96, 0.93))):
+            # the family's intermediates sit above the level, so it has room for fewer
+            N = np.maximum(np.floor(N0 * f) - dn, 0)
+            lo = np.sqrt((G + bb) * bb)
+            hi = G + bb
+            for _ in range(44):  # the lowest level at which the rule rejects b
+                mid = 0.5 * (lo + hi)
+                _, _, rej = _reverse_family(G, bb, N, mid, delta, c, eps)
+                lo, hi = np.where(rej, lo, mid), np.where(rej, mid, hi)
+            D, _, _ = _reverse_family(G, bb, N, hi, delta, c, eps)  # every condition checked
+            arg_n, arg_g = np.where(D < best, N, arg_n), np.where(D < best, hi, arg_g)
+            best = np.minimum(best, D)
+    if full:
+        return best, b, arg_n, arg_g
+    return best
+
+
+def _reverse_start(G, bmax):
+    """Initial rectangles covering b in (0, bmax], g in [sqrt(s0 b), s0] for every row."""
     nb, ng = 8, 4
     fr = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, nb)])
     gf = np.linspace(0, 1, ng + 1)
-    rows = np.repeat(todo, nb * ng)
-    B = bmax[todo][:, None, None]
-    Gt = G[todo][:, None, None]
-    b0 = np.broadcast_to(B * fr[None, :-1, None], (todo.size, nb, ng))
-    b1 = np.broadcast_to(B * fr[None, 1:, None], (todo.size, nb, ng))
+    nrow = G.size
+    rows = np.repeat(np.arange(nrow), nb * ng)
+    B = bmax[:, None, None]
+    Gt = G[:, None, None]
+    b0 = np.broadcast_to(B * fr[None, :-1, None], (nrow, nb, ng))
+    b1 = np.broadcast_to(B * fr[None, 1:, None], (nrow, nb, ng))
     # g from the smallest possible level sqrt(s0 b) (at b0) to the top s0 (at b1)
     glo = np.sqrt((Gt + b0) * b0)
     ghi = Gt + b1
     g0 = glo + (ghi - glo) * gf[None, None, :-1]
     g1 = glo + (ghi - glo) * gf[None, None, 1:]
     b0, b1, g0, g1 = (np.ascontiguousarray(x).ravel() for x in (b0, b1, g0, g1))
-    g0 = np.maximum(g0, 1e-300)
-    best = np.full(G.shape, np.inf)
-    done = np.full(G.shape, np.inf)
+    return rows, b0, b1, np.maximum(g0, 1e-300), g1
+
+
+def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None):
+    """Branch and bound over rectangles in (b, g) for every row of G (all rows valid), from
+    ``start`` (rectangles that cover the domain; default ``_reverse_start``): (certified
+    lower bound on D, the best point's b, g and value, the final rectangles -- they still
+    cover the domain)."""
+    nrow = G.size
+    rows, b0, b1, g0, g1 = _reverse_start(G, bmax) if start is None else start
+    kept = []  # retired rectangles (with the live ones at the end, a cover of the domain)
+    best = np.full(nrow, np.inf)
+    best_b, best_g = bmax.copy(), G + bmax
+    done = np.full(nrow, np.inf)
     for _ in range(_R_ROUNDS):
         Gr = G[rows]
-        lb = np.maximum(_r1_lower(Gr, b0, b1, g0, g1), _r2_lower(Gr, b0, b1, g0, g1, delta, c))
+        lb = _r_lower(Gr, b0, b1, g0, g1, delta, c, dcap[rows])
         # the rectangle holds no level of any of its b: g above the top or below sqrt(s0 b)
         empty = (g0 > Gr + b1) | (g1 < np.sqrt((Gr + b0) * np.maximum(b0, 0)))
         lb = np.where(empty, np.inf, lb)
         bm = np.where(b0 > 0, np.sqrt(b0 * b1), b1)
         gm = np.clip(0.5 * (g0 + g1), np.sqrt((Gr + bm) * bm), Gr + bm)
         pv = _r_point(Gr, bm, gm, delta, c)
-        np.minimum.at(best, rows, np.where(np.isfinite(pv), pv, np.inf))
-        split = lb < best[rows] * (1 - _R_TOL)
+        pv = np.where(np.isfinite(pv) & ~empty, pv, np.inf)
+        order = np.lexsort((pv, rows))
+        first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
+        better = pv[first] < best[rows[first]]
+        sel = first[better]
+        best[rows[sel]] = pv[sel]
+        best_b[rows[sel]], best_g[rows[sel]] = bm[sel], gm[sel]
+        split = lb < best[rows] * (1 - tol)
         np.minimum.at(done, rows[~split], lb[~split])
-        if not split.any():
-            rows = rows[:0]
-            break
-        if split.sum() > _R_MAX_BOXES:
+        kept.append(tuple(x[~split] for x in (rows, b0, b1, g0, g1)))
+        if not split.any() or split.sum() > _R_MAX_BOXES:
             np.minimum.at(done, rows[split], lb[split])
+            kept.append(tuple(x[split] for x in (rows, b0, b1, g0, g1)))
             rows = rows[:0]
             break
         rows, b0, b1, g0, g1 = rows[split], b0[split], b1[split], g0[split], g1[split]
-        Gr = G[rows]
         # split the wider side (b in log scale, g relative to its own scale)
         with np.errstate(divide="ignore"):
             wb = np.where(b0 > 0, np.log(b1 / b0), 8.0)
@@ -379,10 +474,61 @@ def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
         rows = np.concatenate([rows, rows])
         b0, b1, g0, g1 = nb0, nb1, ng0, ng1
     if rows.size:
-        Gr = G[rows]
-        lb = np.maximum(_r1_lower(Gr, b0, b1, g0, g1), _r2_lower(Gr, b0, b1, g0, g1, delta, c))
+        lb = _r_lower(G[rows], b0, b1, g0, g1, delta, c, dcap[rows])
         np.minimum.at(done, rows, lb)
-    D = np.clip(done[todo] * (1 - _REL) - _ABS, 0.0, None)
+        kept.append((rows, b0, b1, g0, g1))
+    leaves = tuple(np.concatenate([k[i] for k in kept]) for i in range(5))
+    return done, best_b, best_g, best, leaves
+
+
+def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+    """Certified lower bound on the infimum of the reverse radius of ``entropy:eps:delta``
+    (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G.
+
+    Two passes of branch and bound over rectangles in (b, g): a coarse one without the
+    off-pool remainder locates the minimiser; the tied family near it gives an attained
+    excess D_cap (so D <= D_cap may be assumed: the infimum is at most D_cap); the second
+    pass then counts the remainder over D in [lower bound, D_cap].  The larger of the two
+    lower bounds on D, as -log(1 - D)."""
+    G = np.asarray(G, dtype=np.float64)
+    shape = G.shape
+    G = G.ravel()
+    if G.size > _CHUNK:
+        return np.concatenate([reverse_infimum(G[i:i + _CHUNK], eps, delta, c)
+                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
+    out = np.zeros_like(G)
+    bmax = np.minimum(eps, (1 - G) / 2)
+    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    if todo.size == 0:
+        return out.reshape(shape)
+    Gt, bt = G[todo], bmax[todo]
+    lb1, b_star, g_star, d_star, leaves = _reverse_bb(Gt, bt, delta, c, _R_TOL_COARSE, np.full(Gt.shape, np.inf))
+    dcap = _reverse_cap(Gt, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps)
+    # second pass from the first pass's rectangles (a cover), now with the remainder where an
+    # attained D_cap is known (rows without one keep D_cap = inf: no remainder term)
+    lb2, *_ = _reverse_bb(Gt, bt, delta, c, _R_TOL, dcap, start=leaves)
+    lb = np.maximum(lb1, lb2)
+    D = np.clip(lb * (1 - _REL) - _ABS, 0.0, None)
     with np.errstate(divide="ignore"):
         out[todo] = np.where(D >= 1, np.inf, -np.log1p(-np.minimum(D, 1.0)))
     return out.reshape(shape)
+
+
+def reverse_extremal(G: float, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+    """The family member behind D_cap at G: (s0, b, t x N, g' x q, r) as a float64 vector
+    (for tests and the benchmark; its reverse radius is -log(1 - D_cap), above the bound)."""
+    Ga = np.array([float(G)])
+    bm = np.minimum(eps, (1 - Ga) / 2)
+    _, b_star, g_star, d_star, _ = _reverse_bb(Ga, bm, delta, c, _R_TOL_COARSE, np.full(1, np.inf))
+    D, b, N, g = _reverse_cap(Ga, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps, full=True)
+    if not np.isfinite(D[0]):
+        raise ValueError(f"no member of the reverse family found at G={G}")
+    b, N, g = float(b[0]), int(N[0]), float(g[0])
+    s0 = G + b
+    t = math.exp(((N + 2) * math.log(g) - math.log(s0) - math.log(b)) / N) if N > 0 else g
+    gp = g * (1 - 1e-12)
+    rest = 1 - s0 - b - N * t
+    q = int(math.floor(max(rest, 0) / gp))
+    r = max(rest - q * gp, 0.0)
+    parts = [np.array([s0, b]), np.full(N, t), np.full(q, gp)] + ([np.array([r])] if r > 0 else [])
+    return np.sort(np.concatenate(parts))[::-1]
