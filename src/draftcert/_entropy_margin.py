@@ -258,7 +258,7 @@ def extremal(G: float, eps: float, delta: float, c: float = 0.0, n_b: int = 2000
 # rectangles with an interval evaluation of every term (each elementary term is monotone in
 # b and g, or bounded at the rectangle's corners); β is one value per rectangle.
 
-_R_TOL = 1e-3
+_R_TOL = 2e-4
 _R_TOL_COARSE = 1e-2
 _R_COUNT_PASSES = 2
 _R_ROUNDS = 60
