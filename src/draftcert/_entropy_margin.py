@@ -377,17 +377,17 @@ def _reverse_family(G, b, N, g, delta, c, eps, slack=1e-9):
     return np.where(ok, 1 - Z, np.inf), ok, rej
 
 
-def _reverse_cap(G, b, g, d, delta, c, eps, full=False):
+def _reverse_cap(G, b, g, d, delta, c, eps, full=False, b_factors=(1.0,), n_offsets=(0, 1, 2, 3, 5, 8)):
     """An attained D near the relaxed minimiser (b, g) of each row (inf if none found): the
     family with N = N0 - {0, 1, 2, 3, 5, 8} or N0 x {0.98, 0.96, 0.93} intermediates
     (N0 = floor((1 - d)/g) - 2), at the minimiser's b, its level raised by bisection until the rule rejects b; every condition
     of the family is then checked (D = inf where one fails)."""
     best = np.full(G.shape, np.inf)
-    arg_n, arg_g = np.zeros(G.shape), np.zeros(G.shape)
-    for db in (1.0,):
+    arg_n, arg_g, arg_b = np.zeros(G.shape), np.zeros(G.shape), b.copy()
+    for db in b_factors:
         bb = np.minimum(b * db, np.minimum(eps, (1 - G) / 2))
         N0 = np.floor((1 - d) / g) - 2
-        for dn, f in itertools.chain(((k, 1.0) for k in (0, 1, 2, 3, 5, 8)), ((0, f) for f in (0.98, 0.96, 0.93))):
+        for dn, f in itertools.chain(((k, 1.0) for k in n_offsets), ((0, f) for f in (0.98, 0.96, 0.93))):
             # the family's intermediates sit above the level, so it has room for fewer
             N = np.maximum(np.floor(N0 * f) - dn, 0)
             lo = np.sqrt((G + bb) * bb)
@@ -397,10 +397,10 @@ def _reverse_cap(G, b, g, d, delta, c, eps, full=False):
                 _, _, rej = _reverse_family(G, bb, N, mid, delta, c, eps)
                 lo, hi = np.where(rej, lo, mid), np.where(rej, mid, hi)
             D, _, _ = _reverse_family(G, bb, N, hi, delta, c, eps)  # every condition checked
-            arg_n, arg_g = np.where(D < best, N, arg_n), np.where(D < best, hi, arg_g)
+            arg_n, arg_g, arg_b = np.where(D < best, N, arg_n), np.where(D < best, hi, arg_g), np.where(D < best, bb, arg_b)
             best = np.minimum(best, D)
     if full:
-        return best, b, arg_n, arg_g
+        return best, arg_b, arg_n, arg_g
     return best
 
 
@@ -520,7 +520,8 @@ def reverse_extremal(G: float, eps: float, delta: float, c: float = 0.0) -> np.n
     Ga = np.array([float(G)])
     bm = np.minimum(eps, (1 - Ga) / 2)
     _, b_star, g_star, d_star, _ = _reverse_bb(Ga, bm, delta, c, _R_TOL_COARSE, np.full(1, np.inf))
-    D, b, N, g = _reverse_cap(Ga, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps, full=True)
+    D, b, N, g = _reverse_cap(Ga, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps,
+                              full=True, b_factors=np.geomspace(0.8, 1.25, 41), n_offsets=range(-3, 16))
     if not np.isfinite(D[0]):
         raise ValueError(f"no member of the reverse family found at G={G}")
     b, N, g = float(b[0]), int(N[0]), float(g[0])
