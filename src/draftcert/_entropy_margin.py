@@ -520,11 +520,14 @@ def reverse_extremal(G: float, eps: float, delta: float, c: float = 0.0) -> np.n
     Ga = np.array([float(G)])
     bm = np.minimum(eps, (1 - Ga) / 2)
     _, b_star, g_star, d_star, _ = _reverse_bb(Ga, bm, delta, c, _R_TOL_COARSE, np.full(1, np.inf))
-    D, b, N, g = _reverse_cap(Ga, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps,
-                              full=True, b_factors=np.geomspace(0.8, 1.25, 41), n_offsets=range(-3, 16))
-    if not np.isfinite(D[0]):
+    f = np.geomspace(0.8, 1.25, 41)  # b around the minimiser: one row per factor
+    ones = np.ones_like(f)
+    D, b, N, g = _reverse_cap(Ga * ones, b_star * f, g_star * ones, np.where(np.isfinite(d_star), d_star, 0.0) * ones,
+                              delta, c, eps, full=True, n_offsets=range(-3, 16))
+    i = int(np.argmin(D))
+    if not np.isfinite(D[i]):
         raise ValueError(f"no member of the reverse family found at G={G}")
-    b, N, g = float(b[0]), int(N[0]), float(g[0])
+    b, N, g = float(b[i]), int(N[i]), float(g[i])
     s0 = G + b
     t = math.exp(((N + 2) * math.log(g) - math.log(s0) - math.log(b)) / N) if N > 0 else g
     gp = g * (1 - 1e-12)
