@@ -381,6 +381,19 @@ def _spec_params(spec):
     return float(eps), float(delta), (1e-5 if name == "typical" else 0.0)
 
 
+def _check_member(spec, kind, p, G, rel):
+    """p is a distribution with statistic G whose radius is at least the bound, and within
+    ``rel`` (relative) of it."""
+    assert abs(p.sum() - 1) < 1e-12
+    assert float(dc.margin_statistic(spec, p)) == pytest.approx(G, rel=1e-9), (spec, G)
+    r = float(dc.radius(spec, p, kind))
+    bound = float(dc.margin_bound_from_statistic(spec, np.array(G), kind))
+    assert bound <= r, (spec, kind, G, bound, r)
+    assert bound >= r * (1 - rel), (spec, kind, G, bound, r)
+    if kind == "forward":
+        assert float(dc.margin_bound(spec, p, kind)) == pytest.approx(bound, rel=1e-9)
+
+
 @pytest.mark.parametrize("spec", FORWARD_SPECS)
 def test_entropy_forward_extremal_attains_bound(spec):
     """The tied family (s0, b, t x K, r) has the statistic G and a forward radius within 1e-3
@@ -391,14 +404,7 @@ def test_entropy_forward_extremal_attains_bound(spec):
 
     eps, delta, c = _spec_params(spec)
     for G in (1e-5, 1e-4, 1e-3, 0.01, 0.05, 0.1, 0.2, 0.3, 0.6):
-        p = extremal(G, eps, delta, c)
-        assert abs(p.sum() - 1) < 1e-12
-        assert float(dc.margin_statistic(spec, p)) == pytest.approx(G, rel=1e-9), (spec, G)
-        r = float(dc.radius(spec, p, "forward"))
-        bound = float(dc.margin_bound_from_statistic(spec, np.array(G), "forward"))
-        assert bound <= r, (spec, G, bound, r)
-        assert bound >= r * (1 - 1e-3), (spec, G, bound, r)
-        assert float(dc.margin_bound(spec, p, "forward")) == pytest.approx(bound, rel=1e-9)
+        _check_member(spec, "forward", extremal(G, eps, delta, c), G, 1e-3)
 
 
 def _three_parameter_values(G, k, b, th, eps, delta):
@@ -474,13 +480,7 @@ def test_entropy_reverse_family_member_above_bound(spec):
 
     eps, delta, c = _spec_params(spec)
     for G in (1e-4, 0.01, 0.1, 0.3, 0.6):
-        p = reverse_extremal(G, eps, delta, c)
-        assert abs(p.sum() - 1) < 1e-12
-        assert float(dc.margin_statistic(spec, p)) == pytest.approx(G, rel=1e-9), (spec, G)
-        r = float(dc.radius(spec, p, "reverse"))
-        bound = float(dc.margin_bound_from_statistic(spec, np.array(G), "reverse"))
-        assert bound <= r, (spec, G, bound, r)
-        assert bound >= 0.98 * r, (spec, G, bound, r)
+        _check_member(spec, "reverse", reverse_extremal(G, eps, delta, c), G, 0.02)
 
 
 @pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))

@@ -139,20 +139,29 @@ def _point(G, b, delta, c):
     return np.minimum(np.maximum(f1(G, b, Lb), f2(b, Lb, delta, c)), np.maximum(f1(G, b, La), f2(b, La, delta, c)))
 
 
+def _rows(G, eps, fn, delta, c):
+    """Flatten G; rows are independent, so more than _CHUNK of them go through ``fn`` in
+    chunks (that keeps the live boxes bounded).  Returns (G, shape, zeros, b_max, rows to
+    solve, the chunked result or None)."""
+    G = np.asarray(G, dtype=np.float64)
+    shape = G.shape
+    G = G.ravel()
+    if G.size > _CHUNK:
+        res = np.concatenate([fn(G[i:i + _CHUNK], eps, delta, c) for i in range(0, G.size, _CHUNK)])
+        return G, shape, None, None, None, res.reshape(shape)
+    bmax = np.minimum(eps, (1 - G) / 2)
+    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    return G, shape, np.zeros_like(G), bmax, todo, None
+
+
 def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
     """Certified lower bound on I(G), the infimum of the forward radius of ``entropy:eps:delta``
     (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G.
 
     G: float64 array, entries in (0, 1).  Returns an array of the same shape."""
-    G = np.asarray(G, dtype=np.float64)
-    shape = G.shape
-    G = G.ravel()
-    if G.size > _CHUNK:  # rows are independent; chunks keep the live boxes bounded
-        return np.concatenate([forward_infimum(G[i:i + _CHUNK], eps, delta, c)
-                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
-    out = np.zeros_like(G)
-    bmax = np.minimum(eps, (1 - G) / 2)
-    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    G, shape, out, bmax, todo, chunked = _rows(G, eps, forward_infimum, delta, c)
+    if chunked is not None:
+        return chunked
     if todo.size == 0:
         return out.reshape(shape)
     # initial boxes: [0, bmax * 1e-6] and geometric up to bmax
@@ -490,15 +499,9 @@ def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
     excess D_cap (so D <= D_cap may be assumed: the infimum is at most D_cap); the second
     pass then counts the remainder over D in [lower bound, D_cap].  The larger of the two
     lower bounds on D, as -log(1 - D)."""
-    G = np.asarray(G, dtype=np.float64)
-    shape = G.shape
-    G = G.ravel()
-    if G.size > _CHUNK:
-        return np.concatenate([reverse_infimum(G[i:i + _CHUNK], eps, delta, c)
-                               for i in range(0, G.size, _CHUNK)]).reshape(shape)
-    out = np.zeros_like(G)
-    bmax = np.minimum(eps, (1 - G) / 2)
-    todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
+    G, shape, out, bmax, todo, chunked = _rows(G, eps, reverse_infimum, delta, c)
+    if chunked is not None:
+        return chunked
     if todo.size == 0:
         return out.reshape(shape)
     Gt, bt = G[todo], bmax[todo]
