@@ -44,7 +44,7 @@ import numpy as np
 #: Relative gap at which the branch and bound stops (lower bound vs an attained value).
 TOL = 3e-4
 _ROUNDS = 48
-_BISECT = 24
+_BISECT = 18
 #: float64 round-off allowance: F2 is a logarithm of a ratio near 1 (a few ulps absolute),
 #: F1 a sum of non-negative Bregman terms (a few ulps relative).
 _REL = 1e-10
@@ -139,27 +139,30 @@ def _point(G, b, delta, c):
     return np.minimum(np.maximum(f1(G, b, Lb), f2(b, Lb, delta, c)), np.maximum(f1(G, b, La), f2(b, La, delta, c)))
 
 
-def _rows(G, eps, fn, delta, c):
-    """Flatten G; rows are independent, so more than _CHUNK of them go through ``fn`` in
-    chunks (that keeps the live boxes bounded).  Returns (G, shape, zeros, b_max, rows to
-    solve, the chunked result or None)."""
+def _rows(G, eps, fn, delta, c, floor):
+    """Flatten G (and the floor); rows are independent, so more than _CHUNK of them go
+    through ``fn`` in chunks (that keeps the live boxes bounded).  Returns (G, shape, zeros,
+    b_max, rows to solve, floor, the chunked result or None)."""
     G = np.asarray(G, dtype=np.float64)
     shape = G.shape
     G = G.ravel()
+    floor = np.zeros_like(G) if floor is None else np.broadcast_to(np.asarray(floor, dtype=np.float64), shape).ravel()
     if G.size > _CHUNK:
-        res = np.concatenate([fn(G[i:i + _CHUNK], eps, delta, c) for i in range(0, G.size, _CHUNK)])
-        return G, shape, None, None, None, res.reshape(shape)
+        res = np.concatenate([fn(G[i:i + _CHUNK], eps, delta, c, floor[i:i + _CHUNK]) for i in range(0, G.size, _CHUNK)])
+        return G, shape, None, None, None, floor, res.reshape(shape)
     bmax = np.minimum(eps, (1 - G) / 2)
     todo = np.flatnonzero((G > 0) & (G < 1) & (bmax > 0))
-    return G, shape, np.zeros_like(G), bmax, todo, None
+    return G, shape, np.zeros_like(G), bmax, todo, floor, None
 
 
-def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+def forward_infimum(G, eps: float, delta: float, c: float = 0.0, floor=None) -> np.ndarray:
     """Certified lower bound on I(G), the infimum of the forward radius of ``entropy:eps:delta``
     (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G.
 
-    G: float64 array, entries in (0, 1).  Returns an array of the same shape."""
-    G, shape, out, bmax, todo, chunked = _rows(G, eps, forward_infimum, delta, c)
+    G: float64 array, entries in (0, 1).  ``floor``: a lower bound the caller already has
+    (the two-token bound); rows where it is within TOL of an attained value stop there.
+    Returns an array of the same shape (at least the floor)."""
+    G, shape, out, bmax, todo, floor, chunked = _rows(G, eps, forward_infimum, delta, c, floor)
     if chunked is not None:
         return chunked
     if todo.size == 0:
@@ -170,6 +173,7 @@ def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
     b0 = (bmax[todo][:, None] * fr[None, :-1]).ravel()
     b1 = (bmax[todo][:, None] * fr[None, 1:]).ravel()
     best = np.full(G.shape, np.inf)  # attained values
+    best[todo] = _point(G[todo], bmax[todo], delta, c)  # b at its cap: the two-token optimum
     done_lb = np.full(G.shape, np.inf)  # min lower bound over retired boxes
     for _ in range(_ROUNDS):
         lb = _box_lower(G[rows], b0, b1, delta, c)
@@ -179,7 +183,11 @@ def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
         first = order[np.r_[True, rows[order][1:] != rows[order][:-1]]]
         bm = np.where(b0[first] > 0, np.sqrt(b0[first] * b1[first]), b1[first])
         np.minimum.at(best, rows[first], _point(G[rows[first]], bm, delta, c))
-        split = lb < best[rows] * (1 - TOL)
+        # a row whose floor (a lower bound the caller already has) is within TOL of a value
+        # the family attains is done: the floor is the answer there
+        settled = best[rows] * (1 - TOL) <= floor[rows]
+        lb = np.where(settled, np.maximum(lb, floor[rows]), lb)
+        split = (lb < best[rows] * (1 - TOL)) & ~settled
         np.minimum.at(done_lb, rows[~split], lb[~split])
         if not split.any():
             rows = rows[:0]
@@ -196,7 +204,7 @@ def forward_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
         lb = _box_lower(G[rows], b0, b1, delta, c)
         np.minimum.at(done_lb, rows, lb)
     v = done_lb[todo]
-    out[todo] = np.maximum(v * (1 - _REL) - _ABS, 0.0)
+    out[todo] = np.maximum(np.maximum(v * (1 - _REL) - _ABS, 0.0), floor[todo])
     return out.reshape(shape)
 
 
@@ -433,7 +441,7 @@ def _reverse_start(G, bmax):
     return rows, b0, b1, np.maximum(g0, 1e-300), g1
 
 
-def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None):
+def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None, floor=None):
     """Branch and bound over rectangles in (b, g) for every row of G (all rows valid), from
     ``start`` (rectangles that cover the domain; default ``_reverse_start``): (certified
     lower bound on D, the best point's b, g and value, the final rectangles -- they still
@@ -441,8 +449,9 @@ def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None):
     nrow = G.size
     rows, b0, b1, g0, g1 = _reverse_start(G, bmax) if start is None else start
     kept = []  # retired rectangles (with the live ones at the end, a cover of the domain)
-    best = np.full(nrow, np.inf)
-    best_b, best_g = bmax.copy(), G + bmax
+    best_b, best_g = bmax.copy(), np.sqrt((G + bmax) * bmax)
+    best = _r_point(G, best_b, best_g, delta, c)  # the pair with b at its cap
+    best = np.where(np.isfinite(best), best, np.inf)
     done = np.full(nrow, np.inf)
     for _ in range(_R_ROUNDS):
         Gr = G[rows]
@@ -460,7 +469,10 @@ def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None):
         sel = first[better]
         best[rows[sel]] = pv[sel]
         best_b[rows[sel]], best_g[rows[sel]] = bm[sel], gm[sel]
-        split = lb < best[rows] * (1 - tol)
+        settled = np.zeros(rows.shape, bool) if floor is None else best[rows] * (1 - tol) <= floor[rows]
+        if floor is not None:
+            lb = np.where(settled, np.maximum(lb, floor[rows]), lb)
+        split = (lb < best[rows] * (1 - tol)) & ~settled
         np.minimum.at(done, rows[~split], lb[~split])
         kept.append(tuple(x[~split] for x in (rows, b0, b1, g0, g1)))
         if not split.any() or split.sum() > _R_MAX_BOXES:
@@ -490,7 +502,7 @@ def _reverse_bb(G, bmax, delta, c, tol, dcap, start=None):
     return done, best_b, best_g, best, leaves
 
 
-def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+def reverse_infimum(G, eps: float, delta: float, c: float = 0.0, floor=None) -> np.ndarray:
     """Certified lower bound on the infimum of the reverse radius of ``entropy:eps:delta``
     (c = 0) or ``typical:eps:delta`` (c = 1e-5) over every p with rejection gap G.
 
@@ -499,21 +511,23 @@ def reverse_infimum(G, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
     excess D_cap (so D <= D_cap may be assumed: the infimum is at most D_cap); the second
     pass then counts the remainder over D in [lower bound, D_cap].  The larger of the two
     lower bounds on D, as -log(1 - D)."""
-    G, shape, out, bmax, todo, chunked = _rows(G, eps, reverse_infimum, delta, c)
+    G, shape, out, bmax, todo, floor, chunked = _rows(G, eps, reverse_infimum, delta, c, floor)
     if chunked is not None:
         return chunked
     if todo.size == 0:
         return out.reshape(shape)
     Gt, bt = G[todo], bmax[todo]
-    lb1, b_star, g_star, d_star, leaves = _reverse_bb(Gt, bt, delta, c, _R_TOL_COARSE, np.full(Gt.shape, np.inf))
+    # the floor (a radius) as an excess: D = 1 - exp(-radius)
+    fl = -np.expm1(-floor[todo])
+    lb1, b_star, g_star, d_star, leaves = _reverse_bb(Gt, bt, delta, c, _R_TOL_COARSE, np.full(Gt.shape, np.inf), floor=fl)
     dcap = _reverse_cap(Gt, b_star, g_star, np.where(np.isfinite(d_star), d_star, 0.0), delta, c, eps)
     # second pass from the first pass's rectangles (a cover), now with the remainder where an
     # attained D_cap is known (rows without one keep D_cap = inf: no remainder term)
-    lb2, *_ = _reverse_bb(Gt, bt, delta, c, _R_TOL, dcap, start=leaves)
+    lb2, *_ = _reverse_bb(Gt, bt, delta, c, _R_TOL, dcap, start=leaves, floor=fl)
     lb = np.maximum(lb1, lb2)
     D = np.clip(lb * (1 - _REL) - _ABS, 0.0, None)
     with np.errstate(divide="ignore"):
-        out[todo] = np.where(D >= 1, np.inf, -np.log1p(-np.minimum(D, 1.0)))
+        out[todo] = np.maximum(np.where(D >= 1, np.inf, -np.log1p(-np.minimum(D, 1.0))), floor[todo])
     return out.reshape(shape)
 
 

@@ -149,7 +149,7 @@ def _bound_rows(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -
         # floor (all are valid lower bounds).
         c = TYPICAL_EPS if isinstance(crit, TypicalAcceptance) else 0.0
         fn = forward_infimum if kind == "forward" else reverse_infimum
-        exact = fn(G.detach().cpu().numpy(), crit.epsilon, crit.delta, c)
+        exact = fn(G.detach().cpu().numpy(), crit.epsilon, crit.delta, c, floor=out.detach().cpu().numpy())
         out = torch.maximum(out, torch.from_numpy(exact).to(out))
     return out
 
