@@ -243,7 +243,7 @@ def margin_bound(
     -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  For entropy and typical: sharp in tv
     (G/2; for typical at every G when EPSILON <= 1/3) and in forward KL (the exact infimum
     over the tied-pool family, certified from below by branch and bound to within 3e-4;
-    typical within 1e-3); in reverse KL a certified relaxation within ~2% of the infimum,
+    typical within 1e-3); in reverse KL a certified relaxation (0.998 of the search's infimum),
     not sharp (docs/theory.md, section 5).
     """
     crit = as_criterion(criterion)
