@@ -472,15 +472,17 @@ def test_entropy_forward_bound_improves_on_two_token_and_is_fast():
     assert np.all(exact[small] >= 0.36 * G[small])  # I(G) ~ 0.372 G at small G
 
 
-@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3"))
-def test_entropy_reverse_family_member_above_bound(spec):
-    """The reverse family member behind D_cap has the statistic G, a radius above the bound,
-    and the bound is within 2% of it (docs/theory.md 5: a relaxation)."""
+@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))
+def test_entropy_reverse_family_member_attains_bound(spec):
+    """The best tied-family member near the relaxed minimiser (a fine scan of b, the level
+    by bisection on the rule, every condition checked) has the statistic G, a radius above
+    the certified bound, and the bound is within 1e-3 of it: the reverse bound is sharp to
+    1e-3 (measured 0.99955-1 from G = 1e-4 to 0.45 at 0.09:0.3, docs/theory.md 5)."""
     from draftcert._entropy_margin import reverse_extremal
 
     eps, delta, c = _spec_params(spec)
-    for G in (1e-4, 0.01, 0.1, 0.3, 0.6):
-        _check_member(spec, "reverse", reverse_extremal(G, eps, delta, c), G, 0.02)
+    for G in (1e-4, 0.01, 0.05, 0.1, 0.2, 0.3, 0.6):
+        _check_member(spec, "reverse", reverse_extremal(G, eps, delta, c), G, 1e-3)
 
 
 @pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))

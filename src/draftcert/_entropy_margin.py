@@ -402,7 +402,9 @@ def _reverse_cap(G, b, g, d, delta, c, eps, full=False, b_factors=(1.0,), n_offs
     best = np.full(G.shape, np.inf)
     arg_n, arg_g, arg_b = np.zeros(G.shape), np.zeros(G.shape), b.copy()
     for db in b_factors:
-        bb = np.minimum(b * db, np.minimum(eps, (1 - G) / 2))
+        # b strictly inside its cap: a member with b = ε exactly is rejected or not by the
+        # last ulp of its normalisation (the rule is evaluated exactly on the given values)
+        bb = np.minimum(b * db, np.minimum(eps * (1 - 1e-9), (1 - G) / 2))
         N0 = np.floor((1 - d) / g) - 2
         for dn, f in itertools.chain(((k, 1.0) for k in n_offsets), ((0, f) for f in (0.98, 0.96, 0.93))):
             # the family's intermediates sit above the level, so it has room for fewer
@@ -531,20 +533,33 @@ def reverse_infimum(G, eps: float, delta: float, c: float = 0.0, floor=None) -> 
     return out.reshape(shape)
 
 
-def reverse_extremal(G: float, eps: float, delta: float, c: float = 0.0) -> np.ndarray:
+def reverse_extremal(G: float, eps: float, delta: float, c: float = 0.0, n_b: int = 1001, zooms: int = 2) -> np.ndarray:
     """The family member behind D_cap at G: (s0, b, t x N, g' x q, r) as a float64 vector
     (for tests and the benchmark; its reverse radius is -log(1 - D_cap), above the bound)."""
     Ga = np.array([float(G)])
     bm = np.minimum(eps, (1 - Ga) / 2)
     _, b_star, g_star, d_star, _ = _reverse_bb(Ga, bm, delta, c, _R_TOL_COARSE, np.full(1, np.inf))
-    f = np.geomspace(0.8, 1.25, 41)  # b around the minimiser: one row per factor
-    ones = np.ones_like(f)
-    D, b, N, g = _reverse_cap(Ga * ones, b_star * f, g_star * ones, np.where(np.isfinite(d_star), d_star, 0.0) * ones,
-                              delta, c, eps, full=True, n_offsets=range(-3, 16))
-    i = int(np.argmin(D))
-    if not np.isfinite(D[i]):
+    d0 = np.where(np.isfinite(d_star), d_star, 0.0)
+    # the family's excess is jagged in b (the remainder's share jumps where (1 - D)/g crosses
+    # an integer), so: a fine scan of b around the relaxed minimiser, then a zoom around the best
+    best = (np.inf, 0.0, 0, 0.0)
+    lo, hi, n = 0.7, 1.4, n_b
+    centre = float(b_star[0])
+    for _ in range(zooms + 1):
+        f = np.geomspace(lo, hi, n)
+        ones = np.ones_like(f)
+        D, b, N, g = _reverse_cap(Ga * ones, centre * f, g_star * ones, d0 * ones, delta, c, eps, full=True,
+                                  n_offsets=range(-4, 16))
+        i = int(np.argmin(D))
+        if D[i] < best[0]:
+            best = (float(D[i]), float(b[i]), int(N[i]), float(g[i]))
+        if not np.isfinite(best[0]):
+            break
+        step = (hi / lo) ** (1 / (n - 1))
+        centre, lo, hi, n = best[1], step ** -2, step ** 2, 401
+    if not np.isfinite(best[0]):
         raise ValueError(f"no member of the reverse family found at G={G}")
-    b, N, g = float(b[i]), int(N[i]), float(g[i])
+    _, b, N, g = best
     s0 = G + b
     t = math.exp(((N + 2) * math.log(g) - math.log(s0) - math.log(b)) / N) if N > 0 else g
     gp = g * (1 - 1e-12)
