@@ -170,7 +170,13 @@ def _pair_bound(crit: Criterion, G: torch.Tensor, co: torch.Tensor, kind: str) -
 
 
 def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike, divergence: str = "forward") -> ArrayLike:
-    """The bound as a function of the margin statistic alone (array in, array out)."""
+    """The bound as a function of the margin statistic alone (array in, array out).
+
+    ``statistic`` is taken as exact.  A float64 statistic computed as p(1st) - b near 1 has
+    lost 1 - G (for p = (1, 1e-18) it is exactly 1.0, and the reverse bound +inf, above the
+    radius 20.03; in general the float value is off by ~1e-16 absolute, a relative error of
+    1e-16 / (1 - G) in 1 - G): there, use ``margin_bound(criterion, probs)``, which forms
+    1 - G from non-negative parts and is capped by the radius (docs/theory.md section 5)."""
     crit = as_criterion(criterion)
     check_divergence(divergence)
     is_t = isinstance(statistic, torch.Tensor)
