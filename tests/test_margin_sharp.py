@@ -472,12 +472,28 @@ def test_entropy_forward_bound_improves_on_two_token_and_is_fast():
     assert np.all(exact[small] >= 0.36 * G[small])  # I(G) ~ 0.372 G at small G
 
 
-@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))
+@pytest.mark.parametrize("params", ((0.2, 0.5), (0.2, 0.9), (0.5, 0.9)))
+def test_entropy_forward_branch_and_bound_stays_fast_off_the_default(params):
+    """max(F1, F2) is jagged in b; the branch and bound probes the family at every box, so no
+    row splits without end because its probes missed the valleys (with a probe at each row's
+    lowest box only, all three pairs took longer than this)."""
+    import time
+
+    from draftcert._entropy_margin import forward_infimum
+
+    G = np.random.default_rng(0).uniform(1e-4, 0.6, 256)
+    forward_infimum(G[:4], *params)
+    t = time.perf_counter()
+    forward_infimum(G, *params)
+    assert time.perf_counter() - t < 1.5
+
+
+@pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2", "entropy:0.2:0.5"))
 def test_entropy_reverse_family_member_attains_bound(spec):
     """The best tied-family member near the relaxed minimiser (a fine scan of b, the level
     by bisection on the rule, every condition checked) has the statistic G, a radius above
     the certified bound, and the bound is within 1e-3 of it: the reverse bound is sharp to
-    1e-3 (measured 0.99955-1 from G = 1e-4 to 0.45 at 0.09:0.3, docs/theory.md 5)."""
+    1e-3 (docs/theory.md 5; at 0.2:0.5, G ~ 0.2, only with the second pass's boxes in D)."""
     from draftcert._entropy_margin import reverse_extremal
 
     eps, delta, c = _spec_params(spec)
@@ -485,12 +501,67 @@ def test_entropy_reverse_family_member_attains_bound(spec):
         _check_member(spec, "reverse", reverse_extremal(G, eps, delta, c), G, 1e-3)
 
 
+@pytest.mark.parametrize("spec, Gs", (("entropy:0.2:0.9", (0.005, 0.02, 0.045, 0.5)),
+                                      ("typical:0.5:0.9", (0.005, 0.02, 0.045, 0.5)),
+                                      ("entropy:0.45:0.99", (0.07, 0.075, 0.08))))
+def test_entropy_reverse_bound_sharp_where_the_minimiser_has_no_member(spec, Gs):
+    """Where no family member sits at the relaxed minimiser's own b (its level that rejects b
+    would pass the top), D_cap comes from a scan of b; without it the second pass counts no
+    remainder and the bound was 0.912 of the best member at entropy:0.2:0.9, G = 0.045.  At
+    G = 0.5 for typical:0.5:0.9 the member has no fills and no intermediates, which the
+    family's acceptance check must allow.  At entropy:0.45:0.99, G = 0.075, the relaxed
+    minimiser is the pair with b at ε, which the rule does not reject: only the feasibility cut
+    (Σ_P u a(u) <= Λ a(u_t)) and the cap on D at the pair's own cost rule it out (0.856
+    without them)."""
+    from draftcert._entropy_margin import reverse_extremal
+
+    eps, delta, c = _spec_params(spec)
+    for G in Gs:
+        _check_member(spec, "reverse", reverse_extremal(G, eps, delta, c), G, 1e-3)
+
+
+def test_entropy_reverse_excess_upper_bound_is_sound():
+    """_d_upper (D <= s0 + b - 2g + g Λ a(u_t)/u_t) against the exact geometric pool of random
+    untied distributions: a top s0, intermediates anywhere in (b, s0), a competitor b below
+    them, the rest below b; including near-pair pools (Λ ~ 0) and a single intermediate."""
+    from draftcert._entropy_margin import _d_upper
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(3000):
+        k = int(rng.integers(0, 12))
+        s0 = rng.uniform(0.05, 0.9 / (1 + k))
+        b = s0 * rng.uniform(0.2, 0.999)
+        mids = b + (s0 - b) * rng.uniform(0, 1, k) ** rng.uniform(0.2, 5)
+        if s0 + b + mids.sum() >= 1:
+            continue
+        top = np.sort(np.concatenate([[s0], mids]))[::-1]
+        # the pool: top tokens while they lie above the geometric level of (them, b)
+        n = 1
+        while n < top.size and top[n] > math.exp((np.log(top[:n]).sum() + math.log(b)) / (n + 1)):
+            n += 1
+        pool = np.concatenate([top[:n], [b]])
+        g = math.exp(np.log(pool).mean())
+        D = float((pool - g).sum())
+        G = np.array([s0 - b])
+        up = float(_d_upper(G, np.array([b]), np.array([b]), np.array([g]), np.array([g]))[0])
+        assert D <= up, (s0, b, top, D, up)
+        # and in a rectangle around (b, g)
+        lo, hi = rng.uniform(0.9, 1.0), rng.uniform(1.0, 1.1)
+        up_r = float(_d_upper(G, np.array([b * lo]), np.array([min(b * hi, s0)]), np.array([g * lo]),
+                              np.array([g * hi]))[0])
+        assert D <= up_r, (s0, b, D, up_r)
+        checked += 1
+    assert checked > 1500
+
+
 @pytest.mark.parametrize("spec", ("entropy:0.09:0.3", "typical:0.09:0.3", "entropy:0.3:2"))
 def test_entropy_reverse_rectangle_bound_is_sound(spec):
     """The rectangle lower bound of the reverse branch and bound, checked directly: random
     members of the tied family (any N, t, b, the rest filled at the geometric level) whose
     statistic is G, inside random rectangles around their own (b, g), with and without an
-    assumed cap D_cap >= D: the rectangle's bound never exceeds the member's excess D."""
+    assumed cap D_cap >= D, and in boxes [d0, d1] of D around it (the second pass): the
+    bound never exceeds the member's excess D."""
     from draftcert._entropy_margin import _r_lower
 
     eps, delta, c = _spec_params(spec)
@@ -517,10 +588,15 @@ def test_entropy_reverse_rectangle_bound_is_sound(spec):
         if abs(float(dc.margin_statistic(spec, p)) - G) > 1e-12 * max(1.0, G):
             continue
         D = -math.expm1(-float(dc.radius(spec, p, "reverse")))
-        for cap in (np.inf, D * (1 + rng.uniform(0, 0.05))):
+        # no range of D; D <= D_cap; and a box [d0, d1] of the second pass around D (narrow,
+        # or with D at an end): the bound may count the remainder and start from d0
+        u = rng.uniform(0, 0.05, 2)
+        for d0, cap in ((0.0, np.inf), (0.0, D * (1 + u[1])), (D * (1 - u[0]), D * (1 + u[1])),
+                        (D * (1 - 1e-6), D), (D, D * (1 + 1e-6))):
             w = rng.uniform(0, 0.05, 4)
             lb = float(_r_lower(np.array([G]), np.array([b * (1 - w[0])]), np.array([min(b * (1 + w[1]), min(eps, (1 - G) / 2))]),
-                                np.array([g * (1 - w[2])]), np.array([g * (1 + w[3])]), delta, c, np.array([cap]))[0])
-            assert lb <= D * (1 + 1e-12) + 1e-15, (spec, G, b, N, t, lb, D, cap)
+                                np.array([g * (1 - w[2])]), np.array([g * (1 + w[3])]), delta, c, np.array([cap]),
+                                np.array([d0]))[0])
+            assert lb <= D * (1 + 1e-12) + 1e-15, (spec, G, b, N, t, lb, D, d0, cap)
         checked += 1
     assert checked >= 40
