@@ -129,3 +129,16 @@ def test_report_cells_use_compact_exponents(summary):
     assert fmt(4.1e-4, 3) == "4.10e-4" and fmt(1.5e5) == "1.500e5" and fmt(0.127, 3) == "0.127"
     text = _render(summary, 80)
     assert "e-0" not in text
+
+
+def test_a_note_naming_a_long_path_is_not_folded_inside_it(summary):
+    """A note names a path (``<run>/run.json not found: ...``); folded at the console's width the
+    path, and the words after it, would be split across lines (and no longer copy-pasteable)."""
+    from rich.console import Console
+
+    from draftcert.report.render import print_terminal
+
+    note = "/tmp/" + "deep/" * 20 + "run.json not found: using defaults"
+    buf = io.StringIO()
+    print_terminal(summary, [], [note], console=Console(width=60, file=buf, color_system=None))
+    assert f"note: {note}" in buf.getvalue().splitlines()

@@ -213,6 +213,6 @@ def print_terminal(summary: dict, paths: list[Path], notes: list[str], console=N
     for t in terminal_tables(summary, console.width):
         console.print(t)
     for n in notes:
-        console.print(f"[yellow]note:[/] {n}")
+        console.print(f"[yellow]note:[/] {n}", soft_wrap=True)  # notes name paths: never folded inside one
     for p in paths:
         console.print(f"wrote {p}", soft_wrap=True, highlight=False)  # a path is never folded
