@@ -600,3 +600,21 @@ def test_entropy_reverse_rectangle_bound_is_sound(spec):
             assert lb <= D * (1 + 1e-12) + 1e-15, (spec, G, b, N, t, lb, D, d0, cap)
         checked += 1
     assert checked >= 40
+
+
+def test_phi_error_is_a_few_ulps_of_v():
+    """φ(1 + v) = (1 + v) log1p(v) - v, against mpmath: near v = 0 the subtraction leaves an
+    absolute error of a few ulps of |v| (which the forward bound's absolute allowance _ABS
+    covers, since the terms are O(1) in |v|), elsewhere a relative one of a few ulps."""
+    import mpmath
+
+    from draftcert._entropy_margin import _ABS, _phi
+
+    v = np.concatenate([-np.geomspace(1e-14, 1, 300), np.geomspace(1e-14, 1e6, 400), [-1.0, 0.0]])
+    with np.errstate(divide="ignore", invalid="ignore"):  # as inside _box_lower and _point (v = -1)
+        got = _phi(v)
+    with mpmath.workdps(50):
+        exact = np.array([1.0 if x == -1 else float((1 + mpmath.mpf(x)) * mpmath.log1p(x) - x) for x in v])
+    err = np.abs(got - exact)
+    assert np.all(err <= 4 * np.finfo(float).eps * (np.abs(v) + exact))
+    assert np.all(err[np.abs(v) <= 1] <= _ABS / 4)

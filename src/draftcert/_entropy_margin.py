@@ -98,7 +98,8 @@ def f2(b, L, delta, c):
 
 # F1, F2 and their parts take logarithms of 0 and divide by 0 at the domain's ends by design
 # (the results are masked with np.where); the two routines that evaluate them silence numpy
-# there once per call, not once per term (3.5k context switches per 256 rows otherwise).
+# there once per call, not once per term (otherwise ~3.5k enters and exits of np.errstate per
+# 256 rows, most of the branch and bound's time).
 _QUIET = dict(divide="ignore", invalid="ignore", over="ignore")
 
 
