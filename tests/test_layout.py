@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,16 +37,17 @@ def _top_level_names(folder: Path) -> set[str]:
 
 def _folders_on_path() -> list[Path]:
     """Every candidate plus whatever this very test run put on sys.path inside the repo, except
-    the interpreter's own folders: a virtualenv inside the checkout (``.venv/``, ignored by
-    git) puts its site-packages on sys.path, and those *are* the installed packages."""
+    the interpreter's own library folders: a virtualenv inside the checkout (``.venv/``,
+    ignored by git) puts its site-packages on sys.path, and those *are* the installed packages."""
     seen = {p.resolve() for p in CANDIDATES if p.is_dir()}
-    env = Path(sys.prefix).resolve()
+    paths = sysconfig.get_paths()
+    libs = {Path(paths[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     for entry in sys.path:
         try:
             p = Path(entry or os.getcwd()).resolve()
         except OSError:
             continue
-        if p == env or env in p.parents:
+        if any(p == lib or lib in p.parents for lib in libs):
             continue
         if p.is_dir() and (p == ROOT or ROOT in p.parents):
             seen.add(p)
