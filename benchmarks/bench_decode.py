@@ -134,7 +134,7 @@ def main(argv=None) -> int:
           "(tokens per CPU-second, ours over theirs: insensitive to other processes on a shared machine)")
 
     # Part 2: relaxed criteria and trees (same code as `draftcert bench`).
-    from draftcert.decode.cli import DEFAULT_BENCH_SPECS, bench_rows, format_table
+    from draftcert.cli.decode import DEFAULT_BENCH_SPECS, bench_rows, format_table
 
     print(f"\n### Relaxed criteria and trees (embedded pair, drafter {dspec}, k / tree depth = {a.k}, "
           f"{a.table_prompts} MT-Bench prompts x {a.max_new_tokens} tokens)\n")

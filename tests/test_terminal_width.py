@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import draftcert as dc
-from draftcert._textfit import compact_number, markdown_tables
-from draftcert.demo import DEFAULT_CRITERIA, example_distributions, run_demo
+from draftcert.textfit import compact_number, markdown_tables
+from draftcert.cli.demo import DEFAULT_CRITERIA, example_distributions, run_demo
 
 _CELL_SPLIT = re.compile(r"[\s│┃|]+")
 

@@ -25,7 +25,10 @@ from ._fp import TINY, U, gamma
 from .divergences import check_divergence, divergence_upper, log_probs
 from .summary import DEFAULT_TOPK, Summary, summarize
 
-__all__ = ["radius", "radii", "radius_rows", "accepts", "certified", "certified_run_length"]
+__all__ = ["radius", "radii", "radius_rows", "accepts", "certified", "certified_run_length", "DEFAULT_EPSILONS"]
+
+# Per-step drifts (nats of forward KL) at which certified run lengths are reported by default.
+DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
 
 
 def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -490,6 +490,12 @@ _DEFAULTS = {
     "tree": (TreeCoverage, (int,)),
 }
 
+# The rules draftcert profiles, decodes and tabulates when none are named: one of each family
+# at its usual parameter (Medusa's entropy defaults) and three tree widths.
+DEFAULT_CRITERIA = (
+    "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8",
+)
+
 SPEC_HELP = ("strict | additive:DELTA | multiplicative:ALPHA | topm:M | entropy[:EPSILON[:DELTA]] "
              "| typical[:EPSILON[:DELTA]] | mars:THETA | tree:M")
 

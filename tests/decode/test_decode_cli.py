@@ -74,7 +74,7 @@ def test_bench_json_rows(ckpt, capsys):
 def test_colour_only_on_a_tty_without_no_color(monkeypatch):
     import argparse
 
-    from draftcert.decode.cli import _use_color
+    from draftcert.cli.decode import _use_color
 
     class Tty:
         def isatty(self):

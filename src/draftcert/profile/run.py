@@ -42,7 +42,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..criteria import Criterion, TreeCoverage, parse_criterion
+from ..certificates import DEFAULT_EPSILONS
+from ..criteria import DEFAULT_CRITERIA, Criterion, TreeCoverage, parse_criterion
 from ..divergences import check_divergence
 from . import distributed as dist_mod
 from .generate import GreedyRun, StepTimer, eos_token_ids, score_teacher_forced
@@ -59,10 +60,6 @@ from .trace import (
 
 __all__ = ["profile", "ProfileResult", "DEFAULT_CRITERIA", "DEFAULT_EPSILONS", "TRACE_FORMAT"]
 
-DEFAULT_CRITERIA = (
-    "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8",
-)
-DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
 # /2: draft_topk_target_logp, draft_token_target_rank, accept_mask/<spec>
 # /3: with a feature drafter, its own rollouts (rollout_* columns, profile/rollout.py); other traces as /2
 TRACE_FORMAT = "draftcert-trace/3"
@@ -485,7 +482,7 @@ def profile(
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
     torch_dtype = _parse_dtype(dtype)
-    from .._cli_checks import check_out_dir
+    from ..cli.checks import check_out_dir
 
     out = check_out_dir(out, "out")
 

@@ -173,7 +173,7 @@ def terminal_tables(summary: dict, width: int) -> list:
     columns are split over stacked tables (each repeating the criterion) when one is too wide."""
     from rich.table import Table
 
-    from .._textfit import column_groups
+    from ..textfit import column_groups
 
     head, rows = table_rows(summary, digits=3)
     short = {"radius q05": "radius q05", "radius median": "radius median", "accept rate": "accept",

@@ -34,9 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..certificates import certified_run_length
-
-DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
+from ..certificates import DEFAULT_EPSILONS, certified_run_length
 # Bins of the target margin p(1st) - p(2nd) in [0, 1]; the last bin includes 1.
 MARGIN_EDGES = tuple(round(x, 2) for x in np.linspace(0.0, 1.0, 11))
 # Continuous epsilon grid (nats) for the certified-length curve.

@@ -11,11 +11,12 @@ import argparse
 
 import numpy as np
 
-from .bounds import margin_bound
-from .certificates import radii
-from .divergences import DIVERGENCES
+from ..bounds import margin_bound
+from ..certificates import radii
+from ..criteria import DEFAULT_CRITERIA as _DEFAULT_SPECS
+from ..divergences import DIVERGENCES
 
-DEFAULT_CRITERIA = "strict,additive:0.1,multiplicative:0.5,topm:2,entropy:0.09:0.3,mars:0.5,tree:2,tree:4,tree:8"
+DEFAULT_CRITERIA = ",".join(_DEFAULT_SPECS)  # the --criteria default, as the flag spells it
 
 
 def example_distributions(vocab: int = 32) -> dict[str, np.ndarray]:
@@ -52,7 +53,7 @@ def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width
     text is wrapped at ``width``."""
     import textwrap
 
-    from ._textfit import compact_number
+    from ..textfit import compact_number
 
     dists = example_distributions(vocab)
     names = list(dists)
@@ -83,14 +84,14 @@ def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ._cli_checks import check_specs
+    from .checks import check_specs
 
     crits = [c.spec for c in check_specs(args.criteria, "--criteria")]  # clear error before any output
     divs = [d.strip() for d in args.divergences.split(",") if d.strip()]
     for d in divs:
         if d not in DIVERGENCES:
             raise ValueError(f"--divergences: unknown divergence {d!r}; expected some of {','.join(DIVERGENCES)}")
-    from ._textfit import terminal_width
+    from ..textfit import terminal_width
 
     print(run_demo(crits, divs, args.vocab, width=min(terminal_width(), 100)))
     return 0

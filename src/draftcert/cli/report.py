@@ -26,7 +26,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import write_report
+    from ..report import write_report
 
     write_report(args.dir, verbose=not args.quiet)
     return 0

@@ -99,12 +99,12 @@ def _widths(text: str):
 
 
 def _load_costs(args, trace, shapes_for_cal):
-    from .speed import Costs, forward_count_costs
+    from ..replay.speed import Costs, forward_count_costs
 
     cal = Path(args.dir) / "calibration.json"
     if args.calibrate:
         costs = _calibrate_run(trace, shapes_for_cal, args.repeats)
-        from .api import _atomic
+        from ..replay.api import _atomic
 
         _atomic(cal, json.dumps(costs.as_dict(), indent=2) + "\n")
         return costs
@@ -121,7 +121,7 @@ def _load_costs(args, trace, shapes_for_cal):
 def _calibrate_run(trace, shapes, repeats: int):
     import torch
 
-    from .speed import calibrate
+    from ..replay.speed import calibrate
 
     run = trace.run
     tspec, dspec = run.get("target"), run.get("drafter")
@@ -150,8 +150,8 @@ def _calibrate_run(trace, shapes, repeats: int):
 
 
 def run_replay(args) -> int:
-    from .api import _parse_ks, format_table, replay, write_replay
-    from .data import load_replay_trace
+    from ..replay.api import _parse_ks, format_table, replay, write_replay
+    from ..replay.data import load_replay_trace
 
     ks = _parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
     tw, st = _widths(args.trees), _static(args.static)
@@ -182,9 +182,9 @@ def run_replay(args) -> int:
 def run_explain(args) -> int:
     import os
 
-    from .api import replay
-    from .data import load_replay_trace
-    from .explain import attach_text, explain, format_explain, load_tokenizer, write_explain
+    from ..replay.api import replay
+    from ..replay.data import load_replay_trace
+    from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 
     if args.top < 0:
         raise ValueError(f"--top: expected an integer >= 0, got {args.top}")

@@ -17,7 +17,7 @@ Interrupt at any time; rerunning the same command resumes from the last checkpoi
 
 
 def add_parser(subparsers) -> None:
-    from .loop import OBJECTIVES, TrainConfig
+    from ..train.loop import OBJECTIVES, TrainConfig
 
     d = TrainConfig()
     p = subparsers.add_parser(
@@ -51,7 +51,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from .loop import TrainConfig, train_drafter
+    from ..train.loop import TrainConfig, train_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)

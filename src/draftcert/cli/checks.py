@@ -12,11 +12,10 @@ import difflib
 import os
 from pathlib import Path
 
-from .criteria import SPEC_HELP, Criterion, parse_criterion
+from ..criteria import DEFAULT_CRITERIA, SPEC_HELP, Criterion, parse_criterion
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
-EXAMPLE_SPECS = ("strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5",
-                 "tree:2", "tree:4", "tree:8")
+EXAMPLE_SPECS = DEFAULT_CRITERIA
 _FAMILIES = ("strict", "additive", "multiplicative", "topm", "entropy", "typical", "mars", "tree")
 
 

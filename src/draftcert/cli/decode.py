@@ -7,7 +7,9 @@ import json
 import os
 import sys
 
-DEFAULT_BENCH_SPECS = ["strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4"]
+from ..criteria import DEFAULT_CRITERIA
+
+DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]  # tree:8 drafts 8 children per level: too slow for a quick table
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
@@ -95,7 +97,7 @@ def _common(p) -> None:
 def _load(args):
     import torch
 
-    from draftcert.models import DEFAULT_DRAFTER, load_target
+    from ..models import DEFAULT_DRAFTER, load_target
 
     if args.k is not None and args.k < 1:
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
@@ -126,7 +128,7 @@ def _default_k(args, drafter) -> None:
 
 
 def _drafter_obj(spec, target, tok):
-    from .drafters import make_drafter
+    from ..decode.drafters import make_drafter
 
     try:
         return make_drafter(spec, target, tok)
@@ -158,11 +160,11 @@ GREEN, RESET = "\033[32m", "\033[0m"
 
 
 def run_decode(args) -> int:
-    from draftcert.prompts import encode_prompt
+    from ..prompts import encode_prompt
 
-    from .engine import speculative_generate
+    from ..decode.engine import speculative_generate
 
-    from draftcert._cli_checks import check_specs
+    from .checks import check_specs
 
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt: the prompt is empty")
@@ -219,7 +221,7 @@ def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer)
     otherwise be charged to the first round's tokens/s.  Returns its wall time (s)."""
     import time
 
-    from .engine import speculative_generate
+    from ..decode.engine import speculative_generate
 
     t0 = time.perf_counter()
     speculative_generate(target, drafter, ids, criterion, k=k, tree=tree, max_new_tokens=min(max_new_tokens, k + 1),
@@ -230,9 +232,9 @@ def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer)
 def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None):
     """One aggregate row per criterion spec over the given prompts (tree:M -> tree (M, k)).
     ``on_run(spec)`` is called after each decode (progress)."""
-    from draftcert import TreeCoverage, parse_criterion
+    from .. import TreeCoverage, parse_criterion
 
-    from .engine import speculative_generate
+    from ..decode.engine import speculative_generate
 
     rows = []
     for spec in specs:
@@ -299,7 +301,7 @@ def format_table(rows, width: int | None = None) -> str:
         lines = ["| " + " | ".join(_BENCH_HEAD) + " |", "|---|---|---:|---:|---:|---:|---:|"]
         lines += ["| " + " | ".join(_bench_cells(r)) + " |" for r in rows]
         return "\n".join(lines)
-    from draftcert._textfit import markdown_tables
+    from ..textfit import markdown_tables
 
     cells = [_bench_cells(r) for r in rows]
     align = ["l", "l"] + ["r"] * 5
@@ -310,10 +312,10 @@ def format_table(rows, width: int | None = None) -> str:
 
 
 def run_bench(args) -> int:
-    from draftcert.prompts import encode_prompt, load_prompts
+    from ..prompts import encode_prompt, load_prompts
 
-    from draftcert._cli_checks import check_specs
-    from draftcert._textfit import terminal_width
+    from .checks import check_specs
+    from ..textfit import terminal_width
 
     specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
     target, tok, dspec = _load(args)

@@ -1,25 +1,22 @@
-"""Command-line entry point: ``draftcert <command>``.
+"""Command-line entry point: ``draftcert <command>``, the top layer.
 
-Subcommands live next to the code they drive; each module exposes
-``add_parser(subparsers)`` and is imported lazily, so ``draftcert --help``
-stays fast and a missing optional dependency only affects its own command.
+One module per subcommand group (``demo``, ``profile``, ``report``, ``decode``, ``replay``,
+``train``); each exposes ``add_parser(subparsers)``.  They import only argparse at module
+level and defer torch, transformers and the rest to the command that runs, so
+``draftcert --help`` stays fast.  A subcommand module that fails to import is an error
+(a broken install), never a silently shorter ``--help``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
 
-# (module, description) for each subcommand group; module.add_parser registers them.
-_COMMAND_MODULES = [
-    "draftcert.demo",
-    "draftcert.profile.cli",
-    "draftcert.report.cli",
-    "draftcert.decode.cli",
-    "draftcert.replay.cli",
-    "draftcert.train.cli",
-]
+from ..criteria import SPEC_HELP
+from . import decode, demo, profile, replay, report, train
+
+_COMMANDS = (demo, profile, report, decode, replay, train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,17 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Exact acceptance certificates for speculative decoding: when is a draft accepted, "
             "and how far can the drafter drift from the target before it can be rejected?"
         ),
-        epilog="Criterion specs: strict | additive:DELTA | multiplicative:ALPHA | topm:M | "
-        "entropy[:EPSILON[:DELTA]] | typical[:EPSILON[:DELTA]] | mars:THETA | tree:M.  Run `draftcert COMMAND --help` for details.",
+        epilog=f"Criterion specs: {SPEC_HELP}.  Run `draftcert COMMAND --help` for details.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("draftcert"):
-                continue  # command group not present in this build
-            raise
+    for mod in _COMMANDS:
         mod.add_parser(sub)
     return parser
 
@@ -59,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"draftcert: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`draftcert demo | head`): stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
 

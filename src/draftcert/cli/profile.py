@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .run import DEFAULT_CRITERIA, DEFAULT_EPSILONS
+from ..certificates import DEFAULT_EPSILONS
+from ..criteria import DEFAULT_CRITERIA
 
 PROFILE_EPILOG = """\
 examples:
@@ -100,8 +101,8 @@ def add_parser(subparsers) -> None:
 
 
 def _run_profile(args) -> int:
-    from .._cli_checks import check_out_dir, check_specs
-    from .run import profile
+    from .checks import check_out_dir, check_specs
+    from ..profile.run import profile
 
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
     check_out_dir(args.out, "--out")
@@ -138,7 +139,7 @@ def _command_line(args) -> list[str]:
 
 
 def _run_paper(args) -> int:
-    from .paper import reproduce_paper
+    from ..profile.paper import reproduce_paper
 
     return reproduce_paper(out=args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
                            batch_size=args.batch_size, check_only=args.check)

@@ -1,0 +1,80 @@
+"""Files that are never half-written, and the one JSON rule.
+
+Every file draftcert writes (traces, checkpoints, ``run.json``, ``summary.json``, figures,
+replay results) goes through :func:`atomic_write` or :func:`atomic_path`: the data goes to a
+hidden temporary sibling, is flushed to disk, and only then takes the final name with
+``os.replace``.  A run interrupted at any moment leaves either the old file or the new one,
+never a torn one, so a rerun can trust every file it finds.
+
+JSON rule: draftcert writes strict JSON (no bare ``Infinity``/``NaN`` tokens, which most
+parsers reject).  A non-finite float (+inf, -inf, NaN) is written as ``null``; numpy
+scalars become Python numbers.  Where ``null`` can mean an infinite value (an infinite
+radius: no drafter is ever rejected there), the field's documentation says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+__all__ = ["atomic_write", "atomic_path", "json_value", "dumps_json", "write_json"]
+
+
+def _tmp_sibling(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_path(path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``path`` for a writer that wants a file name (pyarrow,
+    safetensors, torch.save, matplotlib); on success it replaces ``path`` atomically, on
+    any error it is removed and ``path`` is left as it was."""
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:  # the writer may not have synced: make the bytes durable first
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def atomic_write(path, data: bytes | str) -> Path:
+    """Write ``data`` (str as UTF-8) to ``path`` atomically; returns the path."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def json_value(x):
+    """``x`` with every non-finite float replaced by None (JSON ``null``), numpy scalars and
+    arrays as Python numbers and lists, tuples as lists, dict keys as strings."""
+    if isinstance(x, dict):
+        return {str(k): json_value(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_value(v) for v in x]
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if hasattr(x, "tolist") and callable(x.tolist):  # numpy / torch scalars and arrays
+        return json_value(x.tolist())
+    return x
+
+
+def dumps_json(obj, *, indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj`` under the rule above (a trailing newline included)."""
+    return json.dumps(json_value(obj), indent=indent, allow_nan=False) + "\n"
+
+
+def write_json(path, obj, *, indent: int | None = 2) -> Path:
+    """``dumps_json(obj)`` written atomically to ``path``."""
+    return atomic_write(path, dumps_json(obj, indent=indent))
