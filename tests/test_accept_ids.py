@@ -4,7 +4,7 @@ on (N,) ids, for every level-set rule, including rows settled in arbitrary preci
 import torch
 
 import draftcert as dc
-from draftcert.criteria import as_criterion
+from draftcert.criteria import parse_criterion
 from draftcert.summary import summarize
 
 RULES = ["strict", "additive:0.05", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "typical:0.09:0.3",
@@ -21,7 +21,7 @@ def test_accept_ids_2d_equals_columnwise():
     ids = torch.topk(x, 16, dim=-1).indices
     ids[:, 15] = torch.randint(0, 300, (12,), generator=g)
     for rule in RULES:
-        c = as_criterion(rule)
+        c = parse_criterion(rule)
         for logits in (True, False):
             s = summarize(logits=x, k=16) if logits else summarize(torch.softmax(x.double(), -1), k=16)
             want = torch.stack([c.accept_ids(s, ids[:, j]) for j in range(ids.shape[1])], 1)

@@ -461,10 +461,10 @@ def test_entropy_forward_bound_improves_on_two_token_and_is_fast():
     import torch
 
     from draftcert.bounds import _pair_bound, _shave
-    from draftcert.criteria import as_criterion
+    from draftcert.criteria import parse_criterion
 
     Gt = torch.from_numpy(G)
-    two = _shave(_pair_bound(as_criterion("entropy:0.09:0.3"), Gt, 1 - Gt, "forward"), 2).numpy()
+    two = _shave(_pair_bound(parse_criterion("entropy:0.09:0.3"), Gt, 1 - Gt, "forward"), 2).numpy()
     full = np.asarray(dc.margin_bound_from_statistic("entropy:0.09:0.3", G, "forward"))
     assert np.all(full >= exact) and np.all(full >= two) and np.all(np.isfinite(full))
     small = G < 0.1

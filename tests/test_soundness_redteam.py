@@ -1,7 +1,7 @@
 """Red-team regressions for the floating-point contract (docs/theory.md, section 7).
 
 Each case was a violation found through the public API; the expected values come from
-the independent exact truth (tests/exact_truth.py style: mpmath), not from draftcert."""
+the independent exact truth (tests/oracles/exact_truth.py style: mpmath), not from draftcert."""
 
 from __future__ import annotations
 
@@ -136,7 +136,8 @@ def _exact_additive_accepts(row, is_logits, x, delta):
 @pytest.mark.parametrize("is_logits,row", _NEAR_ADDITIVE)
 def test_trace_accepted_column_is_exact(is_logits, row):
     from draftcert.certificates import accepts_rows
-    from draftcert.profile.trace import accepts_from_topk, draft_topk
+    from draftcert.certificates import accepts_from_topk
+    from draftcert.profile.trace import draft_topk
     from draftcert.summary import summarize
 
     x = torch.tensor([row], dtype=torch.float64)
@@ -195,7 +196,7 @@ def test_redteam_sweep(seed):
     subnormal and huge values, off-normalised rows) with drafters moving the argmax onto
     each of the top tokens: certified => exact acceptance, accepts == exact, radius <=
     exact (forward) and independent of k, margin_bound <= radius."""
-    from . import redteam_truth as T
+    from tests.oracles import redteam_truth as T  # deferred: it sets mpmath's global precision to 300 digits
 
     rng = np.random.default_rng(seed)
     DT = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._fp import round_out
+
 ArrayLike = Any  # numpy.ndarray | torch.Tensor
 
 ROW_SUM_RTOL = 1e-4
@@ -33,13 +35,16 @@ class OutputSpec:
         ``direction``: ``down`` (radii) or ``up`` (divergences) rounds a float64 result
         toward that side when it is handed back in float32 (docs/theory.md, section 7)."""
         if t.dtype.is_floating_point:
-            from ._fp import round_out
-
             t = round_out(t, self.dtype, direction) if t.dtype == torch.float64 else t.to(self.dtype)
         t = t.reshape(self.batch_shape)
         if self.is_numpy:
             return t.detach().cpu().numpy()
         return t.to(self.device)
+
+    def flat(self, n: int) -> "OutputSpec":
+        """The same output type for n rows without the caller's batch shape (a selection
+        or concatenation of rows has no batch shape of its own)."""
+        return OutputSpec(self.is_numpy, self.dtype, (n,), self.device)
 
 
 def to_tensor(x: ArrayLike, name: str) -> tuple[torch.Tensor, bool]:

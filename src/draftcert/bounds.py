@@ -39,14 +39,23 @@ from .criteria import (
     TopM,
     TreeCoverage,
     TypicalAcceptance,
-    as_criterion,
+    parse_criterion,
 )
-from .certificates import _first_rejected, radius_rows
+from .certificates import radius_rows
 from .divergences import check_divergence
 from ._entropy_margin import forward_infimum, reverse_infimum
 from .summary import DEFAULT_TOPK, TYPICAL_EPS, Summary, summarize
 
 __all__ = ["margin_bound", "margin_statistic", "margin_bound_from_statistic"]
+
+
+def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted position of the most probable rejected token and whether one exists in s
+    (s float64 probabilities compared with tau: the margin statistic's view)."""
+    rej = crit.rejected_mask(s, tau[:, None])  # monotone along a descending row
+    n_rej = rej.sum(1)
+    r = (s.shape[1] - n_rej).clamp(max=s.shape[1] - 1)
+    return r, n_rej > 0
 
 
 def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor:
@@ -176,7 +185,7 @@ def margin_bound_from_statistic(criterion: str | Criterion, statistic: ArrayLike
     radius 20.03; in general the float value is off by ~1e-16 absolute, a relative error of
     1e-16 / (1 - G) in 1 - G): there, use ``margin_bound(criterion, probs)``, which forms
     1 - G from non-negative parts and is capped by the radius (docs/theory.md section 5)."""
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     check_divergence(divergence)
     is_t = isinstance(statistic, torch.Tensor)
     G = statistic.double() if is_t else torch.as_tensor(statistic, dtype=torch.float64)
@@ -222,14 +231,14 @@ def _statistic_parts(crit: Criterion, summ: Summary) -> tuple[torch.Tensor, torc
             rows = deep[has]
             if rows.numel():
                 b_src = summ.max_src_below(rows, cut[has])[:, None].to(summ.top_vals.dtype)
-                b[rows] = summ._to_prob(b_src, rows)[:, 0]
+                b[rows] = summ.to_prob(b_src, rows)[:, 0]
                 gap[rows] = top[rows, 0] - b[rows]
     return gap, b
 
 
 def margin_statistic(criterion: str | Criterion, probs: ArrayLike | None = None, *, logits: ArrayLike | None = None) -> ArrayLike:
     """The margin statistic each criterion's bound depends on (table above), (..., V) -> (...)."""
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     summ = summarize(probs, logits=logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy)
     return summ.out.wrap(statistic_rows(crit, summ))
 
@@ -253,7 +262,7 @@ def margin_bound(
     exact, but within 3e-4 of the radius of a distribution with the same statistic at every G
     measured, for each of the sixteen entropy and typical rules measured (docs/theory.md, section 5).
     """
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     check_divergence(divergence)
     summ = summarize(probs, logits=logits, k=max(DEFAULT_TOPK, crit.min_k), entropy=crit.needs_entropy)
     G, b = _statistic_parts(crit, summ)

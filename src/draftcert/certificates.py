@@ -15,29 +15,23 @@ p(2nd..m+1), and the argmax is pooled with the smallest of them
 
 from __future__ import annotations
 
-from typing import Iterable
+import math
+from typing import Iterable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from ._arrays import ArrayLike, check_probs, to_tensor
-from .criteria import Criterion, LevelSet, TreeCoverage, as_criterion
+from .criteria import Criterion, LevelSet, TreeCoverage, exact_accept, parse_criterion
 from ._fp import TINY, U, gamma
-from .divergences import check_divergence, divergence_upper, log_probs
+from .divergences import check_divergence, divergence_upper, forward_kl_interval, log_probs
 from .summary import DEFAULT_TOPK, Summary, summarize
 
-__all__ = ["radius", "radii", "radius_rows", "accepts", "certified", "certified_run_length", "DEFAULT_EPSILONS"]
+__all__ = ["radius", "radii", "radius_rows", "accepts", "accepts_rows", "accepts_from_topk", "certified",
+           "certify_rows", "Certificate", "certified_run_length", "DEFAULT_EPSILONS"]
 
 # Per-step drifts (nats of forward KL) at which certified run lengths are reported by default.
 DEFAULT_EPSILONS = (0.05, 0.1, 0.3, 0.5)
-
-
-def _first_rejected(crit: LevelSet, s: torch.Tensor, tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted position of the most probable rejected token and whether one exists in s
-    (s float64 probabilities compared with tau: the margin statistic's view)."""
-    rej = crit.rejected_mask(s, tau[:, None])  # monotone along a descending row
-    n_rej = rej.sum(1)
-    r = (s.shape[1] - n_rej).clamp(max=s.shape[1] - 1)
-    return r, n_rej > 0
 
 
 def _first_cut(vals: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,8 +221,6 @@ def _exact_cut(crit: LevelSet, summ: Summary, i: int, cut: torch.Tensor) -> torc
 
 
 def _exact_ok(crit, summ, row, v, tau_hat) -> bool:
-    from .criteria import exact_accept
-
     x = int((row == v).nonzero()[0, 0])
     return exact_accept(crit, row, summ.is_logits, x, tau_hat)
 
@@ -263,7 +255,7 @@ def _level_set_radius(crit: LevelSet, summ: Summary, kind: str) -> torch.Tensor:
                 if not crit.exact_order:
                     _, rej = crit.sure(summ, has, bv[:, 0])
                     redo += has[~rej].tolist()
-                s = torch.cat([top[has], summ._to_prob(bv, has)], 1)
+                s = torch.cat([top[has], summ.to_prob(bv, has)], 1)
                 e2 = torch.cat([es[has], summ.entry_err(bv, has)], 1)
                 z2 = torch.cat([zero[has], summ.zero_mask(bv)], 1)
                 rr = torch.full((has.numel(),), s.shape[1] - 1, dtype=torch.long, device=top.device)
@@ -324,7 +316,7 @@ def radius(
     error model of docs/theory.md, section 7.  ``k`` only tunes the partial sort; the
     result does not depend on it.
     """
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     check_divergence(divergence)
     summ = summarize(probs, logits=logits, k=max(k, crit.min_k), entropy=crit.needs_entropy)
     return summ.out.wrap(radius_rows(crit, summ, divergence), direction="down")
@@ -348,7 +340,7 @@ def radii(
     if isinstance(criteria, (str, Criterion)):
         criteria = [criteria]
     try:
-        crits = [as_criterion(c) for c in criteria]
+        crits = [parse_criterion(c) for c in criteria]
     except TypeError:
         raise ValueError(f"criteria: expected a spec string or a list of them, got {type(criteria).__name__}") from None
     if not crits:
@@ -434,7 +426,7 @@ def accepts(
     The proposal is the argmax of the drafter's given values (lowest index among ties);
     the decision is that of the rule evaluated exactly on the target's given values
     (renormalised probabilities or softmax of the logits).  Target and drafter broadcast."""
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     t, t_log, tn, d, d_log, dn = _pair(target_probs, draft_probs, target_logits, draft_logits)
     summ = summarize(None if t_log else t, logits=t if t_log else None, k=crit.min_k,
                      entropy=crit.needs_entropy, name=tn)
@@ -442,17 +434,106 @@ def accepts(
     return summ.out.wrap(accepts_rows(crit, summ, q))
 
 
-def certified_rows(crit: Criterion, summ: Summary, lq: torch.Tensor, eq: torch.Tensor, kind: str) -> torch.Tensor:
-    """(N,) bool certificate from a summary and the drafter's float64 log-probabilities."""
-    if summ.is_logits:
-        lp = summ.source.double() - summ.log_norm[:, None]
-        ep = summ.log_norm_err()
+def accepts_from_topk(criteria: Sequence[Criterion], summ: Summary, dv: torch.Tensor, di: torch.Tensor,
+                      q_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """accepted/<spec> for every criterion from the top-k lists, exactly as
+    ``certificates.accepts_rows(c, summ, q_logits)`` decides it, without a pass over the
+    vocabulary per criterion.  ``dv, di``: the drafter's top-k logits and ids (``draft_topk``).
+
+    The drafter proposes x = argmax q with the lowest index among ties: the first entry
+    of its stable (value desc, id asc) top-k.  A level-set rule decides x with
+    ``accept_ids`` (exact on the given values, as ``accepts`` is).  Tree:m
+    accepts iff the target's greedy token a (first entry of its stable top-k) is among
+    the first m entries of the drafter's stable top-k, i.e. fewer than m tokens y have
+    q(y) > q(a) or q(y) = q(a) with y < a.  (The logits stand in for q: exp is monotone,
+    so they order the tokens as q does, without rounding ties.)
+
+    The top-k lists are exact except where a tie crosses their end (torch.topk may keep
+    any of several equal values at the boundary).  Rows where that could matter -- all k
+    drafter values equal (argmax), the drafter's m-th value equal to its k-th (tree:m),
+    all k target values equal (a) -- are decided by ``accepts_rows`` on the full rows.
+    """
+    kd = dv.shape[1]
+    x = di[:, 0]
+    a = summ.top_ids[:, 0]
+    unsure_x = dv[:, 0] == dv[:, -1]  # >= k tied maxima: the lowest id may lie outside the top-k
+    unsure_a = summ.top_probs[:, 0] == summ.top_probs[:, -1]
+    out: dict[str, torch.Tensor] = {}
+    for c in criteria:
+        if isinstance(c, TreeCoverage):
+            m = c.m
+            if m >= kd:
+                acc = accepts_rows(c, summ, q_logits)
+            else:
+                acc = (di[:, :m] == a[:, None]).any(1)
+                unsure = unsure_a | (dv[:, m - 1] == dv[:, -1])
+        else:
+            # the rule evaluated exactly on the given values (float64 where the error
+            # bounds decide, arbitrary precision for the rare near-threshold rows)
+            acc = c.accept_ids(summ, x)
+            unsure = unsure_x
+        if not (isinstance(c, TreeCoverage) and c.m >= kd) and bool(unsure.any()):
+            i = unsure.nonzero().squeeze(1)
+            acc = acc.clone()
+            acc[i] = accepts_rows(c, summ.select(i), q_logits[i])
+        out[c.spec] = acc
+    return out
+
+
+class Certificate(NamedTuple):
+    """What :func:`certify_rows` decided, per row."""
+
+    divergence: torch.Tensor  # [rows] float64: a proven upper bound on the exact D(p, q) (inf where none was needed)
+    certified: torch.Tensor  # [rows] (or [rows, C]) bool: D(p, q) < radius(p), proven
+
+
+def certify_rows(summ: Summary, draft: torch.Tensor, radius: torch.Tensor, divergence: str = "forward", *,
+                 draft_is_logits: bool = True) -> Certificate:
+    """The one place where draftcert decides a certificate: ``D(p, q) < radius``, proven.
+
+    summ   : the target's summary of the rows to certify (``summ.source`` [rows, V] are the
+             given target values: logits or probabilities).
+    draft  : [rows, V] the drafter's given values (logits, or probabilities with
+             ``draft_is_logits=False``).
+    radius : [rows] float64 lower bounds on the exact radius (``radius_rows``, or the
+             larger of several, as the engine takes for a tree row), or [rows, C] for C
+             rules at once (one divergence bound per row serves them all).  NaN never
+             certifies.
+
+    Certified iff an upper bound on the exact divergence is below the radius, in two
+    stages that both give proven bounds (docs/theory.md, section 7):
+
+    1. forward KL between logits: the interval [lo, hi] of :func:`forward_kl_interval`
+       (a dozen float64 passes per row, error ~V U).  hi < radius certifies; lo >= radius
+       refutes (every upper bound is then >= radius too).
+    2. every row stage 1 leaves open (a radius inside [lo, hi], another divergence,
+       probability input, a masked token): :func:`divergence_upper`, the nonnegative
+       Bregman-sum bound, on float64 log-probabilities of the given values.
+
+    The decision depends on nothing but the given values and the radius (no summary
+    field, no top-k size, no batch composition), so the library's ``certified``, the
+    profiler's trace and the engine's live certificates, which all call this, agree bit
+    for bit on the same rows.
+    """
+    n = draft.shape[0]
+    dev = draft.device
+    if divergence == "forward" and summ.is_logits and draft_is_logits:
+        lo, hi = forward_kl_interval(summ.source, draft)  # [rows] each
     else:
-        S = summ.row_norm()
-        lp = torch.log(summ.source.double()) - torch.log(S)[:, None]
-        ep = gamma(summ.vocab_size + 2) + 4 * U * (torch.log(S).abs() + 1)
-    d_up = divergence_upper(lp, lq, ep, eq, kind)
-    return d_up < radius_rows(crit, summ, kind)
+        lo = torch.zeros(n, dtype=torch.float64, device=dev)
+        hi = torch.full((n,), torch.inf, dtype=torch.float64, device=dev)
+    r = radius if radius.ndim == 2 else radius[:, None]  # [rows, C]
+    certified = hi[:, None] < r
+    open_rows = (~certified & (lo[:, None] < r)).any(1).nonzero().squeeze(1)
+    d_up = hi
+    if open_rows.numel():
+        lp, ep, _, _ = log_probs(summ.source[open_rows], summ.is_logits, "target")
+        lq, eq, _, _ = log_probs(draft[open_rows], draft_is_logits, "draft")
+        exact = divergence_upper(lp, lq, ep, eq, divergence)  # [open rows]
+        d_up = hi.clone()
+        d_up[open_rows] = torch.minimum(hi[open_rows], exact)
+        certified[open_rows] = exact[:, None] < r[open_rows]
+    return Certificate(d_up, certified if radius.ndim == 2 else certified[:, 0])
 
 
 def certified(
@@ -471,13 +552,14 @@ def certified(
     so True implies that the rule evaluated exactly on the given values accepts the
     drafter's proposal; within the error margin the answer is False.  Target and drafter
     broadcast like ``divergence``."""
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     check_divergence(divergence)
     t, t_log, tn, d, d_log, dn = _pair(target_probs, draft_probs, target_logits, draft_logits)
     summ = summarize(None if t_log else t, logits=t if t_log else None, k=max(DEFAULT_TOPK, crit.min_k),
                      entropy=crit.needs_entropy, name=tn)
-    lq, eq, _, _ = log_probs(d.reshape(-1, summ.vocab_size), d_log, dn)
-    return summ.out.wrap(certified_rows(crit, summ, lq, eq, divergence))
+    q = _draft_source(d, d_log, dn, summ.vocab_size)
+    cert = certify_rows(summ, q, radius_rows(crit, summ, divergence), divergence, draft_is_logits=d_log)
+    return summ.out.wrap(cert.certified)
 
 
 def certified_run_length(radii: ArrayLike, epsilon: float, block: int | None = None) -> ArrayLike:
@@ -488,10 +570,6 @@ def certified_run_length(radii: ArrayLike, epsilon: float, block: int | None = N
     Returns (..., T) integers: L[t] = number of consecutive certified steps
     t, t+1, ..., capped at ``block`` when given.
     """
-    import math
-
-    import numpy as np
-
     if isinstance(radii, torch.Tensor):
         r, is_np = radii.detach(), False
         if r.dtype.is_complex or r.dtype == torch.bool:

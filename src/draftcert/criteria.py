@@ -20,6 +20,7 @@ Spec grammar (``parse_criterion``)::
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Callable
 
 import torch
@@ -40,7 +41,7 @@ __all__ = [
     "MarginAware",
     "TreeCoverage",
     "parse_criterion",
-    "as_criterion",
+    "DEFAULT_CRITERIA",
 ]
 
 
@@ -120,7 +121,7 @@ class LevelSet(Criterion):
         """(surely accepted, surely rejected) for tokens with given values ``vals`` (n,) in
         rows ``rows`` (n,), from float64 and the error bounds of docs/theory.md, section 7."""
         v = vals[:, None]
-        px = s._to_prob(v, rows)[:, 0]
+        px = s.to_prob(v, rows)[:, 0]
         tau_lo, tau_hi = self.tau_bounds(s)
         tau_lo, tau_hi = tau_lo[rows], tau_hi[rows]
         e = s.common_err(rows) + s.entry_err(v, rows)[:, 0] + 4 * U
@@ -529,10 +530,6 @@ def _parse_int(a: str) -> int:
     return int(f)
 
 
-def as_criterion(c: str | Criterion) -> Criterion:
-    return parse_criterion(c)
-
-
 # -- arbitrary-precision decisions (the rare rows float64 cannot settle) ----------------
 _PRECS = (256, 2400)  # bits; 2400 sums any float64 values exactly
 
@@ -551,7 +548,7 @@ def _exact_probs(vals: list, is_logits: bool, mp) -> list:
 def exact_accept(crit: LevelSet, row: torch.Tensor, is_logits: bool, x: int, tau_hat: float) -> bool:
     """Does ``crit`` accept token x of one row of given values, decided in arbitrary
     precision (mpmath, escalating; a difference below 2^-2300 counts as an exact tie)?"""
-    import mpmath
+    import mpmath  # deferred: only the rare rows float64 cannot settle need it
 
     vals = row.double().tolist()
     for prec in _PRECS:
@@ -567,9 +564,7 @@ def exact_accept(crit: LevelSet, row: torch.Tensor, is_logits: bool, x: int, tau
 
 
 def _exact_mars_close(theta: float, v1: float, v2: float, is_logits: bool) -> bool:
-    from fractions import Fraction
-
-    import mpmath
+    import mpmath  # deferred: only the rare rows float64 cannot settle need it
 
     if is_logits:
         if v2 == -math.inf:

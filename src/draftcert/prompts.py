@@ -164,7 +164,7 @@ def _read_txt(path: Path) -> list[Prompt]:
 def _hf_dataset(name: str) -> list[Prompt]:
     repo, _, split = name.partition(":")
     try:
-        import datasets
+        import datasets  # optional: only for a Hugging Face dataset name as the prompt source
     except ImportError:
         raise ValueError(
             f"prompt source {name!r} looks like a Hugging Face dataset but the `datasets` package is "

@@ -18,6 +18,7 @@ import functools
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import math
 
@@ -54,13 +55,14 @@ def _sum_f64(a: torch.Tensor, buf: torch.Tensor | None = None) -> torch.Tensor:
     return out
 
 
-def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: bool = False):
+def _logit_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
     """s = sum exp(x - m);  d = sum exp(x - m) * (x - m)  (0 where exp underflows / x = -inf);
     and the row minimum (it settles "is any token rejected?" for every level-set rule).
     Everything in float64 whatever the input dtype: the exponentials too, so that the
     log-normaliser carries only float64 round-off (docs/theory.md, section 7: a float32
     exp would leave p summing to 1 - 1e-7 at V = 151,936).  ``m`` is float64 (N, 1).
-    ``fused``: plain reductions, for torch.compile to fuse into one pass."""
+    Plain reductions: ``_logit_moments_fused`` hands this very function to torch.compile,
+    which fuses it into one pass."""
     z = x.to(torch.float64) - m
     e = torch.exp(z)
     s = e.sum(-1)
@@ -94,7 +96,7 @@ def _logit_moments_eager(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
 
 
 def _logit_moments_fused(x: torch.Tensor, m: torch.Tensor, want_entropy: bool):
-    return _logit_moments(x, m, want_entropy, fused=True)
+    return _logit_moments(x, m, want_entropy)
 
 
 def _prob_moments_eager(p: torch.Tensor, want_entropy: bool):
@@ -292,6 +294,34 @@ class Summary:
         if self.top_vals is None and self.source is not None and self.source.shape[-1] == self.vocab_size:
             self.top_vals = self.source.gather(-1, self.top_ids)
 
+    # Fields holding one entry (or one row) per distribution: what select/concat carry along.
+    _ROW_FIELDS = ("top_probs", "top_ids", "entropy", "log_norm", "source", "row_min", "top_vals", "norm",
+                   "lse_err", "entropy_tilde", "ref_gap", "log_s", "ent_q")
+
+    def select(self, rows: torch.Tensor) -> "Summary":
+        """The summary of the selected rows only (an index tensor or bool mask), with every
+        per-row field and error bound carried along, so every radius, acceptance and
+        certificate of a selected row is bit for bit the one of the full summary."""
+        picked = {f: (None if getattr(self, f) is None else getattr(self, f)[rows]) for f in self._ROW_FIELDS}
+        n = picked["top_probs"].shape[0]
+        return Summary(vocab_size=self.vocab_size, is_logits=self.is_logits, out=self.out.flat(n), **picked)
+
+    @staticmethod
+    def concat(parts: "Sequence[Summary]") -> "Summary":
+        """One summary over the rows of several, in order (same V, k and input kind; a
+        per-row field present in one part must be present in all)."""
+        if len(parts) == 1:
+            return parts[0]
+        p0 = parts[0]
+        if any(s.vocab_size != p0.vocab_size or s.k != p0.k or s.is_logits != p0.is_logits for s in parts):
+            raise ValueError("Summary.concat: parts differ in vocabulary size, k or input kind")
+        fields = {}
+        for f in Summary._ROW_FIELDS:
+            vals = [getattr(s, f) for s in parts]
+            fields[f] = None if any(v is None for v in vals) else torch.cat(vals)
+        n = fields["top_probs"].shape[0]
+        return Summary(vocab_size=p0.vocab_size, is_logits=p0.is_logits, out=p0.out.flat(n), **fields)
+
     @property
     def k(self) -> int:
         return self.top_probs.shape[-1]
@@ -365,15 +395,17 @@ class Summary:
     def probs_f64(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Full float64 probabilities of the given rows (all rows if None)."""
         src = self.source if rows is None else self.source[rows]
-        return self._to_prob(src, torch.arange(src.shape[0], device=src.device) if rows is None else rows)
+        return self.to_prob(src, torch.arange(src.shape[0], device=src.device) if rows is None else rows)
 
     def sorted_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact full descending sort of the selected rows, by the given values (stable:
         lower id first among ties): (float64 probabilities, source values)."""
         vals = torch.sort(self.source[rows], dim=-1, descending=True, stable=True).values
-        return self._to_prob(vals, rows), vals
+        return self.to_prob(vals, rows), vals
 
-    def _to_prob(self, vals: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def to_prob(self, vals: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """float64 probabilities of given values ``vals`` [len(rows), j] of the selected rows,
+        computed exactly as ``top_probs`` is (``exp(x - log_norm)`` or ``x / row sum``)."""
         v = vals.double()
         if self.is_logits:
             return torch.exp(v - self.log_norm[rows][:, None])
@@ -390,7 +422,7 @@ class Summary:
     def prob_of(self, ids: torch.Tensor) -> torch.Tensor:
         """float64 probability of token ``ids[n]`` in row n, computed exactly as top_probs is."""
         v = self.source.gather(-1, ids[:, None])
-        return self._to_prob(v, torch.arange(v.shape[0], device=v.device))[:, 0]
+        return self.to_prob(v, torch.arange(v.shape[0], device=v.device))[:, 0]
 
     def cut_dtype(self) -> torch.dtype:
         return torch.float64 if self.source.dtype == torch.float64 else torch.float32

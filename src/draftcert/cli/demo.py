@@ -8,6 +8,7 @@ the margin bound, so a user can see what the certificates look like.
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 import numpy as np
 
@@ -15,6 +16,8 @@ from ..bounds import margin_bound
 from ..certificates import radii
 from ..criteria import DEFAULT_CRITERIA as _DEFAULT_SPECS
 from ..divergences import DIVERGENCES
+from ..textfit import compact_number, terminal_width
+from .checks import check_specs
 
 DEFAULT_CRITERIA = ",".join(_DEFAULT_SPECS)  # the --criteria default, as the flag spells it
 
@@ -51,10 +54,6 @@ def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width
     (compact scientific notation below 1e-3) and are never cut; the table is as narrow as
     its widest cell allows (75 columns with the default criteria), and its explanatory
     text is wrapped at ``width``."""
-    import textwrap
-
-    from ..textfit import compact_number
-
     dists = example_distributions(vocab)
     names = list(dists)
     P = np.stack([dists[n] for n in names])
@@ -84,15 +83,11 @@ def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width
 
 
 def _main(args: argparse.Namespace) -> int:
-    from .checks import check_specs
-
     crits = [c.spec for c in check_specs(args.criteria, "--criteria")]  # clear error before any output
     divs = [d.strip() for d in args.divergences.split(",") if d.strip()]
     for d in divs:
         if d not in DIVERGENCES:
             raise ValueError(f"--divergences: unknown divergence {d!r}; expected some of {','.join(DIVERGENCES)}")
-    from ..textfit import terminal_width
-
     print(run_demo(crits, divs, args.vocab, width=min(terminal_width(), 100)))
     return 0
 
