@@ -1,13 +1,24 @@
-"""The trace's fast paths against the core library's reference functions."""
+"""The profiler's trace columns: its fast paths against the core library's reference
+functions, and the columns it writes against the format (``draftcert.tracefile``)."""
 
 import numpy as np
 import torch
 
 from draftcert import divergence, parse_criterion
-from draftcert.certificates import accepts_rows
-from draftcert.profile import DEFAULT_CRITERIA
-from draftcert.profile.trace import accepts_from_topk, divergences_from_logits, draft_topk
+from draftcert.certificates import accepts_from_topk, accepts_rows, radius_rows
+from draftcert.criteria import DEFAULT_CRITERIA
+from draftcert.divergences import divergences_from_logits
+from draftcert.profile.trace import BatchTrace, StepCertifier, StepRows, draft_topk
 from draftcert.summary import summarize
+from draftcert.tracefile import (
+    list_shards,
+    radius_column,
+    read_columns,
+    shard_name,
+    shard_prompt_ids,
+    trace_schema,
+    write_shard,
+)
 
 
 def _logits(seed, n=12, V=300):
@@ -54,25 +65,57 @@ def test_acceptance_fast_path_equals_accepts_rows_with_ties():
         np.testing.assert_array_equal(got[c.spec].numpy(), accepts_rows(c, t, y).numpy(), err_msg=c.spec)
 
 
-def test_radius_shortcuts_are_exact():
-    """Empty rejection regions (+inf) and deep rows (rejected token below the top-64,
-    decided on a top-(n+1) summary) agree with the core's full-sort fallback."""
-    from draftcert.certificates import radius_rows
-    from draftcert.profile.trace import _radii
-
+def test_trace_radii_are_the_core_radii():
+    """The trace's radius columns (``StepCertifier.rows``) are the core's ``radius_rows``, including
+    empty rejection regions (+inf) and deep rows (rejected token below the top-64)."""
+    specs = DEFAULT_CRITERIA + ("additive:0", "additive:0.5", "entropy:0.01:0.9", "multiplicative:0.05")
+    crits = [parse_criterion(spec) for spec in specs]
+    certifier = StepCertifier(crits, ["forward", "reverse", "tv"])
     x, _ = _logits(2, n=40, V=400)
     x[:10] *= 0.05  # flat: p(1st) < 0.1, so additive:0.1 can reject nothing
     x[10:25] *= 0.3  # fairly flat: entropy's rejected tokens lie below the top 64
-    s = summarize(logits=x, k=64)
+    s, bad = certifier.summarize_step(x)
+    cols = certifier.rows([s], [bad])
     deep_seen = 0
-    for spec in DEFAULT_CRITERIA + ("additive:0", "additive:0.5", "entropy:0.01:0.9", "multiplicative:0.05"):
-        c = parse_criterion(spec)
+    for c in crits:
         if hasattr(c, "rejected_mask"):
             tau = c.threshold_from_summary(s)
-            deep_seen += int((~c.rejected_mask(s.top_probs, tau[:, None]).any(1) & (tau > 0)).sum())
-        got = _radii(c, s, ["forward", "reverse", "tv"])
-        for d, r in got.items():
-            np.testing.assert_allclose(r.numpy(), radius_rows(c, s, d).numpy(), rtol=1e-12, atol=0,
-                                       err_msg=f"{spec} {d}")
+            deep_seen += int((~c.rejected_mask(s.top_probs[:, :64], tau[:, None]).any(1) & (tau > 0)).sum())
+        for d in ("forward", "reverse", "tv"):
+            np.testing.assert_allclose(cols[radius_column(c.spec, d)].numpy(), radius_rows(c, s, d).numpy(),
+                                       rtol=1e-12, atol=0, err_msg=f"{c.spec} {d}")
     assert deep_seen > 10
-    assert torch.isinf(_radii(parse_criterion("additive:0.1"), s, ["forward"])["forward"][:10]).all()
+    assert torch.isinf(cols[radius_column("additive:0.1")][:10]).all()
+
+
+def test_the_profiler_writes_exactly_the_format(tmp_path):
+    """Every column of ``trace_schema`` is produced by the profiler and none other (with a drafter
+    and a feature drafter's rollouts), and a shard reads back as written."""
+    crits = [parse_criterion(c) for c in DEFAULT_CRITERIA]
+    certifier = StepCertifier(crits, ["tv"])  # forward is always added, first
+    x, y = _logits(3, n=6, V=300)
+    s, bad = certifier.summarize_step(x)
+    depth, width = 3, 4
+    ids = torch.randint(0, 300, (6, depth - 1, width), generator=torch.Generator().manual_seed(0))
+    cols = certifier.rows([s], [bad], y, (ids, torch.rand(6, depth - 1)))
+    schema = trace_schema(crits, certifier.divergences, True, (depth, width))
+    assert certifier.divergences == ["forward", "tv"]
+    assert set(cols) | {"prompt_id", "position", "target_token"} == set(schema.names)
+
+    batch = BatchTrace(["b", "a"], schema)
+    batch.add(StepRows(rows=torch.tensor([1, 1, 1, 0, 0, 0]), positions=torch.tensor([0, 1, 2, 0, 1, 2]),
+                       tokens=x.argmax(1), cols=cols))
+    table = batch.to_table()
+    assert table.schema.names == schema.names
+    write_shard(table, tmp_path / shard_name(0, 0), ["b", "a"], "abc")
+    (shard,) = list_shards(tmp_path)
+    assert shard_prompt_ids(shard) == (["b", "a"], "abc")
+    back = read_columns([shard], schema.names)
+    # rows ordered by (prompt in batch order, position): batch row 0 is "b"
+    assert [back.prompt_names[i] for i in back["prompt_id"]] == ["b"] * 3 + ["a"] * 3
+    order = [3, 4, 5, 0, 1, 2]
+    for name in ("kl_forward", radius_column("tree:2", "tv"), "accepted/strict", "accept_mask/mars:0.5",
+                 "rollout_topk_ids", "rollout_accept_mask/strict", "target_topk_probs"):
+        want = cols[name].numpy()[order]
+        np.testing.assert_array_equal(back[name], want.astype(back[name].dtype), err_msg=name)
+    assert back["target_topk_ids"].shape == (6, 16) and back["rollout_topk_ids"].shape == (6, (depth - 1) * width)

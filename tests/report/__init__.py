@@ -1,0 +1,1 @@
+"""Tests of draftcert.report: write_report / `draftcert report` on synthetic traces, figures, HTML."""

@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from draftcert.report import figures
-from draftcert.report.summary import read_trace, list_shards, load_run, summarize_trace
+from draftcert.report.summary import read_trace, summarize_trace
+from draftcert.tracefile import load_run, run_shards
 
 from . import tracegen
 
 
 def _summary(tmp_path, steps):
     tracegen.write_run(tmp_path, steps)
-    run, _ = load_run(tmp_path)
-    return summarize_trace(read_trace(list_shards(tmp_path)), run, [0.05, 0.1, 0.3, 0.5])
+    return summarize_trace(read_trace(run_shards(tmp_path)), load_run(tmp_path), [0.05, 0.1, 0.3, 0.5])
 
 
 def test_length_cap_is_the_mean_remaining_run(tmp_path):
@@ -38,7 +38,7 @@ def test_length_cap_is_the_mean_remaining_run(tmp_path):
 def test_every_criterion_has_its_own_marker_and_line_style(tmp_path, monkeypatch):
     summary, plot = _summary(tmp_path, tracegen.make_steps(seed=0))
     saved = []
-    monkeypatch.setattr(figures, "_save", lambda fig, path: saved.append(fig))
+    monkeypatch.setattr(figures, "save_png", lambda fig, path: saved.append(fig))
     figures.certified_by_margin(summary, tmp_path / "a.png")
     figures.certified_length(summary, plot, tmp_path / "b.png")
     margin_fig, length_fig = saved

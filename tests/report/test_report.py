@@ -37,9 +37,10 @@ def run_dir(tmp_path_factory, steps):
 
 
 def expected_quantile(r: np.ndarray, q: float):
-    """numpy's linear quantile, with +inf stood in by a huge finite value."""
+    """numpy's linear quantile, with +inf stood in by a huge finite value; +inf as summary.json
+    writes it (null: the JSON rule)."""
     v = float(np.quantile(np.where(np.isinf(r), 1e300, r), q))
-    return "inf" if v > 1e299 else v
+    return None if v > 1e299 else v
 
 
 def brute_run_length(steps: dict, spec: str, eps: float) -> float:
@@ -83,12 +84,12 @@ def test_summary_matches_independent_numpy(run_dir, steps):
         r = steps[f"radius/{spec}"][ok]
         for key, q in (("radius_q05", 0.05), ("radius_median", 0.5)):
             exp = expected_quantile(r, q)
-            saw_inf |= exp == "inf"
-            assert d[key] == exp if exp == "inf" else d[key] == pytest.approx(exp, rel=1e-12, abs=1e-300)
+            saw_inf |= exp is None
+            assert d[key] is None if exp is None else d[key] == pytest.approx(exp, rel=1e-12, abs=1e-300)
         for prefix in ("radius_reverse", "radius_tv"):
             rr = steps[f"{prefix}/{spec}"][ok]
             exp = expected_quantile(rr, 0.05)
-            assert d[f"{prefix}_q05"] == exp if exp == "inf" else d[f"{prefix}_q05"] == pytest.approx(exp, rel=1e-12)
+            assert d[f"{prefix}_q05"] is None if exp is None else d[f"{prefix}_q05"] == pytest.approx(exp, rel=1e-12)
         for e in EPS:
             assert d["certified_fraction"][str(e)] == pytest.approx(np.mean(r >= e), abs=1e-15)
             assert d["certified_length"][str(e)] == pytest.approx(brute_run_length(steps, spec, e), rel=1e-12)
@@ -226,7 +227,7 @@ def test_errors(tmp_path, run_dir):
     dup = tmp_path / "dup"
     shutil.copytree(out / "trace", dup / "trace")
     first = sorted((dup / "trace").glob("*.parquet"))[0]
-    shutil.copy(first, dup / "trace" / "zz-copy.parquet")
+    shutil.copy(first, dup / "trace" / "rank7-000000.parquet")
     with pytest.raises(ValueError, match="appears more than once"):
         write_report(dup, verbose=False)
     # bad run.json epsilons
@@ -260,15 +261,16 @@ def test_quantile_handles_inf():
 def test_length_curve_is_exact(run_dir, steps):
     """The figure's continuous-eps curve (window attribution) equals
     certified_run_length's mean at every eps, including eps equal to a radius."""
-    from draftcert.report.summary import RunGrid, list_shards, read_trace
+    from draftcert.report.summary import RunGrid, read_trace
+    from draftcert.tracefile import run_shards
 
     out, summary = run_dir
-    tr = read_trace(list_shards(out))
+    tr = read_trace(run_shards(out))
     grid = RunGrid(tr)
     for spec in tracegen.CRITERIA:
-        g = grid.grid(tr.radius["radius"][spec])
+        g = grid.grid(tr.radius["forward"][spec])
         f = grid.length_curve(g)
-        r = tr.radius["radius"][spec]
+        r = tr.radius["forward"][spec]
         r = r[np.isfinite(r) & (r > 0)]
         eps = np.r_[np.logspace(-9, 1, 30), np.random.default_rng(0).choice(r, 15)]
         got = f(eps)

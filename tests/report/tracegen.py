@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import torch
 
 import draftcert
+from draftcert.tracefile import shard_name
 
 CRITERIA = ["strict", "additive:0.2", "multiplicative:0.5", "topm:3", "entropy:0.09:0.3", "mars:0.5", "tree:4"]
 V = 200
@@ -107,7 +108,7 @@ def write_run(out: Path, cols: dict, *, run_json: bool = True, seed: int = 0, ep
         mine = np.flatnonzero(np.isin(cols["prompt_id"], prompts[rank::2]))
         for b, rows in enumerate(np.array_split(mine, 2)):
             rows = rng.permutation(rows)
-            path = trace / f"rank{rank:02d}-batch{b:05d}.parquet"
+            path = trace / shard_name(rank, b)
             pq.write_table(_table(cols, rows), path, row_group_size=17)
             paths.append(path)
     if run_json:

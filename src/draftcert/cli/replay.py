@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
+
+import torch
+
+from ..fileio import write_json
+from ..models import load_drafter, load_target
+from ..prompts import encode_prompt, load_prompts
+from ..replay.api import format_table, parse_ks, replay, write_replay
+from ..replay.data import load_replay_trace
+from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
+from ..replay.speed import Costs, calibrate, forward_count_costs
 
 _REPLAY_EXAMPLES = """examples:
   draftcert profile --drafter default --prompts mt-bench --limit 8 --out runs/r8
@@ -99,14 +110,10 @@ def _widths(text: str):
 
 
 def _load_costs(args, trace, shapes_for_cal):
-    from ..replay.speed import Costs, forward_count_costs
-
     cal = Path(args.dir) / "calibration.json"
     if args.calibrate:
         costs = _calibrate_run(trace, shapes_for_cal, args.repeats)
-        from ..replay.api import _atomic
-
-        _atomic(cal, json.dumps(costs.as_dict(), indent=2) + "\n")
+        write_json(cal, costs.as_dict())
         return costs
     if args.drafter_cost is not None:
         return forward_count_costs(args.drafter_cost)
@@ -119,25 +126,17 @@ def _load_costs(args, trace, shapes_for_cal):
 
 
 def _calibrate_run(trace, shapes, repeats: int):
-    import torch
-
-    from ..replay.speed import calibrate
-
     run = trace.run
     tspec, dspec = run.get("target"), run.get("drafter")
     if not dspec or str(tspec).startswith("object:") or str(dspec).startswith("object:"):
         raise ValueError("--calibrate: the run's target or drafter was a Python object, which cannot be reloaded; "
                          "call draftcert.replay.speed.calibrate(target, drafter, shapes) and pass costs= to replay()")
-    from ..models import load_drafter, load_target
-
     dtype = (run.get("settings") or {}).get("dtype")
     dtype = None if dtype in (None, "default") else dtype
     target, tok = load_target(None if tspec == "embedded" else tspec, dtype=dtype)
     drafter = load_drafter(dspec, target, tok, dtype=dtype)
     plen = 64
     try:  # the mean prompt length of the run, when its prompts can be read again
-        from ..prompts import encode_prompt, load_prompts
-
         ps = load_prompts(run.get("prompts"), limit=run.get("limit"))
         lens = [len(encode_prompt(tok, p.text)) for p in ps]
         plen = max(1, round(sum(lens) / len(lens)))
@@ -150,10 +149,7 @@ def _calibrate_run(trace, shapes, repeats: int):
 
 
 def run_replay(args) -> int:
-    from ..replay.api import _parse_ks, format_table, replay, write_replay
-    from ..replay.data import load_replay_trace
-
-    ks = _parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
+    ks = parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
     tw, st = _widths(args.trees), _static(args.static)
     if args.repeats < 1:
         raise ValueError(f"--repeats: expected an integer >= 1, got {args.repeats}")
@@ -180,12 +176,6 @@ def run_replay(args) -> int:
 
 
 def run_explain(args) -> int:
-    import os
-
-    from ..replay.api import replay
-    from ..replay.data import load_replay_trace
-    from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
-
     if args.top < 0:
         raise ValueError(f"--top: expected an integer >= 0, got {args.top}")
     if args.k < 1:

@@ -16,17 +16,16 @@ Definitions (per configuration, over all prompts of the trace):
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..fileio import json_value, write_json
 from .data import ReplayTrace, load_replay_trace
+from .figures import write_figures
 from .speed import Costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
-__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "REPLAY_FORMAT"]
+__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "REPLAY_FORMAT"]
 
 REPLAY_FORMAT = "draftcert-replay/1"
 
@@ -47,8 +46,9 @@ class ReplayResult:
         return next(c for c in self.configs[spec] if c.shape.label == label)
 
     def as_dict(self) -> dict:
+        """The ``replay.json`` contents (the JSON rule of ``draftcert.fileio``: non-finite -> null)."""
         tr = self.trace
-        return _json_safe({
+        return json_value({
             "format": REPLAY_FORMAT,
             "trace": str(tr.out_dir) if tr.out_dir else None,
             "target": tr.run.get("target"),
@@ -120,14 +120,15 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
 
 def _check_ks(ks) -> tuple[int, ...]:
     if isinstance(ks, str):
-        ks = _parse_ks(ks)
+        ks = parse_ks(ks)
     out = tuple(int(k) for k in ks)
     if not out or any(k < 1 for k in out):
         raise ValueError(f"k: expected draft lengths >= 1, got {ks!r}")
     return out
 
 
-def _parse_ks(text: str) -> tuple[int, ...]:
+def parse_ks(text: str) -> tuple[int, ...]:
+    """Draft lengths from ``-k``: a range ``1-8`` or a list ``1,2,4``."""
     try:
         if "-" in text and "," not in text:
             a, b = text.split("-")
@@ -137,35 +138,11 @@ def _parse_ks(text: str) -> tuple[int, ...]:
         raise ValueError(f"-k: expected a range like 1-8 or a list like 1,2,4; got {text!r}") from None
 
 
-def _json_safe(x):
-    if isinstance(x, float):
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):  # numpy scalars
-        return _json_safe(x.item())
-    return x
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_replay(out_dir, res: ReplayResult, *, figures: bool = True) -> list[Path]:
     """``replay.json`` (atomic) and, with ``figures``, ``figures/replay_*.png``."""
     out_dir = Path(out_dir)
-    paths = [out_dir / "replay.json"]
-    _atomic(paths[0], json.dumps(res.as_dict(), indent=2, allow_nan=False) + "\n")
+    paths = [write_json(out_dir / "replay.json", res.as_dict())]
     if figures:
-        from .figures import write_figures
-
         paths += write_figures(res, out_dir / "figures")
     return paths
 

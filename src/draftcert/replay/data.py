@@ -1,5 +1,8 @@
 """Read a profile trace for replay: per prompt, the columns the replay and explain need.
 
+The format (columns, versions, shards) is ``draftcert.tracefile``'s; this module only picks
+the columns replay uses and splits them per prompt.
+
 A trace recorded with a drafter holds, at every step t of the target's greedy path,
 the target's greedy token, the drafter's top-16 ids (teacher-forced on the same
 prefix), every rule's accept/certify flags and radii.  ``draftcert-trace/2`` adds
@@ -18,19 +21,39 @@ drafter's trace/2 (no rollouts) is read with a note: exact at depth 1 only.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PromptTrace", "ReplayTrace", "load_replay_trace", "NO_DRAFTER_MESSAGE"]
+from ..models.eagle import resolve_spec
+from ..tracefile import (
+    TRACE_FORMAT,
+    accept_mask_column,
+    accepted_column,
+    certified_column,
+    column_specs,
+    has_drafter_columns,
+    load_run,
+    radius_column,
+    read_columns,
+    rollout_mask_column,
+    run_shards,
+    shard_columns,
+)
+
+__all__ = ["PromptTrace", "ReplayTrace", "load_replay_trace", "NO_DRAFTER_MESSAGE", "is_feature_drafter",
+           "trace_has_drafter"]
 
 NO_DRAFTER_MESSAGE = (
     "{where} was recorded without a drafter, so it holds no drafter proposals to replay. "
     "Record one with a drafter, e.g. `draftcert profile --drafter default --prompts mt-bench "
     "--out DIR` (any --drafter spec works: self:skip=L, self:quant=B, a path or hub id)"
 )
+
+# read when every shard has them (older formats lack some: see the module doc)
+_OPTIONAL = ("nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank", "draft_topk_probs",
+             "rollout_topk_ids", "rollout_topk_target_logp", "rollout_logit_gap")
 
 
 @dataclass
@@ -82,140 +105,94 @@ class ReplayTrace:
         return self.rollout[0] if self.rollout else 1
 
     @property
-    def has_masks(self) -> bool:
-        return all(p.accept_mask for p in self.prompts) and bool(self.prompts)
-
-    @property
     def steps(self) -> int:
         return sum(len(p) for p in self.prompts)
 
 
-def _shards(out_dir: Path) -> list[Path]:
-    from ..report.summary import list_shards
-
-    return list_shards(out_dir)
+def trace_has_drafter(out_dir) -> bool:
+    """Was the trace in ``out_dir`` recorded with a drafter (so that it can be replayed)?"""
+    return has_drafter_columns(shard_columns(run_shards(out_dir)[0]))
 
 
 def load_replay_trace(out_dir) -> ReplayTrace:
     """Load ``DIR/trace/*.parquet`` and ``DIR/run.json`` for replay (ValueError on bad input)."""
-    import pyarrow.parquet as pq
-
     out_dir = Path(out_dir)
-    shards = _shards(out_dir)
-    run: dict = {}
-    if (out_dir / "run.json").exists():
-        try:
-            run = json.loads((out_dir / "run.json").read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"run.json: {out_dir / 'run.json'} is not valid JSON ({exc})") from None
-    cols: dict[str, list] = {}
+    shards = run_shards(out_dir)
+    run = load_run(out_dir)
     specs: list[str] | None = None
-    masks_everywhere = True
     for path in shards:
-        try:
-            f = pq.ParquetFile(path)
-            names = f.schema_arrow.names
-        except Exception as exc:
-            raise ValueError(f"trace shard {path} cannot be read ({type(exc).__name__}: {exc}); delete it and rerun "
-                             "`draftcert profile` with the same arguments") from None
-        if "draft_token" not in names:
+        names = shard_columns(path)
+        if not has_drafter_columns(names):
             raise ValueError(NO_DRAFTER_MESSAGE.format(where=f"the trace in {out_dir}"))
-        sp = [c.split("/", 1)[1] for c in names if c.startswith("accepted/")]
+        sp = column_specs(names, "accepted")
         if specs is None:
             specs = sp
         elif sp != specs:
             raise ValueError(f"trace shard {path} has other criteria ({sp}) than the others ({specs}); the directory "
                              "mixes runs: profile into a fresh --out directory")
-        want = ["prompt_id", "position", "target_token", "target_margin", "target_topk_ids", "target_topk_probs",
-                "draft_topk_ids", "kl_forward"]
-        opt = ["nonfinite", "draft_nonfinite", "draft_topk_target_logp", "draft_token_target_rank", "draft_topk_probs",
-               "rollout_topk_ids", "rollout_topk_target_logp", "rollout_logit_gap"]
-        per = [f"{k}/{s}" for s in sp for k in ("accepted", "certified", "radius")]
-        masks = [f"accept_mask/{s}" for s in sp if f"accept_mask/{s}" in names]
-        masks += [f"rollout_accept_mask/{s}" for s in sp if f"rollout_accept_mask/{s}" in names]
-        if "draft_topk_target_logp" not in names:
-            masks_everywhere = False
-        t = f.read(columns=want + [c for c in opt if c in names] + [c for c in per if c in names] + masks)
-        for name in t.column_names:
-            cols.setdefault(name, []).append(t.column(name))
-        for name in opt:  # keep the shards aligned when an optional column is missing in some
-            if name not in t.column_names:
-                cols.setdefault(name, []).append(None)
-    import pyarrow as pa
+    want = ["prompt_id", "position", "target_token", "target_margin", "target_topk_ids", "target_topk_probs",
+            "draft_topk_ids", "kl_forward"] + [accepted_column(s) for s in specs]
+    per = [c for s in specs for c in (certified_column(s), radius_column(s), accept_mask_column(s), rollout_mask_column(s))]
+    data = read_columns(shards, want, _OPTIONAL + tuple(per))
 
-    def flat(name):
-        parts = cols.get(name)
-        if not parts or any(p is None for p in parts):
-            return None
-        return pa.chunked_array([c for p in parts for c in p.chunks], type=parts[0].type)
-
-    def np1(name, dtype):
-        a = flat(name)
-        return None if a is None else a.to_numpy().astype(dtype)
-
-    def np2(name, dtype):
-        a = flat(name)
-        if a is None:
-            return None
-        a = a.combine_chunks()
-        k = len(a[0]) if len(a) else 0
-        return a.flatten().to_numpy(zero_copy_only=False).astype(dtype).reshape(-1, k)
-
-    pid = np.asarray(flat("prompt_id").to_pylist(), dtype=object)
-    pos = np1("position", np.int64)
+    # rows in (prompt id, position) order; prompts sorted by id
+    names = sorted(data.prompt_names)
+    rank = np.empty(len(names), np.int64)  # code -> index of its id in names
+    rank[np.argsort(np.asarray(data.prompt_names, dtype=object), kind="stable")] = np.arange(len(names))
+    pid, pos = rank[data["prompt_id"]], data["position"]
     order = np.lexsort((pos, pid))
     pid, pos = pid[order], pos[order]
-    n = pid.shape[0]
-    get1 = lambda name, dt: (lambda a: None if a is None else a[order])(np1(name, dt))  # noqa: E731
-    get2 = lambda name, dt: (lambda a: None if a is None else a[order])(np2(name, dt))  # noqa: E731
-    tt = get1("target_token", np.int64)
-    dids = get2("draft_topk_ids", np.int64)
-    tids = get2("target_topk_ids", np.int64)
-    tprobs = get2("target_topk_probs", np.float64)
-    margin = get1("target_margin", np.float64)
-    kl = get1("kl_forward", np.float64)
+    n = data.n
+
+    def get(name):
+        v = data.get(name)
+        return None if v is None else v[order]
+
+    tt = get("target_token")
+    dids = get("draft_topk_ids")
+    tids = get("target_topk_ids")
+    tprobs = get("target_topk_probs")
+    margin = get("target_margin")
+    kl = get("kl_forward")
     bad = np.zeros(n, bool)
     for name in ("nonfinite", "draft_nonfinite"):
-        v = get1(name, bool)
+        v = get(name)
         if v is not None:
             bad |= v
     bad |= ~np.isfinite(kl)
-    dlogp = get2("draft_topk_target_logp", np.float64)
-    dprobs = get2("draft_topk_probs", np.float64)
-    drank = get1("draft_token_target_rank", np.int64)
-    acc = {s: get1(f"accepted/{s}", bool) for s in specs}
-    cert = {s: get1(f"certified/{s}", bool) for s in specs}
-    rad = {s: get1(f"radius/{s}", np.float64) for s in specs}
+    dlogp = get("draft_topk_target_logp")
+    dprobs = get("draft_topk_probs")
+    drank = get("draft_token_target_rank")
+    acc = {s: get(accepted_column(s)) for s in specs}
+    cert = {s: get(certified_column(s)) for s in specs}
+    rad = {s: get(radius_column(s)) for s in specs}
+    masks_everywhere = dlogp is not None  # draftcert-trace/2 and later
     masks = {}
     if masks_everywhere:
-        for s in specs:
-            if len(cols.get(f"accept_mask/{s}", [])) == len(shards):  # present in every shard
-                masks[s] = get1(f"accept_mask/{s}", np.int64)
+        masks = {s: get(accept_mask_column(s)) for s in specs if accept_mask_column(s) in data}
     settings = run.get("settings") or {}
     rollout = settings.get("rollout")
-    roll_ids = get2("rollout_topk_ids", np.int64) if rollout else None
-    roll_logp = get2("rollout_topk_target_logp", np.float64) if rollout else None
-    roll_gap = get2("rollout_logit_gap", np.float64) if rollout else None
+    roll_ids = get("rollout_topk_ids") if rollout else None
+    roll_logp = get("rollout_topk_target_logp") if rollout else None
+    roll_gap = get("rollout_logit_gap") if rollout else None
     roll_masks = {}
     if roll_ids is not None:
         depth, width = int(rollout[0]), int(rollout[1])
         roll_ids = roll_ids.reshape(n, depth - 1, width)
         roll_logp = roll_logp.reshape(n, depth - 1, width)
-        for s in specs:
-            if len(cols.get(f"rollout_accept_mask/{s}", [])) == len(shards):
-                roll_masks[s] = get2(f"rollout_accept_mask/{s}", np.int64)
+        roll_masks = {s: get(rollout_mask_column(s)) for s in specs if rollout_mask_column(s) in data}
     elif rollout:
         raise ValueError(f"trace in {out_dir}: run.json says rollouts were recorded but the shards lack "
                          "rollout_topk_ids; the directory mixes runs: profile into a fresh --out directory")
     notes = []
     dspec = run.get("drafter") or settings.get("drafter")
-    feature = bool(rollout) or (isinstance(dspec, str) and _is_feature_drafter(dspec))
+    feature = bool(rollout) or (isinstance(dspec, str) and is_feature_drafter(dspec))
     if feature and roll_ids is None:
         notes.append(f"drafter {dspec} is a feature drafter and this trace ({run.get('format', 'draftcert-trace/2')}) "
                      "lacks its own rollouts: it scores the drafter on the target's own hidden states at every "
                      "position, while in decoding its drafts at depth >= 2 condition on its own predicted features; "
                      "replay is exact at depth 1 and an estimate deeper, strict rules included. Re-record it with "
-                     "this version of `draftcert profile` (draftcert-trace/3) for exact replay at every depth")
+                     f"this version of `draftcert profile` ({TRACE_FORMAT}) for exact replay at every depth")
     if not masks_everywhere:
         notes.append("trace format draftcert-trace/1 (no accept_mask/<spec>): relaxed rules are replayed as chains "
                      "only; re-record with this version of `draftcert profile` to replay them on trees")
@@ -223,7 +200,7 @@ def load_replay_trace(out_dir) -> ReplayTrace:
     prompts = []
     bounds = np.flatnonzero(np.r_[True, pid[1:] != pid[:-1], True])
     for a, b in zip(bounds[:-1], bounds[1:]):
-        p = pid[a]
+        p = names[int(pid[a])]
         if not np.array_equal(pos[a:b], np.arange(b - a)):
             raise ValueError(f"trace: prompt {p!r} has positions {pos[a:b][:5].tolist()}... instead of 0..{b - a - 1}; "
                              "the trace is incomplete or mixes runs: rerun `draftcert profile` with the same arguments")
@@ -249,11 +226,9 @@ def load_replay_trace(out_dir) -> ReplayTrace:
                        None if roll_ids is None else (int(rollout[0]), int(rollout[1])))
 
 
-def _is_feature_drafter(spec: str) -> bool:
+def is_feature_drafter(spec: str) -> bool:
     """Does the run's drafter spec name a feature (EAGLE-style) drafter?  Those draft deeper
     positions from their own features, which a teacher-forced trace does not record."""
-    from ..models.eagle import resolve_spec
-
     try:
         return resolve_spec(spec) is not None
     except ValueError:

@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .api import ReplayResult, _atomic, _json_safe
+from ..fileio import json_value, write_json
+from ..models.loading import embedded_checkpoint_dir
+from .api import ReplayResult
 from .walk import rule_kind
 
 __all__ = ["explain", "Event", "DEFAULT_EPSILON", "CATEGORIES", "format_explain", "load_tokenizer"]
@@ -181,11 +183,9 @@ def load_tokenizer(run: dict):
     """The target's tokenizer from run.json's target spec, if it is available offline; else None."""
     spec = run.get("target")
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional: models extra
 
         if spec in (None, "embedded"):
-            from ..models.loading import embedded_checkpoint_dir
-
             d = embedded_checkpoint_dir()
             return AutoTokenizer.from_pretrained(str(d), local_files_only=True) if d.is_dir() else None
         if isinstance(spec, str) and not spec.startswith("object:"):
@@ -207,7 +207,9 @@ def attach_text(ex: dict, tok) -> None:
 
 
 def explain_json(ex: dict) -> dict:
-    return _json_safe({"epsilon": ex["epsilon"], "definitions": {
+    """The ``explain.json`` contents (the JSON rule of ``draftcert.fileio``: non-finite -> null,
+    so an infinite surprise is written as null)."""
+    return json_value({"epsilon": ex["epsilon"], "definitions": {
         "surprise": "log p(greedy) - max log p(drafter candidates), nats",
         "inside_radius": "KL(p||q) < radius: impossible (soundness violation)",
         "low_margin": "radius <= KL <= epsilon: a drafter within epsilon of p was rejected (p nearly tied)",
@@ -218,11 +220,7 @@ def explain_json(ex: dict) -> dict:
 
 
 def write_explain(out_dir, ex: dict) -> Path:
-    import json
-
-    path = Path(out_dir) / "explain.json"
-    _atomic(path, json.dumps(explain_json(ex), indent=1, allow_nan=False) + "\n")
-    return path
+    return write_json(Path(out_dir) / "explain.json", explain_json(ex), indent=1)
 
 
 def _short(s: str, n: int) -> str:

@@ -3,9 +3,9 @@ and acceptance by draft position (longest chain), written atomically as PNG."""
 
 from __future__ import annotations
 
-import io
-import os
 from pathlib import Path
+
+from ..fileio import atomic_path
 
 __all__ = ["write_figures", "FIGURE_NAMES"]
 
@@ -17,7 +17,7 @@ FIGURE_NAMES = {
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # optional: models extra
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -26,11 +26,8 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
 
 
 def _chains(rows):

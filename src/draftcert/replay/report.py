@@ -1,4 +1,8 @@
-"""The "Replay" section of the profile report (``draftcert report`` on a trace with a drafter)."""
+"""The "Replay" section of the profile report (``draftcert report`` on a trace with a drafter).
+
+The report (``draftcert.report``) does not import the replay: the command that writes a report
+calls ``section_for_report(out_dir)`` and hands the result to ``write_report(out_dir, replay=...)``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,14 @@ import html
 import json
 from pathlib import Path
 
-__all__ = ["replay_section"]
+from ..fileio import json_value
+from .api import replay
+from .data import trace_has_drafter
+from .explain import DEFAULT_EPSILON, explain
+from .figures import FIGURE_NAMES, write_figures
+from .speed import Costs
+
+__all__ = ["replay_section", "section_for_report"]
 
 _KS = (1, 2, 4, 8)
 
@@ -24,12 +35,8 @@ HOW_TO_READ = (
 
 
 def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
-    """{"md": ..., "html": ..., "figures": [...], "summary": {...}} for a trace with a drafter."""
-    from .api import _json_safe, replay
-    from .explain import DEFAULT_EPSILON, explain
-    from .figures import FIGURE_NAMES, write_figures
-    from .speed import Costs
-
+    """{"md": ..., "html": ..., "figures": [...], "summary": {...}} for a trace with a drafter
+    (ValueError for a trace without one)."""
     out_dir = Path(out_dir)
     costs = None
     cal = out_dir / "calibration.json"
@@ -87,4 +94,19 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
         data = base64.b64encode(f.read_bytes()).decode()
         h.append(f"<h3>{e(FIGURE_NAMES.get(f.name, f.stem))}</h3><img alt='{e(f.stem)}' src='data:image/png;base64,{data}'>")
     return {"md": "\n".join(md), "html": "\n".join(h), "figures": figs,
-            "summary": _json_safe({"epsilon": DEFAULT_EPSILON, "soundness_violations": bad, "rules": summ})}
+            "summary": json_value({"epsilon": DEFAULT_EPSILON, "soundness_violations": bad, "rules": summ})}
+
+
+def section_for_report(out_dir) -> dict | None:
+    """``replay_section(out_dir)`` as ``draftcert.report.write_report(out_dir, replay=...)`` takes it:
+    None when there is no trace (the report says so itself) or it was recorded without a drafter,
+    and ``{"note": ...}`` when the section fails, so that the rest of the report is written anyway."""
+    try:
+        if not trace_has_drafter(out_dir):
+            return None
+    except ValueError:
+        return None  # no readable trace: write_report raises the error that says what to do
+    try:
+        return replay_section(out_dir)
+    except Exception as exc:  # noqa: BLE001 - the report is written anyway, with a note
+        return {"note": f"replay section skipped: {type(exc).__name__}: {exc}"}

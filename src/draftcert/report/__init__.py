@@ -1,80 +1,71 @@
 """Report of a ``draftcert profile`` run: summary.json, figures, report.md/html.
 
-``write_report(out_dir)`` reads every trace shard ``out_dir/trace/*.parquet``
-(all ranks) and ``out_dir/run.json`` and writes, each atomically:
+``write_report(out_dir)`` reads every trace shard ``out_dir/trace/rank*.parquet``
+(all ranks; ``draftcert.tracefile``) and ``out_dir/run.json`` and writes, each atomically:
 
 * ``summary.json``  -- per-criterion statistics (see ``report/summary.py``)
 * ``figures/*.png`` -- radius CDF, certified fraction by margin, certified
   length against eps, and with a drafter KL-vs-radius and rates by margin
 * ``report.md`` (figures linked relatively) and ``report.html`` (self-contained)
+
+The report does not replay: a caller that wants the "Replay" section computes it
+(``draftcert.replay.report.section_for_report``) and passes it as ``replay=``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .summary import (
-    DEFAULT_EPSILONS,
-    atomic_write,
-    list_shards,
-    load_run,
-    read_trace,
-    run_epsilons,
-    summarize_trace,
-    to_json_value,
-)
+from ..fileio import atomic_write, json_value, write_json
+from ..tracefile import load_run, run_epsilons, run_shards
+from .figures import write_figures
+from .render import print_terminal, render_html, render_markdown
+from .summary import read_trace, run_notes, summarize_trace
 
-__all__ = ["write_report", "DEFAULT_EPSILONS"]
+__all__ = ["write_report"]
 
 
-def write_report(out_dir, *, verbose: bool = True) -> dict:
+def write_report(out_dir, *, replay: dict | None = None, verbose: bool = True) -> dict:
     """Summarise a profile run directory and write the report files into it.
 
-    Returns the summary dict exactly as written to ``summary.json`` (+inf as
-    the string "inf", NaN as null).  ``verbose`` prints a table and the paths.
-    Raises ValueError for a missing/empty trace directory or an unreadable shard.
+    ``replay``: the "Replay" section, appended last, or None for none.  It is the dict of
+    ``draftcert.replay.report.section_for_report(out_dir)`` (None there too when the trace has
+    no drafter): ``{"md": str, "html": str, "figures": [Path], "summary": dict}`` (the summary
+    goes to ``summary.json["replay"]``), or ``{"note": str}`` when the section could not be
+    built (the note is listed with the report's notes).
+
+    Returns the summary dict exactly as written to ``summary.json`` (the JSON rule:
+    non-finite numbers as null; ``report.summary.stat_value`` reads a null radius back as
+    +inf).  ``verbose`` prints a table and the paths.  Raises ValueError for a missing or
+    empty trace folder or an unreadable shard.
     """
-    import json
-
-    from .figures import write_figures
-    from .render import print_terminal, render_html, render_markdown
-
     out_dir = Path(out_dir)
-    shards = list_shards(out_dir)
-    run, notes = load_run(out_dir)
+    shards = run_shards(out_dir)
+    run = load_run(out_dir)
+    notes = run_notes(out_dir, run)
+    if replay is not None and "note" in replay:
+        notes.append(replay["note"])
+        replay = None
     epsilons = run_epsilons(run)
     trace = read_trace(shards)
     summary, plot = summarize_trace(trace, run, epsilons)
     summary["shards"] = len(shards)
     if notes:
         summary["notes"] = list(notes)
-    summary = to_json_value(summary)
-
-    figures = write_figures(summary, plot, out_dir / "figures", trace.has_drafter)
-    replay = _replay_section(out_dir, notes) if trace.has_drafter else None
     if replay is not None:
         summary["replay"] = replay["summary"]
-    paths = [out_dir / "summary.json"]
-    atomic_write(paths[0], json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    summary = json_value(summary)
+
+    figures = write_figures(summary, plot, out_dir / "figures", trace.has_drafter)
+    paths = [write_json(out_dir / "summary.json", summary)]
     md, page = render_markdown(summary, run, notes, figures, out_dir), render_html(summary, run, notes, figures)
-    if replay is not None:  # the replay section (draftcert.replay) goes last
+    if replay is not None:  # the replay section goes last
         md = md.rstrip("\n") + "\n\n" + replay["md"] + "\n"
         page = page.replace("</body></html>", replay["html"] + "</body></html>")
-        figures = figures + replay["figures"]
+        figures = figures + list(replay["figures"])
     atomic_write(out_dir / "report.md", md)
     atomic_write(out_dir / "report.html", page)
     paths += [out_dir / "report.md", out_dir / "report.html"] + figures
     if verbose:
         print_terminal(summary, paths, notes)
     return summary
-
-
-def _replay_section(out_dir: Path, notes: list[str]) -> dict | None:
-    """The "Replay" section (draftcert.replay); a failure there leaves the rest of the report intact."""
-    try:
-        from ..replay.report import replay_section
-
-        return replay_section(out_dir)
-    except Exception as exc:  # noqa: BLE001 - the report is written anyway, with a note
-        notes.append(f"replay section skipped: {type(exc).__name__}: {exc}")
-        return None

@@ -9,18 +9,17 @@
 
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 
 import numpy as np
 
-from .summary import atomic_write, eps_key
-
+from ..fileio import atomic_path
+from .summary import eps_key
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # optional: models extra
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -46,11 +45,11 @@ def _styles(specs: list[str]) -> dict[str, dict]:
             for i, s in enumerate(specs)}
 
 
-def _save(fig, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+def save_png(fig, path: Path) -> None:
+    """Write ``fig`` to ``path`` as PNG atomically and close it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     _plt().close(fig)
-    atomic_write(path, buf.getvalue())
 
 
 def _legend(ax, **kw) -> None:
@@ -94,7 +93,7 @@ def radius_cdf(summary: dict, plot: dict, path: Path) -> None:
     ax.grid(True, alpha=0.25)
     title = "criterion" + ("\n(▶ share of +inf radii:\nnever rejected)" if notes else "")
     _legend(ax, fontsize=8, loc="upper left", title=title, title_fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def _bin_centers(edges: list[float]) -> np.ndarray:
@@ -138,7 +137,7 @@ def certified_by_margin(summary: dict, path: Path) -> None:
     fig.suptitle(f"Certified fraction by target-margin bin (steps per bin: {', '.join(map(str, steps))}; "
                  "points of a bin are spread slightly so that equal values stay visible)", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def certified_length(summary: dict, plot: dict, path: Path) -> None:
@@ -173,7 +172,7 @@ def certified_length(summary: dict, plot: dict, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.25)
     _legend(ax, fontsize=8, title="criterion\n(dotted: run epsilons)", title_fontsize=8,
               loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def kl_vs_radius(summary: dict, plot: dict, path: Path) -> None:
@@ -210,7 +209,7 @@ def kl_vs_radius(summary: dict, plot: dict, path: Path) -> None:
     fig.suptitle(f"Drafter forward KL against acceptance radius ({n} steps shown)\n"
                  "points below the diagonal are certified; red points there would be soundness violations", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def rates_by_margin(summary: dict, path: Path) -> None:
@@ -242,7 +241,7 @@ def rates_by_margin(summary: dict, path: Path) -> None:
     fig.suptitle("Drafter acceptance rate and certified rate (forward KL < radius) by target-margin bin\n"
                  f"(steps per bin: {', '.join(map(str, counts))})", fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def write_figures(summary: dict, plot: dict, fig_dir: Path, has_drafter: bool) -> list[Path]:

@@ -6,9 +6,11 @@ import base64
 import html
 import json
 import math
+import os
 from pathlib import Path
 
-from .summary import eps_key
+from ..textfit import column_groups
+from .summary import eps_key, stat_value
 
 HOW_TO_READ = (
     "Each verification rule (criterion) accepts a drafted token exactly when the token is not in a "
@@ -34,7 +36,7 @@ def fmt(x, digits: int = 4) -> str:
     if x is None:
         return "n/a"
     if isinstance(x, str):
-        return "+inf" if x == "inf" else x
+        return x
     if isinstance(x, bool):
         return str(x)
     if isinstance(x, int):
@@ -57,9 +59,11 @@ def table_rows(summary: dict, digits: int = 4) -> tuple[list[str], list[list[str
     if drafter:
         head += ["accept rate", "certified rate", "soundness violations"]
     rows = []
+    finite = summary["finite_steps"]
     for s in summary["criteria"]:
         d = summary[s]
-        vals = [d["radius_q05"], d["radius_median"], d["certified_fraction"][eps], d["certified_length"][eps]]
+        vals = [stat_value(d["radius_q05"], finite), stat_value(d["radius_median"], finite),
+                d["certified_fraction"][eps], d["certified_length"][eps]]
         if drafter:
             vals += [d.get("accept_rate"), d.get("certified_rate"), d.get("soundness_violations")]
         row = [s] + [fmt(v, digits) for v in vals]
@@ -85,7 +89,7 @@ def metadata_rows(summary: dict, run: dict, notes: list[str]) -> list[tuple[str,
     if v:
         rows.append(("versions", ", ".join(f"{k} {val}" for k, val in v.items())))
     if "drafter_kl_forward" in summary:
-        k = summary["drafter_kl_forward"]
+        k = {key: stat_value(v, summary["drafter_steps"]) for key, v in summary["drafter_kl_forward"].items()}
         rows.append(("drafter KL(p||q) (nats)", f"q05 {fmt(k['q05'])}, median {fmt(k['median'])}, mean {fmt(k['mean'])}"))
     for n in notes:
         rows.append(("note", n))
@@ -125,7 +129,7 @@ FIGURE_TITLES = {
 def markdown_to_html(text: str) -> str:
     """CommonMark -> HTML (markdown-it-py, which rich already depends on): *emphasis* becomes
     <em>, and any HTML in the text is escaped, not passed through."""
-    from markdown_it import MarkdownIt
+    from markdown_it import MarkdownIt  # optional: models extra
 
     return MarkdownIt("commonmark", {"html": False}).render(text).strip()
 
@@ -171,9 +175,7 @@ def _fit_widths(head: list[str], rows: list[list[str]], cols: list[int], budget:
 def terminal_tables(summary: dict, width: int) -> list:
     """The summary as rich Tables that fit ``width`` columns without cutting any cell: the
     columns are split over stacked tables (each repeating the criterion) when one is too wide."""
-    from rich.table import Table
-
-    from ..textfit import column_groups
+    from rich.table import Table  # optional: models extra
 
     head, rows = table_rows(summary, digits=3)
     short = {"radius q05": "radius q05", "radius median": "radius median", "accept rate": "accept",
@@ -202,9 +204,7 @@ def terminal_tables(summary: dict, width: int) -> list:
 
 def print_terminal(summary: dict, paths: list[Path], notes: list[str], console=None) -> None:
     """The summary table(s) on the terminal, at its width (``$COLUMNS``; 140 when piped)."""
-    import os
-
-    from rich.console import Console
+    from rich.console import Console  # optional: models extra
 
     if console is None:
         console = Console()

@@ -1,9 +1,9 @@
 """Read a profile run's traces and reduce them to summary statistics.
 
 Input: ``DIR/trace/*.parquet`` (one shard per batch per rank, one row per
-generated step) and ``DIR/run.json``.  Only the columns the report needs are
-read, shard by shard and row group by row group, straight into numpy arrays
-(never Python lists of rows).
+generated step; the format is ``draftcert.tracefile``'s) and ``DIR/run.json``.
+Only the columns the report needs are read, shard by shard and row group by
+row group, straight into numpy arrays (never Python lists of rows).
 
 Conventions (all statistics are over *finite* steps, i.e. rows whose target
 logits were finite; ``nonfinite_steps`` counts the others):
@@ -22,19 +22,33 @@ logits were finite; ``nonfinite_steps`` counts the others):
   ``certified_rate`` = mean of ``certified/<spec>`` (forward KL < radius),
   ``soundness_violations`` = #rows (all rows) with certified and not accepted;
   the theory says it is 0, so any other value is a bug upstream.
+
+In ``summary.json`` (the JSON rule of ``draftcert.fileio``: non-finite -> null) a
+statistic over no steps at all is null (e.g. every step nonfinite), and a null radius
+quantile or drafter KL over at least one step is +inf (no drafter is rejected there):
+``stat_value`` reads them back.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..certificates import DEFAULT_EPSILONS, certified_run_length
+from ..tracefile import (
+    RADIUS_FAMILY,
+    accepted_column,
+    certified_column,
+    column_specs,
+    has_drafter_columns,
+    radius_column,
+    read_columns,
+    shard_columns,
+)
+
 # Bins of the target margin p(1st) - p(2nd) in [0, 1]; the last bin includes 1.
 MARGIN_EDGES = tuple(round(x, 2) for x in np.linspace(0.0, 1.0, 11))
 # Continuous epsilon grid (nats) for the certified-length curve.
@@ -42,7 +56,6 @@ EPS_GRID = tuple(float(x) for x in np.logspace(-3, 1, 161))
 QUANTILES = {"q05": 0.05, "median": 0.5}
 SCATTER_POINTS = 6000  # subsample of (radius, KL) pairs kept for the scatter plot
 CDF_POINTS = 2000  # order statistics kept per radius CDF curve
-RADIUS_PREFIXES = ("radius/", "radius_reverse/", "radius_tv/")
 
 
 def eps_key(eps: float) -> str:
@@ -50,62 +63,26 @@ def eps_key(eps: float) -> str:
     return f"{float(eps):g}"
 
 
+def stat_value(x, steps: int):
+    """A radius quantile or drafter-KL statistic of ``summary.json`` as a number: null over
+    ``steps`` >= 1 steps is +inf (the JSON rule writes +inf as null), over no step it stays None."""
+    return math.inf if x is None and steps else x
+
+
 # ----------------------------------------------------------------------------- reading
 
 
-def load_run(out_dir: Path) -> tuple[dict, list[str]]:
-    """run.json as a dict (empty when missing) and notes on what was defaulted."""
-    path = out_dir / "run.json"
+def run_notes(out_dir: Path, run: dict) -> list[str]:
+    """What the report says about ``run.json`` (``tracefile.load_run``'s dict): missing, or the
+    run not complete."""
+    path = Path(out_dir) / "run.json"
     if not path.exists():
-        return {}, [f"{path} not found: using defaults (epsilons {', '.join(map(eps_key, DEFAULT_EPSILONS))}); metadata unknown"]
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"run.json: {path} is not valid JSON ({exc}); fix or delete it and rerun the report") from None
-    if not isinstance(run, dict):
-        raise ValueError(f"run.json: {path} must hold a JSON object, got {type(run).__name__}")
-    notes = []
+        return [f"{path} not found: using defaults (epsilons {', '.join(map(eps_key, DEFAULT_EPSILONS))}); metadata unknown"]
     status = run.get("status")
     if status is not None and status != "complete":
-        notes.append(f"run.json status is {status!r}: the run is not complete; statistics cover the shards written so far "
-                     f"(rerun `draftcert profile` with the same arguments to finish it)")
-    return run, notes
-
-
-def run_epsilons(run: dict) -> list[float]:
-    eps = run.get("epsilons")
-    if eps is None:
-        return list(DEFAULT_EPSILONS)
-    if isinstance(eps, str):
-        eps = [e for e in eps.replace(" ", "").split(",") if e]
-    try:
-        vals = sorted({float(e) for e in eps})
-    except (TypeError, ValueError):
-        raise ValueError(f"run.json: epsilons must be a list of numbers, got {eps!r}") from None
-    if not vals or any(not (0 < e < math.inf) for e in vals):
-        raise ValueError(f"run.json: epsilons must be finite and > 0, got {eps!r}")
-    return vals
-
-
-def list_shards(out_dir: Path) -> list[Path]:
-    trace = out_dir / "trace"
-    if not out_dir.is_dir():
-        raise ValueError(f"out_dir: {out_dir} is not a directory; pass the output directory of `draftcert profile`")
-    if not trace.is_dir():
-        raise ValueError(f"out_dir: {trace} does not exist; run `draftcert profile --out {out_dir}` first")
-    # dotfiles are in-flight temporaries of an atomic write, not shards
-    shards = sorted(p for p in trace.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
-    if not shards:
-        raise ValueError(f"out_dir: no trace shards ({trace}/*.parquet); run `draftcert profile --out {out_dir}` first")
-    return shards
-
-
-def _bad_shard(path: Path, exc: Exception) -> ValueError:
-    return ValueError(
-        f"trace shard {path} cannot be read ({type(exc).__name__}: {exc}); it is probably truncated by an "
-        f"interrupted run: delete it and rerun `draftcert profile` with the same arguments (it resumes and "
-        f"recomputes only the missing batches), then rerun the report"
-    )
+        return [f"run.json status is {status!r}: the run is not complete; statistics cover the shards written so far "
+                f"(rerun `draftcert profile` with the same arguments to finish it)"]
+    return []
 
 
 @dataclass
@@ -119,7 +96,7 @@ class Trace:
     margin: np.ndarray  # float64
     nonfinite: np.ndarray  # bool
     specs: list[str]
-    radius: dict[str, dict[str, np.ndarray]]  # prefix ("radius"|"radius_reverse"|"radius_tv") -> spec -> float64
+    radius: dict[str, dict[str, np.ndarray]]  # divergence ("forward"|"reverse"|"tv") -> spec -> float64
     kl: np.ndarray | None = None  # forward KL per row when a drafter ran
     draft_nonfinite: np.ndarray | None = None  # drafter logits non-finite (target may be fine)
     accepted: dict[str, np.ndarray] = field(default_factory=dict)
@@ -131,93 +108,38 @@ class Trace:
 
 
 def read_trace(shards: list[Path]) -> Trace:
-    """Stream the needed columns of every shard into numpy arrays."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    try:
-        names = pq.read_schema(shards[0]).names
-    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for truncated files
-        raise _bad_shard(shards[0], exc) from None
-    specs = [c.split("/", 1)[1] for c in names if c.startswith("radius/")]
+    """Stream the columns the report needs from every shard (``tracefile.read_columns``)."""
+    names = shard_columns(shards[0])
+    specs = column_specs(names, RADIUS_FAMILY["forward"])
     if not specs:
         raise ValueError(f"trace shard {shards[0]} has no radius/<spec> columns; is it a draftcert profile trace?")
     required = ["prompt_id", "position", "target_margin"]
     missing = [c for c in required if c not in names]
     if missing:
         raise ValueError(f"trace shard {shards[0]} lacks column(s) {', '.join(missing)}; is it a draftcert profile trace?")
-    radius_cols = [c for c in names if c.startswith(RADIUS_PREFIXES) and c.split("/", 1)[1] in specs]
-    has_drafter = "kl_forward" in names
-    cols = required + (["nonfinite"] if "nonfinite" in names else []) + radius_cols
+    radius_cols = {d: {s: radius_column(s, d) for s in specs if radius_column(s, d) in names} for d in RADIUS_FAMILY}
+    radius_cols = {d: cs for d, cs in radius_cols.items() if cs}
+    has_drafter = has_drafter_columns(names) and "kl_forward" in names
+    # a column of the first shard is needed in every shard: the shards of one run share their columns
+    cols = required + (["nonfinite"] if "nonfinite" in names else []) + [c for cs in radius_cols.values() for c in cs.values()]
     if has_drafter:
-        cols += ["kl_forward"] + (["draft_nonfinite"] if "draft_nonfinite" in names else []) + [f"{k}/{s}" for k in ("accepted", "certified") for s in specs if f"{k}/{s}" in names]
-
-    # Pass 1: validate every shard's footer and columns, count rows (metadata only).
-    n = 0
-    for path in shards:
-        # pyarrow signals a truncated/corrupt file with ArrowInvalid (a ValueError subclass) or OSError
-        try:
-            f = pq.ParquetFile(path)
-            have = set(f.schema_arrow.names)
-            n += f.metadata.num_rows
-        except Exception as exc:
-            raise _bad_shard(path, exc) from None
-        lack = [c for c in cols if c not in have]
-        if lack:
-            raise ValueError(
-                f"trace shard {path} lacks column(s) {', '.join(lack[:5])} that {shards[0].name} has; "
-                f"all shards of one run must share criteria: delete the odd shard(s) and rerun `draftcert profile`"
-            )
-    if n == 0:
-        raise ValueError(f"trace: the shards under {shards[0].parent} hold no rows; rerun `draftcert profile`")
-
-    # Pass 2: stream record batches into preallocated arrays (no concatenation copies).
-    dtypes = {"position": np.int64, "nonfinite": bool, "draft_nonfinite": bool, "prompt_id": np.int64}
-    for c in cols:
-        dtypes.setdefault(c, bool if c.startswith(("accepted/", "certified/")) else np.float64)
-    data = {c: np.empty(n, dtypes[c]) for c in cols}
-    codes: dict[str, int] = {}  # prompt_id -> 0..P-1 in order of first appearance
-    at = 0
-    for path in shards:
-        try:
-            for batch in pq.ParquetFile(path).iter_batches(columns=cols, batch_size=1 << 16):
-                m = batch.num_rows
-                for c in cols:
-                    arr = batch.column(c)
-                    if c == "prompt_id":
-                        if arr.null_count:
-                            raise ValueError("prompt_id has null values")
-                        arr = arr.cast(pa.string())
-                        local = pc.unique(arr)
-                        lut = np.array([codes.setdefault(str(v), len(codes)) for v in local.to_pylist()], np.int64)
-                        data[c][at : at + m] = lut[pc.index_in(arr, value_set=local).to_numpy()]
-                    else:
-                        data[c][at : at + m] = arr.to_numpy(zero_copy_only=False)
-                at += m
-        except Exception as exc:
-            raise _bad_shard(path, exc) from None
-    if at != n:
-        raise ValueError(f"trace: read {at} rows but the shard footers declare {n}; delete the trace and rerun `draftcert profile`")
-
-    prompt = data["prompt_id"]
-    prompt_names = list(codes)
+        cols += ["kl_forward"] + (["draft_nonfinite"] if "draft_nonfinite" in names else [])
+        cols += [c for s in specs for c in (accepted_column(s), certified_column(s)) if c in names]
+    data = read_columns(shards, cols)
+    n = data.n
     position = data["position"]
     if (position < 0).any():
         raise ValueError("trace: negative positions; the trace is corrupt, delete it and rerun `draftcert profile`")
 
-    radius: dict[str, dict[str, np.ndarray]] = {}
-    for c in radius_cols:
-        prefix, spec = c.split("/", 1)
-        radius.setdefault(prefix, {})[spec] = data[c]
-    nonfinite = data["nonfinite"] if "nonfinite" in cols else np.zeros(n, bool)
+    radius = {d: {s: data[c] for s, c in cs.items()} for d, cs in radius_cols.items()}
+    nonfinite = data["nonfinite"] if "nonfinite" in data else np.zeros(n, bool)
     # A NaN radius is only legitimate on a nonfinite step; treat it as one either way.
-    for r in radius["radius"].values():
+    for r in radius["forward"].values():
         nonfinite = nonfinite | np.isnan(r)
     tr = Trace(
         n=n,
-        prompt=prompt,
-        prompt_names=prompt_names,
+        prompt=data["prompt_id"],
+        prompt_names=data.prompt_names,
         position=position,
         margin=data["target_margin"],
         nonfinite=nonfinite,
@@ -226,9 +148,9 @@ def read_trace(shards: list[Path]) -> Trace:
     )
     if has_drafter:
         tr.kl = data["kl_forward"]
-        tr.draft_nonfinite = data["draft_nonfinite"] if "draft_nonfinite" in cols else np.zeros(n, bool)
-        tr.accepted = {s: data[f"accepted/{s}"] for s in specs if f"accepted/{s}" in cols}
-        tr.certified = {s: data[f"certified/{s}"] for s in specs if f"certified/{s}" in cols}
+        tr.draft_nonfinite = data["draft_nonfinite"] if "draft_nonfinite" in data else np.zeros(n, bool)
+        tr.accepted = {s: data[accepted_column(s)] for s in specs if accepted_column(s) in data}
+        tr.certified = {s: data[certified_column(s)] for s in specs if certified_column(s) in data}
     return tr
 
 
@@ -406,18 +328,18 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
     by_bin: dict[str, dict] = {}
     plot = {"cdf": {}, "curve": {}, "scatter": {}, "eps_grid": list(EPS_GRID)}
     for spec in tr.specs:
-        r_all = tr.radius["radius"][spec]
+        r_all = tr.radius["forward"][spec]
         r = r_all[valid]
         if (r < 0).any():
             raise ValueError(f"trace: column radius/{spec} has negative values; the trace is corrupt")
         d: dict = {}
         for name, q in QUANTILES.items():
             d[f"radius_{name}"] = quantile(r, q)
-        for prefix in ("radius_reverse", "radius_tv"):
-            if spec in tr.radius.get(prefix, {}):
-                rr = tr.radius[prefix][spec][valid]
+        for div in ("reverse", "tv"):
+            if spec in tr.radius.get(div, {}):
+                rr = tr.radius[div][spec][valid]
                 for name, q in QUANTILES.items():
-                    d[f"{prefix}_{name}"] = quantile(rr, q)
+                    d[f"{RADIUS_FAMILY[div]}_{name}"] = quantile(rr, q)
         d["inf_fraction"] = float(np.isinf(r).mean()) if nvalid else math.nan
         d["certified_fraction"] = {eps_key(e): float((r >= e).mean()) if nvalid else math.nan for e in epsilons}
         g = grid.grid(r_all)
@@ -470,37 +392,3 @@ def summarize_trace(tr: Trace, run: dict, epsilons: list[float]) -> tuple[dict, 
         summary["drafter_kl_forward"] = {"q05": quantile(kl, 0.05), "median": quantile(kl, 0.5), "mean": float(kl.mean()) if ndvalid else math.nan}
         summary["margin_bins"]["drafter_steps"] = [int(c) for c in np.bincount(dbins, minlength=nb)]
     return summary, plot
-
-
-# ----------------------------------------------------------------------------- JSON
-
-
-def to_json_value(x):
-    """Strict JSON: +inf -> "inf", -inf -> "-inf", NaN -> null (no bare Infinity/NaN tokens)."""
-    if isinstance(x, dict):
-        return {str(k): to_json_value(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_json_value(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        x = float(x)
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write to a temporary sibling, then os.replace: readers never see a partial file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
