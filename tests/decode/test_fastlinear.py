@@ -1,4 +1,4 @@
-"""Dual-layout linear layers (``draftcert.decode.fastlinear``): same function, kept in sync, lossless decoding."""
+"""Dual-layout linear layers (``draftcert.models.fastlinear``): same function, kept in sync, lossless decoding."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from draftcert.decode import fastlinear, greedy_generate, speculative_generate
-from draftcert.models import tiny_qwen3
+from draftcert.decode import greedy_generate, speculative_generate
+from draftcert.models import fastlinear, loading, tiny_qwen3
 
 
 @pytest.fixture()
@@ -92,8 +92,6 @@ def test_strict_decoding_on_a_dual_layout_target_is_lossless(pair, tree, k):
 def test_load_target_turns_it_on_only_for_models_that_fit(tmp_path, monkeypatch):
     """Auto (fast_linear=None): on for small CPU models, off once the copies would exceed the cap
     (they double the linear weights' memory); True/False force it."""
-    from draftcert.models import loading
-
     model, tok = tiny_qwen3(seed=0)
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")

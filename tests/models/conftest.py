@@ -1,3 +1,5 @@
+"""Shared setup for the model tests: one torch thread per test module on a shared machine."""
+
 import pytest
 import torch
 

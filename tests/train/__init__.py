@@ -1,0 +1,1 @@
+"""Tests of draftcert.train: the feature (EAGLE-style) drafter's training, save/load and decoding."""

@@ -6,19 +6,23 @@ All on a tiny random Qwen3 target built in code (float64, so that a k-token veri
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
 
 import draftcert as dc
+from draftcert.cli import main
 from draftcert.decode import greedy_generate, speculative_generate
 from draftcert.decode.feature import FeatureDrafter
-from draftcert.models import tiny_qwen3
-from draftcert.models.eagle import EagleDrafter, load_eagle, save_eagle
+from draftcert.models import load_drafter, load_target, tiny_qwen3
+from draftcert.models.eagle import EagleDrafter, load_eagle, save_eagle, target_features
+from draftcert.prompts import encode_prompt
 from draftcert.train import TrainConfig, train_drafter
-from draftcert.train.data import HeldOut
-from draftcert.train.loop import _collate, _radii_of, batch_loss
+from draftcert.train import loop as train_loop
+from draftcert.train.data import HeldOut, collate, radii_of
+from draftcert.train.objective import batch_loss, kl_full
 
 HELD = ["Write a haiku about rain.", "def add(a, b):\n    \"\"\"Return a + b.\"\"\""]
 
@@ -58,12 +62,12 @@ def test_a_few_steps_reduce_the_loss(tiny, trained, objective):
     data = torch.load(trained[1] / "data.pt", weights_only=False)
     ex = data["examples"]
     cfg = _cfg(objective=objective)
-    _radii_of(target, ex, cfg.criterion, lambda m: None)
+    radii_of(target, ex, cfg.criterion, lambda m: None)
     torch.manual_seed(0)
     d = EagleDrafter(target, torch.arange(64)).to(torch.float64)
     d.train()
     hw = d.head_weight().detach()
-    batch = _collate(ex, list(range(4)), torch.float64, "cpu")
+    batch = collate(ex, list(range(4)), torch.float64, "cpu")
     opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=3e-3)
     losses = []
     for _ in range(15):
@@ -134,8 +138,6 @@ def test_reduced_vocabulary_gives_finite_divergences(tiny, trained):
     assert (qp > 0).all()
     assert torch.allclose(qp[:, oov], qp[:, oov][:, :1].expand(-1, int(oov.sum())))
     # the KL used in training equals the library's divergence on the full vocabulary
-    from draftcert.train.loop import kl_full
-
     red = q[:, d.vocab_ids]
     tail = torch.logsumexp(q[:, oov], -1)
     assert torch.allclose(kl_full(p, red, tail, d.vocab_ids, d.vocab_size).double(), torch.as_tensor(kl).double(), atol=1e-5)
@@ -190,8 +192,6 @@ def test_corrupt_or_foreign_files_are_refused(tiny, trained, tmp_path):
     with pytest.raises(ValueError, match="format"):
         load_eagle(bad, target)
     # through the drafter spec used by the CLI
-    from draftcert.models import load_drafter
-
     with pytest.raises(ValueError):
         load_drafter(str(bad), target, None)
 
@@ -211,17 +211,15 @@ def test_training_prompts_never_overlap_heldout(tiny, trained):
 
 def test_embedded_heldout_sets_are_excluded_from_training(monkeypatch, tiny, tmp_path):
     """The default held-out set is every MT-Bench and HumanEval prompt, and generation filters on it."""
-    import draftcert.train.data as data_mod
-
     seen = {}
-    real = data_mod.HeldOut
+    real = train_loop.HeldOut
 
     def spy(texts, n=8):
         seen["texts"] = list(texts)
         return real(texts, n)
 
-    monkeypatch.setattr(data_mod, "heldout_texts", lambda: ["mt-bench prompt one two three", "humaneval prompt"])
-    monkeypatch.setattr(data_mod, "HeldOut", spy)
+    monkeypatch.setattr(train_loop, "heldout_texts", lambda: ["mt-bench prompt one two three", "humaneval prompt"])
+    monkeypatch.setattr(train_loop, "HeldOut", spy)
     target, tok = tiny
     train_drafter(_cfg(epochs=0.1), tmp_path, target=target, tokenizer=tok, progress=False, quiet=True)
     assert seen["texts"] == ["mt-bench prompt one two three", "humaneval prompt"]
@@ -240,40 +238,32 @@ def test_feature_drafter_first_round_is_the_prefill(tiny, trained):
 
 @pytest.fixture(scope="module")
 def ckpt_and_drafter(tmp_path_factory):
-    import draftcert.train.data as data_mod
-    from draftcert.cli import main
 
     model, tok = _target(seed=2)
     model.to(torch.float32)
     root = tmp_path_factory.mktemp("cli")
     model.save_pretrained(root / "ckpt")
     tok.save_pretrained(root / "ckpt")
-    real = data_mod.heldout_texts
-    data_mod.heldout_texts = lambda: HELD  # no download in CI
+    real = train_loop.heldout_texts
+    train_loop.heldout_texts = lambda: HELD  # no download in CI
     try:
         rc = main(["train-drafter", "--target", str(root / "ckpt"), "--out", str(root / "run"), "--examples", "6",
                    "--heldout-examples", "2", "--max-new-tokens", "12", "--draft-vocab", "64", "--epochs", "2",
                    "--batch-tokens", "128", "--quiet"])
     finally:
-        data_mod.heldout_texts = real
+        train_loop.heldout_texts = real
     assert rc == 0
     assert (root / "run" / "train.log").is_file() and (root / "run" / "train.json").is_file()
     return str(root / "ckpt"), str(root / "run" / "drafter.safetensors")
 
 
 def test_cli_decode_with_trained_drafter_is_lossless(ckpt_and_drafter, capsys):
-    import json as _json
-
-    from draftcert.cli import main
-    from draftcert.models import load_target
-    from draftcert.prompts import encode_prompt
-
     ckpt, drafter = ckpt_and_drafter
     for extra in ([], ["--tree", "2,3"]):
         rc = main(["decode", "--target", ckpt, "--drafter", drafter, "--prompt", "hello there", "-k", "3",
                    "--max-new-tokens", "12", "--json", *extra])
         assert rc == 0
-        lines = [_json.loads(l) for l in capsys.readouterr().out.splitlines()]
+        lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
         toks = [t for r in lines[:-1] for t in r["emitted"]]
         model, tok = load_target(ckpt)
         ref = greedy_generate(model, encode_prompt(tok, "hello there"), 12)
@@ -281,8 +271,6 @@ def test_cli_decode_with_trained_drafter_is_lossless(ckpt_and_drafter, capsys):
 
 
 def test_cli_profile_with_trained_drafter(ckpt_and_drafter, tmp_path, capsys):
-    from draftcert.cli import main
-
     ckpt, drafter = ckpt_and_drafter
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello there\nwrite a list\n")
@@ -293,8 +281,6 @@ def test_cli_profile_with_trained_drafter(ckpt_and_drafter, tmp_path, capsys):
 
 
 def test_cli_refuses_corrupt_or_mismatched_drafter(ckpt_and_drafter, tmp_path, capsys):
-    from draftcert.cli import main
-
     ckpt, drafter = ckpt_and_drafter
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x00" * 64)
@@ -309,8 +295,6 @@ def test_cli_refuses_corrupt_or_mismatched_drafter(ckpt_and_drafter, tmp_path, c
 
 def test_features_collected_while_generating_match_a_teacher_forced_pass(tiny, trained):
     """The stored features are the target's final hidden states at every kept position."""
-    from draftcert.models.eagle import target_features
-
     target, _ = tiny
     data = torch.load(trained[1] / "data.pt", weights_only=False)
     for e in data["examples"][:3]:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
+from ..train import OBJECTIVES, TrainConfig, train_drafter
+
 _EXAMPLES = """examples:
   draftcert train-drafter --out runs/drafter                       # embedded target, certificate objective
   draftcert train-drafter --out runs/drafter-kl --objective kl --data runs/drafter/data.pt
@@ -17,8 +21,6 @@ Interrupt at any time; rerunning the same command resumes from the last checkpoi
 
 
 def add_parser(subparsers) -> None:
-    from ..train.loop import OBJECTIVES, TrainConfig
-
     d = TrainConfig()
     p = subparsers.add_parser(
         "train-drafter",
@@ -49,10 +51,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from ..train.loop import TrainConfig, train_drafter
-
     if args.threads:
         torch.set_num_threads(args.threads)
     for name in ("examples", "max_new_tokens", "draft_vocab", "ttt", "batch_tokens"):

@@ -10,58 +10,23 @@ Interface (duck-typed; both classes below implement it)::
 A chain of k drafts is ``widths = [1] * k``.  ``expand_all=False`` grows only
 the drafter's greedy child at each depth (``tree=(m, depth)``);
 ``expand_all=True`` expands every node (a static full tree ``[w1, w2, ...]``).
+
+The drafters with a distribution (``ModelDrafter`` here, ``feature.FeatureDrafter``) grow their
+trees with ``propose.grow_tree``: one loop, one tie rule (lower token id first among equal q).
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from .tree import DraftTree, keep_cache, tree_attention_mask, tree_position_ids
+from ..models import load_drafter
+from ..models.eagle import EagleDrafter
+from ..models.hf import model_forward, new_cache
+from .feature import FeatureDrafter
+from .propose import grow_tree
+from .tree import DraftTree, keep_cache
 
-__all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter", "new_cache", "model_forward", "vocab_size_of"]
-
-
-def new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
-def _cache_kwarg(model) -> str:
-    """transformers 5.x calls the cache argument ``cache`` (``past_key_values`` is a deprecated alias)."""
-    name = getattr(model, "_draftcert_cache_kwarg", None)
-    if name is None:
-        params = inspect.signature(model.forward).parameters
-        name = "cache" if "cache" in params else "past_key_values"
-        try:
-            model._draftcert_cache_kwarg = name
-        except Exception:  # pragma: no cover
-            pass
-    return name
-
-
-def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
-    """One forward pass of ``ids`` after ``cache``; returns logits of the last ``keep`` positions (keep, V)."""
-    dev = model.device
-    kw = {_cache_kwarg(model): cache}
-    out = model(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-        attention_mask=mask,
-        position_ids=position_ids,
-        use_cache=True,
-        logits_to_keep=keep,
-        **kw,
-    )
-    return out.logits[0, -keep:]
-
-
-def vocab_size_of(model) -> int:
-    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if emb is not None and getattr(emb, "weight", None) is not None:
-        return int(emb.weight.shape[0])
-    return int(model.config.vocab_size)
+__all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter"]
 
 
 class ModelDrafter:
@@ -90,45 +55,19 @@ class ModelDrafter:
         return model_forward(self.model, self.cache, ids, keep, mask, pos)
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
-        tree = DraftTree()
         self.fed = []
-        n_seq = len(seq)
         if not widths:
-            return tree
+            return DraftTree()
         # Depth 1: catch up on the tokens the drafter has not seen; the last row is q at the root.
-        front_q = self._fwd(seq[self.n_valid :], 1)
-        self.n_valid = n_seq
-        front = [-1]
-        q_rows, anc = [], None
-        for d, w in enumerate(widths, 1):
-            q_rows.append(front_q)
-            if w == 1:
-                top = front_q.argmax(-1, keepdim=True)  # torch.argmax: lowest index among ties
-            else:
-                top = torch.topk(front_q, w, dim=-1).indices
-            new_nodes = []
-            for f, row in zip(front, top.tolist()):
-                tree.expanded.append(f)
-                tree.widths.append(w)
-                new_nodes.append([tree.add(t, f) for t in row])
-            if d == len(widths):
-                break
-            if not expand_all:
-                # Only the greedy child continues: the fed nodes form a chain, plain causal attention.
-                nxt = new_nodes[0][0]
-                self.fed.append(nxt)
-                front_q = self._fwd([tree.tokens[nxt]], 1)
-                front = [nxt]
-            else:
-                front = [n for grp in new_nodes for n in grp]
-                anc = tree.ancestors(self.model.device)
-                kv = torch.tensor(self.fed + front, device=anc.device)
-                qn = torch.tensor(front, device=anc.device)
-                mask = tree_attention_mask(n_seq, 0, anc, kv, qn, self.model.dtype)
-                pos = tree_position_ids(n_seq, 0, torch.tensor([tree.depths[n] for n in front], device=anc.device))
-                front_q = self._fwd([tree.tokens[n] for n in front], len(front), mask, pos)
-                self.fed.extend(front)
-        tree.q = torch.cat(q_rows, 0)
+        root_q = self._fwd(seq[self.n_valid :], 1)
+        self.n_valid = n_seq = len(seq)
+
+        def feed(tree, nodes, mask, pos):
+            # a chain (mask None) continues the cache: the model's own positions are the nodes'
+            return self._fwd([tree.tokens[n] for n in nodes], len(nodes), mask, pos if mask is not None else None)
+
+        tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, device=self.model.device,
+                                   dtype=self.model.dtype)
         return tree
 
     def accept(self, path: list[int]) -> None:
@@ -221,10 +160,6 @@ def make_drafter(drafter, target=None, tokenizer=None):
         name, _, arg = drafter.partition(":")
         if name in ("prompt-lookup", "pld"):
             return PromptLookupDrafter(max_ngram=int(arg)) if arg else PromptLookupDrafter()
-        try:
-            from draftcert.models import load_drafter
-        except ImportError as exc:
-            raise ValueError(f"drafter: {drafter!r} needs draftcert.models (not available: {exc})") from None
         return _wrap_model(load_drafter(drafter, target, tokenizer), target)
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
@@ -236,11 +171,7 @@ def make_drafter(drafter, target=None, tokenizer=None):
 
 def _wrap_model(model, target):
     """A feature drafter (``models.eagle.EagleDrafter``, bound to ``target``) or a plain causal LM."""
-    from ..models.eagle import EagleDrafter
-
     if isinstance(model, EagleDrafter):
-        from .feature import FeatureDrafter
-
         if target is not None:
             model.bind(target)  # ValueError if it was trained for another target
         return FeatureDrafter(model)

@@ -4,6 +4,10 @@
 - ``load_drafter(spec, target, tokenizer)``: "self:skip=..", "self:quant=..", or a separate model.
 - ``check_compatible``: refuse drafters whose vocabulary/tokenizer differs from the target's.
 - ``tiny_qwen3``: a tiny random Qwen3 (+ byte-level tokenizer) built in code, for tests.
+
+Submodules: ``hf`` (the transformers adapter: cache argument and creation, forward passes with or
+without hidden states, EOS and pad ids, left padding, dtype names), ``fastlinear`` (dual-layout
+linear weights for cheaper multi-token passes on CPU), ``eagle`` (the feature drafter).
 """
 
 from .drafters import (

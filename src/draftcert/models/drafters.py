@@ -33,6 +33,13 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+import torch
+import torch.nn as nn
+
+from .eagle import load_eagle, resolve_spec
+from .hf import parse_dtype
+from .loading import load_target
+
 # Chosen with benchmarks/bench_drafters.py on the embedded SmolLM2-135M-Instruct (Q4_1) target:
 # 20 MT-Bench prompts x 32 greedy target tokens = 640 positions, teacher-forced argmax agreement.
 #   single-layer skips: 0.02 (layer 0), 0.17 (1), 0.53 (2), 0.79 (3), 0.80 (4), 0.795 (5),
@@ -120,8 +127,6 @@ def _decoder_layers(model):
 
 def skip_layers(model, layers_to_skip) -> None:
     """In place: remove decoder layers and renumber the survivors' KV-cache slots."""
-    import torch.nn as nn
-
     layers = _decoder_layers(model)
     n = len(layers)
     bad = [i for i in layers_to_skip if not 0 <= i < n]
@@ -151,8 +156,6 @@ def quantize_rtn_(weight, bits: int, group: int = 0) -> None:
     Per output channel if ``group == 0``, else per ``group`` consecutive input columns
     (``in`` must be divisible by ``group``).  Computed in float32, written back in w's dtype.
     """
-    import torch
-
     out_f, in_f = weight.shape
     g = in_f if group == 0 else group
     if in_f % g:
@@ -171,8 +174,6 @@ def quantize_rtn_(weight, bits: int, group: int = 0) -> None:
 
 def quantize_linears(model, bits: int, group: int = 0) -> int:
     """RTN-requantise every nn.Linear inside the decoder layers; returns how many."""
-    import torch.nn as nn
-
     count = 0
     for layer in _decoder_layers(model):
         for mod in layer.modules():
@@ -248,21 +249,17 @@ def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"drafter spec must be 'self:...', a local path or a hub id, got {spec!r}")
+    torch_dtype = parse_dtype(dtype)
     if spec.startswith("self:"):
         drafter = derive_drafter(target, spec)
-        if dtype is not None:
-            from .loading import _resolve_dtype
-
-            drafter.to(_resolve_dtype(dtype))
+        if torch_dtype is not None:
+            drafter.to(torch_dtype)
         return drafter.to(device)
     if spec == "self":
         raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
-    from .eagle import load_eagle, resolve_spec
-
     if resolve_spec(spec) is not None:  # a feature drafter: eagle:NAME, a .safetensors file or its directory
-        return load_eagle(spec, target, dtype=target.get_output_embeddings().weight.dtype if dtype is None else dtype).to(device)
-    from .loading import load_target
-
+        head_dtype = target.get_output_embeddings().weight.dtype
+        return load_eagle(spec, target, dtype=head_dtype if torch_dtype is None else torch_dtype).to(device)
     drafter, dtok = load_target(spec, device=device, dtype=dtype, role="drafter")
     check_compatible(target, tokenizer, drafter, dtok)
     return drafter

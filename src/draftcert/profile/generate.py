@@ -15,14 +15,15 @@ cache (``DynamicCache.batch_select_indices``) so they cost nothing afterwards.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["StepTimer", "GreedyRun", "left_pad", "eos_token_ids", "score_teacher_forced", "pick_tokens"]
+from ..models.hf import cache_kwarg, left_pad, new_cache
+
+__all__ = ["StepTimer", "GreedyRun", "score_teacher_forced", "pick_tokens"]
 
 
 @dataclass
@@ -60,46 +61,6 @@ class _Section:
         return False
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask, position_ids), each (B, max len), left-padded."""
-    if not seqs or any(len(s) == 0 for s in seqs):
-        raise ValueError("prompts: every prompt must encode to at least one token")
-    L = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), L), int(pad_id), dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, L - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
-        mask[b, L - len(s):] = 1
-    pos = (mask.cumsum(1) - 1).clamp_min(0)
-    return ids.to(device), mask.to(device), pos.to(device)
-
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    """Every id that ends a sequence: the tokenizer's EOS and the generation config's (may be a list)."""
-    out: set[int] = set()
-    cands = [getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None]
-    gc = getattr(model, "generation_config", None)
-    cands.append(getattr(gc, "eos_token_id", None) if gc is not None else None)
-    for c in cands:
-        if c is None:
-            continue
-        if isinstance(c, (list, tuple, set)):
-            out.update(int(x) for x in c)
-        else:
-            out.add(int(c))
-    return out
-
-
-def cache_kwarg(model) -> str:
-    """Name of the KV-cache argument of ``model.forward``: transformers >= 5.x calls it
-    ``cache`` (``past_key_values`` is deprecated there), older releases ``past_key_values``."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def pick_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Greedy token per row: argmax with the lowest index among ties (torch's
     documented first-maximum rule).  NaN counts as -inf so a broken row still
@@ -129,13 +90,11 @@ class GreedyRun:
 
     @torch.inference_mode()
     def steps(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        from transformers import DynamicCache
-
         model, timer = self.model, self.timer
         device = next(model.parameters()).device
         eos = self.eos.to(device)
         ids, mask, pos = left_pad(self.prompts, self.pad_id, device)
-        cache = DynamicCache(config=model.config)
+        cache = new_cache(model)
         ckw = {cache_kwarg(model): cache}
         rows = torch.arange(len(self.prompts), device=device)  # batch index of each live cache row
         with timer.section("model"):

@@ -30,7 +30,10 @@ from typing import Sequence
 
 import torch
 
-from .generate import StepTimer, left_pad
+from ..models.eagle import EagleDrafter, target_features
+from ..models.hf import left_pad
+from ..summary import topk_lowest_ids
+from .generate import StepTimer
 
 __all__ = ["ROLLOUT_DEPTH", "ROLLOUT_TOPK", "is_feature_model", "score_feature_drafter"]
 
@@ -39,8 +42,6 @@ ROLLOUT_TOPK = 8  # drafter top-m stored per depth: covers tree:8 and every defa
 
 
 def is_feature_model(model) -> bool:
-    from ..models.eagle import EagleDrafter
-
     return isinstance(model, EagleDrafter)
 
 
@@ -66,8 +67,6 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
     roll_ids = torch.full((B, T, nd, width), -1, dtype=torch.long, device=dev)
     roll_gap = torch.full((B, T, nd), float("nan"), dtype=torch.float32, device=dev)
     with timer.section("model"):
-        from ..models.eagle import target_features
-
         ids, mask, pos = left_pad(seqs, pad_id, dev)
         L = ids.shape[1]
         f, _ = target_features(draft.target, ids, mask, pos)
@@ -138,8 +137,6 @@ def _top_of(draft, red, tail, width: int, oov):
     values (``summary.topk_lowest_ids``, what the engine drafts with).  With ``oov`` (``_fast_top``)
     without building the full rows: the top of the draft vocabulary (sorted ids: the same tie
     rule) merged with the lowest out-of-vocabulary ids, which all carry the tail logit."""
-    from ..summary import topk_lowest_ids
-
     if oov is None:
         return topk_lowest_ids(draft.full_logits(red, tail), min(width, draft.vocab_size))
     v, i = topk_lowest_ids(red, width)

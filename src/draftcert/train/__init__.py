@@ -4,6 +4,7 @@
     path = train_drafter(TrainConfig(objective="certificate"), "runs/drafter")
 """
 
-from .loop import OBJECTIVES, TrainConfig, evaluate, kl_full, train_drafter
+from .loop import TrainConfig, train_drafter
+from .objective import OBJECTIVES, evaluate, kl_full
 
 __all__ = ["OBJECTIVES", "TrainConfig", "train_drafter", "evaluate", "kl_full"]

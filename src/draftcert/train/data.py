@@ -12,9 +12,12 @@ Nothing is downloaded.  For each example:
    ``softmax(lm_head(feature))`` -- the target's full next-token distribution, recomputed on the
    fly during training from the feature; full distributions are never written to disk.
 
-Held-out prompt sets (MT-Bench, HumanEval) are never used: ``overlaps_heldout`` drops any
+Held-out prompt sets (MT-Bench, HumanEval) are never used: ``HeldOut.overlaps`` drops any
 generated prompt that equals, contains, is contained in, or shares an 8-word run with a held-out
 prompt, and the data file records how many were dropped.
+
+Training batches: ``radii_of`` adds the radius of every position (the certificate objective's
+target), ``token_batches`` groups examples by length, ``collate`` stacks one group into tensors.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ import re
 import time
 
 import torch
+
+from ..certificates import radius
+from ..models.hf import cache_kwarg, eos_token_ids, left_pad, new_cache, pad_token_id
+from ..prompts import encode_prompt, load_prompts
 
 SENTINEL = "\x00DRAFTCERT_USER\x00"
 
@@ -70,19 +77,7 @@ class HeldOut:
 
 def heldout_texts() -> list[str]:
     """Every MT-Bench and HumanEval prompt (what evaluation uses; never trained on)."""
-    from ..prompts import load_prompts
-
     return [p.text for src in ("mt-bench", "humaneval") for p in load_prompts(src)]
-
-
-def _left_pad(seqs, pad):
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
-    mask = torch.zeros(len(seqs), T, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, T - len(s) :] = torch.tensor(s)
-        mask[i, T - len(s) :] = 1
-    return ids, mask
 
 
 @torch.inference_mode()
@@ -94,30 +89,26 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
     states (float32, one per position of prompt + new tokens except the last token, whose
     successor is never predicted) -- collected from the very passes that generated the tokens.
     """
-    from transformers import DynamicCache
-
     dev = model.device
-    ids, mask = _left_pad(seqs, pad)
-    ids, mask = ids.to(dev), mask.to(dev)
-    cache = DynamicCache(config=model.config)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = left_pad(seqs, pad, dev)
+    cache = new_cache(model)
     out = [[] for _ in seqs]
     feats = [[] for _ in seqs]
     done = [False] * len(seqs)
     T0 = ids.shape[1]
     cur_ids, cur_pos = ids, pos
-    head = model.get_output_embeddings()
+    head, dec = model.get_output_embeddings(), (model.get_decoder() if features else None)
     for step in range(max_new):
         if features:
-            f = model.get_decoder()(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache,
-                                    use_cache=True).last_hidden_state
+            f = dec(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, use_cache=True,
+                    **{cache_kwarg(dec): cache}).last_hidden_state
             logits = head(f[:, -1:]).squeeze(1).float()
             for i in range(len(seqs)):
                 if not done[i]:
                     feats[i].append(f[i, T0 - len(seqs[i]) :].float().cpu() if step == 0 else f[i].float().cpu())
         else:
-            logits = model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, cache=cache, use_cache=True,
-                           logits_to_keep=1).logits[:, -1].float()
+            logits = model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos, use_cache=True,
+                           logits_to_keep=1, **{cache_kwarg(model): cache}).logits[:, -1].float()
         if sample:
             # top-p within the top 64 (a full sort of the vocabulary per step costs as much as the forward)
             top, idx = torch.topk(logits / temperature, 64, dim=-1)
@@ -143,31 +134,6 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
     return out
 
 
-def eos_ids(model, tok) -> set[int]:
-    from ..profile.generate import eos_token_ids
-
-    return set(eos_token_ids(model, tok))
-
-
-@torch.inference_mode()
-def features_of(target, seqs, pad: int, batch: int = 8):
-    """Final hidden state (float32, (T_i, H)) at every position of each sequence (one forward each batch)."""
-    from ..models.eagle import target_features
-
-    out = [None] * len(seqs)
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-    for j in range(0, len(order), batch):
-        idx = order[j : j + batch]
-        ids, mask = _left_pad([seqs[i] for i in idx], pad)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        dev = target.device
-        f, _ = target_features(target, ids.to(dev), mask.to(dev), pos.to(dev))
-        T = ids.shape[1]
-        for r, i in enumerate(idx):
-            out[i] = f[r, T - len(seqs[i]) :].float().cpu().clone()
-    return out
-
-
 def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_new_tokens: int = 128,
                       batch: int = 32, seed: int = 0, heldout: HeldOut | None = None, temperature: float = 1.0,
                       top_p: float = 0.95, log=print):
@@ -175,14 +141,12 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
 
     Prompts are drawn in batches until ``n`` distinct, non-empty, non-held-out ones exist.
     """
-    from ..prompts import encode_prompt
-
     if n < 1:
         raise ValueError(f"train-drafter: need at least 1 example, got {n}")
     gen = torch.Generator().manual_seed(seed)
     prefix = user_prefix_ids(tok)
-    eos = eos_ids(target, tok)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+    eos = eos_token_ids(target, tok)
+    pad = pad_token_id(tok, target)
     prompts, seen, dropped = [], set(), {"heldout": 0, "empty": 0, "duplicate": 0, "truncated (kept)": 0}
     t0 = time.perf_counter()
     tries = 0
@@ -244,3 +208,58 @@ def draft_vocabulary(examples, size: int, vocab_size: int, always=()) -> torch.T
         score[t] = float("inf")  # EOS etc. must be draftable
     order = sorted(range(vocab_size), key=lambda i: (-float(score[i]), i))
     return torch.tensor(order[:size]).sort().values
+
+
+# ----------------------------------------------------------------------------- training batches
+
+
+def radii_of(target, examples, criterion, log) -> None:
+    """In place: each example's radius r_t = radius(criterion, p_t) at every position ([T], float32) and
+    ``mass``, the target's expected token counts over its positions ([V]); skips examples that have them."""
+    W = target.get_output_embeddings().weight
+    t0 = time.perf_counter()
+    for e in examples:
+        if "radius" in e:
+            continue
+        f = e["features"].to(W.dtype)
+        with torch.no_grad():
+            z = f @ W.T  # [T, V]: the target's logits, recomputed from its features
+            e["radius"] = torch.as_tensor(radius(criterion, logits=z.float())).float()
+            # the target's expected token counts here: ranks the draft vocabulary (smoother than counts)
+            e["mass"] = torch.softmax(z.float(), -1).sum(0)
+    log(f"radii ({criterion}) for {len(examples)} sequences in {time.perf_counter() - t0:.1f} s")
+
+
+def token_batches(examples, batch_tokens, rng) -> list[list[int]]:
+    """Example indices grouped into batches of similar length (padded size <= ``batch_tokens``), shuffled by ``rng``."""
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i]["ids"]))
+    groups, cur, cur_max = [], [], 0
+    for i in order:
+        L = len(examples[i]["ids"])
+        if cur and max(cur_max, L) * (len(cur) + 1) > batch_tokens:
+            groups.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, L)
+    if cur:
+        groups.append(cur)
+    rng.shuffle(groups)
+    return groups
+
+
+def collate(examples, idx, dtype, device):
+    """(ids [B, T], features [B, T, H], lengths [B], radii [B, T], skip [B]) of examples ``idx``, right-padded with zeros."""
+    L = [len(examples[i]["ids"]) for i in idx]
+    T = max(L)
+    H = examples[idx[0]]["features"].shape[1]
+    ids = torch.zeros(len(idx), T, dtype=torch.long)
+    feats = torch.zeros(len(idx), T, H, dtype=dtype)
+    radii = torch.zeros(len(idx), T)
+    skip = torch.tensor([examples[i].get("n_skip", 0) for i in idx], device=device)
+    for b, i in enumerate(idx):
+        e = examples[i]
+        n = L[b]
+        ids[b, :n] = torch.tensor(e["ids"])
+        feats[b, :n] = e["features"].to(dtype)
+        radii[b, :n] = e["radius"]
+    return ids.to(device), feats.to(device), torch.tensor(L, device=device), radii.to(device), skip

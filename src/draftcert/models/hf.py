@@ -1,0 +1,186 @@
+"""The transformers adapter: everything draftcert assumes about a transformers causal LM, in one place.
+
+- ``cache_kwarg(model)``, ``new_cache(model)``: the KV cache argument's name and a fresh cache;
+- ``model_forward``, ``forward_with_hidden``: one forward pass of a token list after a cache;
+- ``vocab_size_of``: the logit dimension;
+- ``eos_token_ids``, ``pad_token_id``, ``left_pad``: ending and batching sequences;
+- ``parse_dtype``: a dtype argument as the loaders and the profiler accept it.
+
+Left padding: a batch of sequences of lengths L_b is padded on the left to L = max L_b.  Padded
+slots get attention_mask = 0 and the real tokens get position ids 0..L_b-1 (``cumsum(mask) - 1``),
+so every row sees exactly the positions it would see alone, and every row ends at the last column.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "cache_kwarg",
+    "new_cache",
+    "model_forward",
+    "forward_with_hidden",
+    "vocab_size_of",
+    "eos_token_ids",
+    "pad_token_id",
+    "left_pad",
+    "parse_dtype",
+]
+
+# cache_kwarg's answer per model object (a signature lookup costs more than a decoding step's bookkeeping).
+_CACHE_KWARG: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cache_kwarg(model) -> str:
+    """Name of the KV-cache argument of ``model.forward`` (a causal LM, its decoder or a decoder layer).
+
+    transformers 5.x calls it ``cache`` (``past_key_values`` is a deprecated alias there); older
+    releases, and any forward whose signature cannot be read, ``past_key_values``.
+    """
+    try:
+        return _CACHE_KWARG[model]
+    except (KeyError, TypeError):  # TypeError: an object that cannot be weakly referenced
+        pass
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        name = "past_key_values"
+    else:
+        name = "cache" if "cache" in params else "past_key_values"
+    try:
+        _CACHE_KWARG[model] = name
+    except TypeError:
+        pass
+    return name
+
+
+def new_cache(model=None, *, config=None):
+    """An empty ``DynamicCache`` for ``model`` (its ``config``), or for ``config`` when given."""
+    from transformers import DynamicCache  # optional: models extra
+
+    return DynamicCache(config=model.config if config is None else config)
+
+
+def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
+    """One forward pass of ``ids`` after ``cache`` (which it extends); logits of the last ``keep`` positions.
+
+    ``mask``: an additive 4-D mask [1, 1, len(ids), cached + len(ids)] (tree attention), or None for
+    plain causal attention; ``position_ids``: [1, len(ids)], or None to continue the cache.
+    Returns [keep, V].
+    """
+    out = model(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
+        attention_mask=mask,
+        position_ids=position_ids,
+        use_cache=True,
+        logits_to_keep=keep,
+        **{cache_kwarg(model): cache},
+    )
+    return out.logits[0, -keep:]
+
+
+def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, position_ids=None):
+    """``model_forward`` that also returns the final hidden states of every position.
+
+    Returns (logits [keep, V], hidden [len(ids), H]).  The logits are computed exactly as the causal
+    LM computes them (its output embedding on the last hidden states), so decoding with this pass
+    is identical to ``model_forward``.
+    """
+    dec = model.get_decoder()
+    out = dec(
+        input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
+        attention_mask=mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **{cache_kwarg(dec): cache},
+    )
+    h = out.last_hidden_state  # [1, len(ids), H]
+    logits = model.get_output_embeddings()(h[:, -keep:, :])
+    return logits[0], h[0]
+
+
+def vocab_size_of(model) -> int:
+    """The logit dimension V: rows of the output embedding, else ``config.vocab_size``."""
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if emb is not None and getattr(emb, "weight", None) is not None:
+        return int(emb.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _ids(value) -> set[int]:
+    """One id or a collection of ids (list, tuple, set, tensor), as a set of ints."""
+    try:
+        return {int(x) for x in value}
+    except TypeError:  # not iterable: a single id (int, numpy or 0-d torch integer)
+        return {int(value)}
+
+
+def eos_token_ids(model, tokenizer=None, *, explicit=None) -> set[int]:
+    """Every id that ends a sequence.
+
+    ``explicit`` (an id or a list of ids, ``[]`` for none), when given, is the answer.  Otherwise
+    the tokenizer's EOS together with the generation config's (either may be a list); when neither
+    names one, the model config's ``eos_token_id``; else no EOS at all.
+    """
+    if explicit is not None:
+        return _ids(explicit)
+    gc = getattr(model, "generation_config", None)
+    named = [getattr(tokenizer, "eos_token_id", None), getattr(gc, "eos_token_id", None)]
+    named = [c for c in named if c is not None]
+    if not named:
+        fallback = getattr(getattr(model, "config", None), "eos_token_id", None)
+        named = [fallback] if fallback is not None else []
+    out: set[int] = set()
+    for c in named:
+        out |= _ids(c)
+    return out
+
+
+def pad_token_id(tokenizer, model) -> int:
+    """The id written into left-padded slots: the tokenizer's pad, else its EOS, else the model
+    config's pad, else 0.  Any id works (padded slots are masked out); this one is the conventional."""
+    for cand in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None),
+                 getattr(getattr(model, "config", None), "pad_token_id", None)):
+        if isinstance(cand, int):
+            return cand
+    return 0
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask, position_ids), each [B, max len], left-padded (module docstring)."""
+    if not seqs or any(len(s) == 0 for s in seqs):
+        raise ValueError("prompts: every prompt must encode to at least one token")
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, L - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[b, L - len(s):] = 1
+    pos = (mask.cumsum(1) - 1).clamp_min(0)
+    return ids.to(device), mask.to(device), pos.to(device)
+
+
+# Short names the command line accepts besides torch's own dtype names.
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """A dtype argument: a ``torch.dtype``; a torch dtype name, any case, with or without "torch."
+    ("float32", "bfloat16", "torch.float16", ...) or a short name (fp32, bf16, fp16); or
+    None / "auto" for the loader's default (None; ``load_target`` then uses float32).
+    Raises ValueError otherwise."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(dtype, str):
+        raise ValueError(f"dtype must be a torch.dtype or its name, got {dtype!r}")
+    key = dtype.strip().lower().removeprefix("torch.")
+    if key == "auto":
+        return None
+    out = getattr(torch, _DTYPE_ALIASES.get(key, key), None)
+    if not isinstance(out, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype name (e.g. float32, bfloat16, float16, or auto)")
+    return out

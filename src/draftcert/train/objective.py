@@ -1,0 +1,175 @@
+"""The training objectives of a feature drafter, and the held-out metrics (``evaluate``).
+
+Per training position t, with teacher p_t = the target's full next-token distribution and the
+drafter's q_t on the full vocabulary through the shared tail mass, KL_t = KL(p_t || q_t) exactly:
+
+``kl``            mean_t KL_t  (forward-KL distillation).
+``certificate``   sum_t w_t * tau_t * softplus((KL_t - r_t) / tau_t) / #positions, with
+                  r_t = radius(criterion, p_t) (``draftcert.radius``, exact, forward KL),
+                  tau_t = max(0.25 r_t, 0.02) and w_t = 1[r_t >= min_radius].  Its gradient in KL
+                  is sigmoid((KL_t - r_t)/tau_t): ~1 far outside the certified ball (as KL
+                  distillation), ~0 once the step is certified (capacity goes elsewhere), and 0 on
+                  near-ties (r_t < min_radius), which no realistic drafter can certify.
+
+Both unroll the drafter ``ttt`` steps ("training-time test", EAGLE-3): step j > 1 feeds the
+drafter's own feature from step j - 1 at the same row, attending to the true-feature steps before
+it, exactly the attention pattern of drafting; step j's loss is weighted 0.8^(j-1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .data import collate
+
+__all__ = ["OBJECTIVES", "teacher_terms", "kl_from_terms", "kl_full", "certificate_loss", "unrolled", "batch_loss",
+           "evaluate"]
+
+OBJECTIVES = ("kl", "certificate")
+
+
+def teacher_terms(teacher_logits, vocab_ids):
+    """(sum p log p, p on the draft vocabulary, p outside it) of the teacher rows, float32."""
+    logp = torch.log_softmax(teacher_logits.float(), -1)
+    p = logp.exp()
+    negent = (p * logp).sum(-1)
+    p_in = p.index_select(-1, vocab_ids)
+    return negent, p_in, (1 - p_in.sum(-1)).clamp_min(0)
+
+
+def kl_from_terms(terms, red, tail, V):
+    """Exact KL(p || q); q = reduced logits + a tail logit shared by the V - V_d other tokens."""
+    negent, p_in, p_oov = terms
+    Vd = p_in.shape[-1]
+    if Vd == V:
+        return negent - (p_in * torch.log_softmax(red.float(), -1)).sum(-1)
+    z = torch.cat([red.float(), tail.float().unsqueeze(-1)], -1)
+    lse = torch.logsumexp(z, -1)
+    lq_in = red.float() - lse.unsqueeze(-1)
+    lq_oov = tail.float() - lse - math.log(V - Vd)
+    return negent - (p_in * lq_in).sum(-1) - p_oov * lq_oov
+
+
+def kl_full(teacher_logits, red, tail, vocab_ids, V):
+    """Exact KL(p || q) per row from the teacher's full logits (see ``kl_from_terms``)."""
+    return kl_from_terms(teacher_terms(teacher_logits, vocab_ids), red, tail, V)
+
+
+def certificate_loss(kl, r, min_radius):
+    """w * tau * softplus((KL - r) / tau) per row, tau = max(0.25 r, 0.02), w = 1[r >= min_radius] (see above)."""
+    tau = torch.clamp(0.25 * r, min=0.02)
+    w = (r >= min_radius) & torch.isfinite(r)
+    rr = torch.where(w, r, torch.zeros_like(r))
+    return torch.where(w, tau * F.softplus((kl - rr) / tau), torch.zeros_like(kl))
+
+
+def _ttt_mask(Tp, j, dtype, device):
+    """Additive mask [1, 1, Tp, j * Tp] of unrolled step j: causal over step 1's rows (true features),
+    and each row sees its own row of steps 2..j (its own drafted features)."""
+    allowed = [torch.ones(Tp, Tp, dtype=torch.bool, device=device).tril()]
+    allowed += [torch.eye(Tp, dtype=torch.bool, device=device)] * (j - 1)
+    allowed = torch.cat(allowed, 1)
+    mask = torch.zeros(Tp, allowed.shape[1], dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def unrolled(drafter, ids, feats, lengths, ttt, head_w):
+    """Yield (j, reduced logits, tail, valid (B, T'), teacher index) for steps j = 1..ttt.
+
+    Rows s = 0..T-2; step j at row s reads token s + j and (j = 1) the target feature at s or
+    (j > 1) the drafter's step j - 1 output at s; it predicts token s + j + 1, teacher row s + j.
+    """
+    B, T = ids.shape
+    Tp = T - 1
+    cache = drafter.new_cache()
+    g = feats[:, :Tp]
+    dev = ids.device
+    rows = torch.arange(Tp, device=dev)
+    for j in range(1, ttt + 1):
+        tok_idx = (rows + j).clamp(max=T - 1)
+        tokens = ids[:, tok_idx]
+        pos = (rows + j - 1)[None].expand(B, -1)
+        mask = _ttt_mask(Tp, j, drafter.fc.weight.dtype, dev)
+        g, red, tail = drafter.step(tokens, g, pos, mask, cache=cache, head_weight=head_w)
+        valid = (rows[None] + j) <= (lengths[:, None] - 1)
+        yield j, red, tail, valid, tok_idx
+
+
+def batch_loss(drafter, batch, cfg, head_w, vocab_ids, V, stats=None):
+    """The objective ``cfg.objective`` on one batch from ``data.collate`` (ids [B, T], features
+    [B, T, H], lengths [B], radii [B, T], skip [B]); ``stats`` collects what ``evaluate`` reports."""
+    ids, feats, lengths, radii, skip = batch
+    W = drafter.target.get_output_embeddings().weight
+    with torch.no_grad():
+        # The target's full next-token distribution at every position, recomputed from its features.
+        teacher = feats @ W.T.to(feats.dtype)
+        terms = teacher_terms(teacher, vocab_ids)
+        t_top = teacher.argmax(-1) if stats is not None else None
+        del teacher
+    total, norm = 0.0, 0.0
+    for j, red, tail, valid, tidx in unrolled(drafter, ids, feats, lengths, cfg.ttt, head_w):
+        kl = kl_from_terms(tuple(t[:, tidx] for t in terms), red, tail, V)
+        valid = valid & (tidx[None] >= skip[:, None] - 1)  # no loss on predicting the shared template prefix
+        r = radii[:, tidx]
+        if cfg.objective == "kl":
+            per = kl
+        else:
+            per = certificate_loss(kl, r, cfg.min_radius)
+        wj = 0.8 ** (j - 1)
+        vf = valid.float()
+        total = total + wj * (per * vf).sum()
+        norm += wj * float(vf.sum())
+        if stats is not None:
+            with torch.no_grad():
+                q_full = drafter.full_logits(red, tail)
+                acc = (q_full.argmax(-1) == t_top[:, tidx]) & valid
+                cert = (kl < r) & valid
+                stats.setdefault("acc", {}).setdefault(j, []).append(acc.cpu())
+                stats.setdefault("valid", {}).setdefault(j, []).append(valid.cpu())
+                stats.setdefault("cert", {}).setdefault(j, []).append(cert.cpu())
+                stats.setdefault("kl", {}).setdefault(j, []).append(kl.detach()[valid].cpu())
+    return total / max(norm, 1.0)
+
+
+@torch.no_grad()
+def evaluate(drafter, examples, cfg, head_w, vocab_ids, V):
+    """Teacher-forced held-out metrics: accept / certified rate per unrolled step, mean run length."""
+    was = drafter.training
+    drafter.eval()
+    stats: dict = {}
+    losses = []
+    dtype = drafter.fc.weight.dtype
+    for i in range(len(examples)):
+        b = collate(examples, [i], dtype, drafter.fc.weight.device)
+        losses.append(float(batch_loss(drafter, b, cfg, head_w, vocab_ids, V, stats)))
+    drafter.train(was)
+    out = {"loss": sum(losses) / max(len(losses), 1)}
+    for j in sorted(stats.get("acc", {})):
+        acc = torch.cat([a.flatten() for a in stats["acc"][j]])
+        val = torch.cat([v.flatten() for v in stats["valid"][j]])
+        cert = torch.cat([c.flatten() for c in stats["cert"][j]])
+        out[f"accept@{j}"] = float(acc.sum() / val.sum().clamp(min=1))
+        out[f"certified@{j}"] = float(cert.sum() / val.sum().clamp(min=1))
+        kl = torch.cat(stats["kl"][j])
+        out[f"kl_median@{j}"] = float(kl.median()) if kl.numel() else float("nan")
+    # mean accepted run (chain of ttt drafts, teacher-forced): leading accepted steps per row
+    if stats.get("acc"):
+        total = 0.0
+        count = 0
+        for rows in zip(*[stats["acc"][j] for j in sorted(stats["acc"])], stats["valid"][1]):
+            *accs, val = rows
+            Tp = val.shape[1]
+            alive = val.clone()
+            length = torch.zeros_like(val, dtype=torch.float)
+            for a in accs:
+                a = a[:, :Tp]
+                alive = alive & a
+                length += alive.float()
+            total += float(length[val].sum())
+            count += int(val.sum())
+        out["mean_run"] = total / max(count, 1)
+    return out
