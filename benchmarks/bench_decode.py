@@ -31,6 +31,12 @@ import time
 
 import torch
 
+from draftcert.decode import speculative_generate
+from draftcert.decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_table
+from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
+from draftcert.prompts import encode_prompt, load_prompts
+
+
 class ForwardCounter:
     """Counts calls of a module's forward (every target forward pass, whoever makes it)."""
 
@@ -74,10 +80,6 @@ def main(argv=None) -> int:
     if a.quick:
         a.prompts, a.table_prompts, a.max_new_tokens, a.repeats = 2, 1, 32, 1
     torch.set_num_threads(a.threads)
-
-    from draftcert.decode import speculative_generate
-    from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
-    from draftcert.prompts import encode_prompt, load_prompts
 
     target, tok = load_target(None)
     dspec = a.drafter or DEFAULT_DRAFTER
@@ -134,8 +136,6 @@ def main(argv=None) -> int:
           "(tokens per CPU-second, ours over theirs: insensitive to other processes on a shared machine)")
 
     # Part 2: relaxed criteria and trees (same code as `draftcert bench`).
-    from draftcert.cli.decode import DEFAULT_BENCH_SPECS, bench_rows, format_table
-
     print(f"\n### Relaxed criteria and trees (embedded pair, drafter {dspec}, k / tree depth = {a.k}, "
           f"{a.table_prompts} MT-Bench prompts x {a.max_new_tokens} tokens)\n")
     rows = bench_rows(target, drafter, prompts[: a.table_prompts], DEFAULT_BENCH_SPECS, a.k, a.max_new_tokens, tok)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
                 if r == 0:
                     st = res.stats
                     a["att"] += sum(st.attempted_by_depth)
-                    a["acc"] += sum(st.accepted_by_depth)
+                    a["acc"] += sum(st.num_accepted_tokens_per_pos)
                     a["cert"] += st.certified_positions
                     a["chk"] += st.checked_positions
                     rounds = [rl for rl in st.rounds if rl.drafted]  # the prefill round drafts nothing

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out:
         res = profile(None, args.drafter, "mt-bench", out=out, limit=args.prompts, max_new_tokens=args.tokens,
-                      batch_size=args.batch_size, device=args.device, progress=False, report=False, timer=timer)
+                      batch_size=args.batch_size, device=args.device, progress=False, timer=timer)
     wall = time.perf_counter() - t0
     t = res.timings
     model, cert, trace = t.get("model", 0.0), t.get("certificate", 0.0), t.get("trace", 0.0)

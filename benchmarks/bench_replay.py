@@ -43,9 +43,19 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+
+from draftcert.decode import greedy_generate, speculative_generate
+from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
+from draftcert.models.hf import eos_token_ids
+from draftcert.profile import profile
+from draftcert.prompts import encode_prompt, load_prompts
+from draftcert.replay import Shape, load_replay_trace
+from draftcert.replay.api import replay
+from draftcert.replay.speed import Costs, calibrate
 
 
 def main() -> None:
@@ -66,13 +76,6 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
 
-    from draftcert.decode import greedy_generate, speculative_generate
-    from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target
-    from draftcert.profile import profile
-    from draftcert.prompts import encode_prompt, load_prompts
-    from draftcert.replay import Shape, load_replay_trace
-    from draftcert.replay.speed import calibrate
-
     tmp = None
     if args.out is None:
         tmp = tempfile.TemporaryDirectory(prefix="bench_replay-")
@@ -81,7 +84,7 @@ def main() -> None:
         out = Path(args.out)
     t0 = time.perf_counter()
     profile(None, args.drafter, "mt-bench", out=out, limit=args.limit, max_new_tokens=args.max_new_tokens,
-            progress=False, report=False)
+            progress=False)
     print(f"profile: {time.perf_counter() - t0:.1f} s", flush=True)
 
     target, tok = load_target(None)
@@ -96,9 +99,6 @@ def main() -> None:
     shapes = sorted({s for _, s in configs}, key=lambda s: s.label)
     plen = round(statistics.mean(len(v) for v in ids.values()))
     ctx = plen + args.max_new_tokens // 2
-    from draftcert.profile.generate import eos_token_ids
-    from draftcert.replay.speed import Costs
-
     eos = sorted(eos_token_ids(target, tok))  # the EOS set the profile stopped at
     saved = None
     if args.save and Path(args.save).exists():  # resume an interrupted run (same settings)
@@ -164,10 +164,6 @@ def main() -> None:
 
 
 def analyze(saved: dict, args) -> None:
-    from draftcert.replay import Shape, load_replay_trace
-    from draftcert.replay.api import replay
-    from draftcert.replay.speed import Costs
-
     trace = load_replay_trace(saved["out"])
     trace.prompts = [pt for pt in trace.prompts if pt.id in set(saved["done"])]  # a partial run: measured prompts
     configs = [(r, Shape(tuple(w), e)) for r, w, e in saved["configs"]]
@@ -266,8 +262,6 @@ def analyze(saved: dict, args) -> None:
 
 def _median_costs(runs):
     """Entry-by-entry median of several calibrations of the same sizes."""
-    from dataclasses import replace
-
     med = lambda vals: statistics.median(vals)  # noqa: E731
     c0 = runs[0]
     tab = lambda name: {k: med([getattr(c, name)[k] for c in runs]) for k in getattr(c0, name)}  # noqa: E731

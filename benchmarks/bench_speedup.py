@@ -16,7 +16,7 @@ its total tokens over the sum, over prompts, of its fastest repeat):
     certificates on, as a chain (``k=K``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
 
 Then the cost breakdown that limits the speed-up: a target forward of n tokens after the first
-prompt's cache (verification cost by tree size; with and without ``draftcert.decode.fastlinear``'s
+prompt's cache (verification cost by tree size; with and without ``draftcert.models.fastlinear``'s
 column-major weight copies, interleaved), one drafter step, the certificate work per round
 (``--costs-only`` prints just that).
 
@@ -72,14 +72,14 @@ def run_method(method, target, tok, drafter, ids, n_new, eos):
 
 def cost_breakdown(target, drafter, ids, reps=5):
     """Median seconds: target forward of n tokens after the prompt cache; one drafter step."""
-    from draftcert.decode.drafters import model_forward, new_cache
-    from draftcert.decode.feature import FeatureDrafter, forward_with_hidden
+    from draftcert.decode.feature import FeatureDrafter
+    from draftcert.models.hf import forward_with_hidden, model_forward, new_cache
     from draftcert.decode.tree import crop_cache
     from draftcert.summary import summarize
     from draftcert.certificates import radius_rows
     from draftcert.criteria import Strict
 
-    from draftcert.decode import fastlinear
+    from draftcert.models import fastlinear
 
     out = {}
     dual = fastlinear.is_enabled(target)
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
             row["tokens_per_forward"] = emitted / sum(s.target_forwards for s in sts)
             row["mean_accepted"] = sum(sum(rl.accepted for rl in s.rounds) for s in sts) / rounds
             att = sum(sum(s.attempted_by_depth) for s in sts)
-            row["accept_rate"] = sum(sum(s.accepted_by_depth) for s in sts) / max(att, 1)
+            row["accept_rate"] = sum(sum(s.num_accepted_tokens_per_pos) for s in sts) / max(att, 1)
             row["certified"] = sum(s.certified_positions for s in sts) / max(sum(s.checked_positions for s in sts), 1)
             row["drift"] = sum(s.drift_tokens for s in sts) / max(emitted, 1)
         rows.append(row)

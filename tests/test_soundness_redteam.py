@@ -153,7 +153,6 @@ def test_trace_accepted_column_is_exact(is_logits, row):
 
 def test_engine_acceptance_is_exact():
     from draftcert.decode import DraftTree, engine as engine_mod
-    from draftcert.decode.stats import DecodeStats
 
     row = _NEAR_ADDITIVE[1][1]
     truth = _exact_additive_accepts(row, True, 1, 0.1)
@@ -161,21 +160,33 @@ def test_engine_acceptance_is_exact():
     t.add(1, -1)
     logits = torch.full((2, 6), -5.0, dtype=torch.float64)
     logits[0] = torch.tensor(row, dtype=torch.float64)
-    st = DecodeStats("additive:0.1", 1, None)
-    path, _, _ = engine_mod._accept(dc.parse_criterion("additive:0.1"), logits, t, False, 16, {}, st)
-    assert (path == [0]) == truth
+    verdict = engine_mod.accept(dc.parse_criterion("additive:0.1"), logits, t, 16)
+    assert (verdict.path == [0]) == truth
+
+
+def _engine_certificates(x: torch.Tensor, y: torch.Tensor):
+    """The engine's certify stage on a chain round whose expanded rows have target logits x and
+    drafter logits y (each draft token the drafter's argmax)."""
+    from draftcert.decode import DraftTree, engine as engine_mod
+
+    rule = dc.parse_criterion("strict")
+    t = DraftTree()
+    for i, tok in enumerate(y.argmax(-1).tolist()):
+        t.add(tok, i - 1)
+        t.expanded.append(i - 1)
+        t.widths.append(1)
+    t.q = y
+    logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
+    return engine_mod.certify(rule, engine_mod.accept(rule, logits, t, 16), t)
 
 
 def test_engine_kl_is_an_upper_bound():
     # float32 logits, drafter 1e-3 away: the old float32 fast path returned 0 (below the
     # exact KL ~3e-7), so kl < radius could certify a drafter the exact KL does not.
-    from draftcert.decode.engine import _forward_kl
-
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 2000, generator=g) * 4).float()
     y = x + 1e-3 * torch.randn(2, 2000, generator=g)
-    kl, decided = _forward_kl(x, y, torch.ones(2, dtype=torch.float64))
-    assert bool(decided.all())
+    kl = _engine_certificates(x, y).divergence
     mpmath.mp.dps = 40
     for i in range(2):
         a = [mpmath.mpf(float(v)) for v in x[i]]
@@ -183,10 +194,11 @@ def test_engine_kl_is_an_upper_bound():
         la = mpmath.log(mpmath.fsum(mpmath.e ** v for v in a))
         lb = mpmath.log(mpmath.fsum(mpmath.e ** v for v in b))
         ex = mpmath.fsum(mpmath.e ** (s - la) * ((s - la) - (u - lb)) for s, u in zip(a, b))
-        assert float(kl[i]) >= ex and float(kl[i]) <= float(ex) * (1 + 1e-6)
-    # far above the radius: not certified (decided False), whatever the estimate
-    kl, decided = _forward_kl(x, x + 2 * torch.randn(2, 2000, generator=g), torch.full((2,), 1e-3, dtype=torch.float64))
-    assert not bool(decided.any()) and bool((kl > 1e-3).all())
+        # an upper bound, tight to the interval's absolute error (~V U, certificates.certify_rows)
+        assert float(kl[i]) >= ex and float(kl[i]) <= float(ex) * (1 + 1e-6) + 1e-11
+    # far above the radius: not certified, and the reported bound is above it
+    certs = _engine_certificates(x, x + 2 * torch.randn(2, 2000, generator=g))
+    assert not any(certs.certified) and all(k > r for k, r in zip(certs.divergence, certs.radius))
 
 
 @pytest.mark.slow

@@ -1,0 +1,1 @@
+"""Tests of draftcert.decode: the speculative decoding engine, trees, and the decode / bench CLI."""

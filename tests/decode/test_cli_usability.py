@@ -105,7 +105,7 @@ def test_bench_shows_progress_and_fits_80_columns(ckpt, capsys, monkeypatch):
 
 
 def test_bench_table_splits_rather_than_cuts():
-    from draftcert.cli.decode import format_table
+    from draftcert.decode.bench import format_table
 
     rows = [{"criterion": "multiplicative:0.5", "draft": "tree m=4, depth=4", "tokens_per_forward": 4.36,
              "mean_accepted": 3.36, "drift": 0.068, "certified": 0.613, "tokens_per_second": 12345.67}]

@@ -29,6 +29,11 @@ def test_decode_json_rounds_reassemble_the_greedy_output(ckpt, capsys):
     assert toks == greedy_generate(model, encode_prompt(tok, "hello there"), 12)
     assert summary["emitted"] == len(toks) == 12 and summary["rounds"] == len(rounds)
     assert all(set(r) >= {"drafted", "accepted", "from_draft", "certified", "kl", "radius", "text"} for r in rounds)
+    # vLLM's counters in the summary reconcile with the round lines
+    assert summary["num_accepted_tokens"] == sum(r["accepted"] for r in rounds)
+    assert summary["num_drafts"] == sum(r["drafted"] > 0 for r in rounds)
+    assert summary["num_draft_tokens"] == sum(r["drafted"] for r in rounds)
+    assert summary["checked_positions"] == sum(r["checked_positions"] for r in rounds)
 
 
 def test_decode_text_streams_without_colour_when_piped(ckpt, capsys):
@@ -69,12 +74,16 @@ def test_bench_json_rows(ckpt, capsys):
     assert rows[0]["drift"] == 0 and rows[2]["drift"] == 0
     assert rows[2]["draft"] == "tree m=2, depth=2"
     assert all(r["tokens_per_forward"] >= 1 for r in rows)
+    for r in rows:  # vLLM's figures from the merged counters of both prompts
+        assert r["mean_acceptance_length"] == pytest.approx(1 + r["num_accepted_tokens"] / r["num_drafts"])
+        assert r["draft_acceptance_rate"] == pytest.approx(r["num_accepted_tokens"] / r["num_draft_tokens"])
+        assert sum(r["num_accepted_tokens_per_pos"]) == r["num_accepted_tokens"]
 
 
 def test_colour_only_on_a_tty_without_no_color(monkeypatch):
     import argparse
 
-    from draftcert.cli.decode import _use_color
+    from draftcert.cli.decode import use_color
 
     class Tty:
         def isatty(self):
@@ -87,8 +96,8 @@ def test_colour_only_on_a_tty_without_no_color(monkeypatch):
     args = argparse.Namespace(no_color=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.setenv("TERM", "xterm")
-    assert _use_color(args, Tty()) and not _use_color(args, Pipe())
+    assert use_color(args, Tty()) and not use_color(args, Pipe())
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not _use_color(args, Tty())
+    assert not use_color(args, Tty())
     monkeypatch.delenv("NO_COLOR")
-    assert not _use_color(argparse.Namespace(no_color=True), Tty())
+    assert not use_color(argparse.Namespace(no_color=True), Tty())

@@ -1,11 +1,16 @@
-"""Speculative decoding engine: losslessness, relaxed criteria, stats, EOS, bad input."""
+"""Speculative decoding engine: losslessness, relaxed criteria, the round's stages, stats
+(vLLM's counters too, and merge), live certificates equal to the library's, EOS, bad input."""
 
 from __future__ import annotations
+
+import copy
+from functools import reduce
 
 import pytest
 import torch
 
-from draftcert import parse_criterion
+import draftcert
+from draftcert import LevelSet, TreeCoverage, parse_criterion
 from draftcert.decode import (
     CertificateViolation,
     PromptLookupDrafter,
@@ -139,8 +144,16 @@ def test_stats_are_consistent(tiny, prompts, spec, tree):
     assert st.target_forwards == len(st.rounds)
     assert sum(len(r.emitted) for r in st.rounds) == st.emitted
     assert [t for r in st.rounds for t in r.emitted] == res.tokens
-    assert sum(r.accepted for r in st.rounds) == sum(st.accepted_by_depth)
-    assert st.mean_accepted_length == pytest.approx(sum(st.accepted_by_depth) / len(st.rounds))
+    assert sum(r.accepted for r in st.rounds) == sum(st.num_accepted_tokens_per_pos) == st.num_accepted_tokens
+    assert st.mean_accepted_length == pytest.approx(sum(st.num_accepted_tokens_per_pos) / len(st.rounds))
+    # vLLM's counters, counted by hand from the round logs
+    drafted = [r for r in st.rounds if r.drafted]
+    assert st.num_drafts == len(drafted) and st.num_draft_tokens == sum(r.drafted for r in drafted)
+    assert st.mean_acceptance_length == pytest.approx(1 + st.num_accepted_tokens / len(drafted))
+    assert st.draft_acceptance_rate == pytest.approx(st.num_accepted_tokens / st.num_draft_tokens)
+    for d, rate in enumerate(st.acceptance_rate_per_pos):
+        n = sum(len(r.depth_accepted) > d and r.depth_accepted[d] for r in st.rounds)
+        assert st.num_accepted_tokens_per_pos[d] == n and rate == pytest.approx(n / len(drafted))
     assert sum(sum(r.from_draft) for r in st.rounds) == sum(r.accepted for r in st.rounds)
     for r in st.rounds:  # accepted depths are a prefix 1..a, then at most one rejection
         assert r.depths == list(range(1, len(r.depths) + 1))
@@ -254,20 +267,21 @@ def test_tree_acceptance_picks_most_probable_passing_child():
     logits[0, 3], logits[0, 5], logits[0, 1] = 1.0, 1.2, 1.3  # root: argmax 1, children 3 and 5 close behind
     logits[b + 1, 2] = 4.0  # after 5: greedy 2, child 7 far below
     st = DecodeStats("additive:0.3", 2, [2, 1])
-    path, emitted, log = engine_mod._accept(parse_criterion("additive:0.3"), logits, t, False, 16, {}, st)
-    assert path == [b] and emitted == [5, 2]
+    verdict = engine_mod.accept(parse_criterion("additive:0.3"), logits, t, 16)
+    assert verdict.path == [b] and verdict.emitted == [5, 2] and verdict.rows == [0, b + 1]
+    assert engine_mod.certify(parse_criterion("additive:0.3"), verdict, t) is None  # no drafter distribution
+    log = engine_mod.record(st, t, verdict, None)
     assert log.depth_accepted == [True, False] and log.drift == 1 and st.drift_tokens == 1
+    assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, st.num_accepted_tokens_per_pos) == (1, 3, 1, [1, 0])
     p = torch.softmax(logits[0], -1)
     assert st.divergence_spent == pytest.approx(float(torch.log(p[1]) - torch.log(p[5])))
     # strict on the same tree: neither child is the argmax (1) -> emit 1 and stop
-    path, emitted, _ = engine_mod._accept(parse_criterion("strict"), logits, t, False, 16, {}, DecodeStats("strict", 2, None))
-    assert path == [] and emitted == [1]
+    verdict = engine_mod.accept(parse_criterion("strict"), logits, t, 16)
+    assert verdict.path == [] and verdict.emitted == [1] and verdict.rows == [0]
 
 
 def test_generic_levelset_criterion(tiny, prompts):
     """A user-defined LevelSet rule works end to end (threshold from the full distribution)."""
-    from draftcert import LevelSet
-
     target, drafter, _ = tiny
     rule = LevelSet(lambda p: 0.8 * p.max(-1).values, name="ratio0.8")
     res = speculative_generate(target, drafter, prompts[0], rule, k=3, tree=(2, 2), max_new_tokens=N_NEW)
@@ -280,11 +294,87 @@ def test_tree_certificate_where_the_rule_rejects_the_argmax(tiny, prompts):
     """A rule that rejects every token (tau above max p) accepts nothing, even when the
     drafter is the target itself: the tree-coverage radius must not certify such a node
     (covering the argmax only helps where the rule accepts the argmax)."""
-    from draftcert import LevelSet
-
     target, _, _ = tiny
     rule = LevelSet(lambda p: 2.0 * p.max(-1).values, name="reject-all")
     res = speculative_generate(target, target, prompts[0], rule, tree=(2, 2), max_new_tokens=6)
     assert all(not any(r.depth_accepted) for r in res.stats.rounds)
     assert res.stats.certified_positions == 0
     assert res.stats.checked_positions > 0
+
+
+def test_stats_merge_adds_the_counters(tiny, prompts):
+    """bench's rows: the merge of per-prompt statistics counts what the prompts count together."""
+    target, drafter, _ = tiny
+    runs = [speculative_generate(target, drafter, p, "additive:0.1", k=3, max_new_tokens=N_NEW).stats for p in prompts]
+    m = reduce(lambda a, b: a.merge(b), runs)
+    assert m.rounds == runs[0].rounds + runs[1].rounds and m.num_rounds == len(m.rounds)
+    for name in ("emitted", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "drift_tokens", "checked_positions",
+                 "certified_positions", "drafter_forwards", "kl_count"):
+        assert getattr(m, name) == getattr(runs[0], name) + getattr(runs[1], name), name
+    n = max(len(r.num_accepted_tokens_per_pos) for r in runs)
+    pad = lambda a: a + [0] * (n - len(a))  # noqa: E731
+    assert m.num_accepted_tokens_per_pos == [a + b for a, b in zip(*(pad(r.num_accepted_tokens_per_pos) for r in runs))]
+    assert m.accepted_length_histogram == [a + b for a, b in zip(*(r.accepted_length_histogram for r in runs))]
+    assert m.tokens_per_forward == pytest.approx(m.emitted / (runs[0].target_forwards + runs[1].target_forwards))
+    assert m.seconds == runs[0].seconds + runs[1].seconds and m.baseline_seconds is None
+    with pytest.raises(ValueError, match="different configurations"):
+        runs[0].merge(speculative_generate(target, drafter, prompts[0], "strict", k=3, max_new_tokens=4).stats)
+
+
+def _noisy(model, scale: float):
+    """A drafter: ``model`` with Gaussian noise of ``scale`` added to every weight."""
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g).to(p.dtype))
+    return out
+
+
+def _certified_rounds(monkeypatch):
+    """Wrap the engine's certify stage: every round's (verdict, draft, certificates) is kept."""
+    seen = []
+    stage = engine_mod.certify
+
+    def spy(rule, verdict, draft):
+        certs = stage(rule, verdict, draft)
+        seen.append((verdict, draft, certs))
+        return certs
+
+    monkeypatch.setattr(engine_mod, "certify", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("spec,tree", [("strict", None), ("additive:0.01", None), ("topm:2", None),
+                                       ("additive:0.01", (2, 3)), ("tree:2", None)])
+def test_live_certificates_are_the_librarys(target_factory, prompts, monkeypatch, dtype, spec, tree):
+    """The engine's live certificate at every expanded node equals ``draftcert.certified`` on the
+    same target logits and drafter logits.  For a width-w node where the rule accepts the target's
+    argmax the engine's radius is the larger of the rule's and tree:w's, so its flag is the OR of
+    the two library certificates (certify_rows is monotone in the radius)."""
+    target, _ = target_factory(seed=4, layers=3)
+    target.to(dtype)
+    seen = _certified_rounds(monkeypatch)
+    _, rule, _, _ = engine_mod.resolve_criterion(spec, 3, tree)
+    for drafter in [_noisy(target, s) for s in (0.003, 0.01, 0.1)] + [target]:  # KL from ~radius to far above, and 0
+        for p in prompts:
+            speculative_generate(target, drafter, p, spec, k=3, tree=tree, max_new_tokens=16)
+    flags, near = [], 0
+    for verdict, draft, certs in seen:
+        if certs is None:  # the length limit left no room for a draft
+            assert len(draft) == 0
+            continue
+        x = verdict.summary.source[certs.rows]  # [E, V] the target's verification logits of the expanded nodes
+        q = draft.q  # [E, V] the drafter's logits there
+        assert x.dtype == dtype
+        want = torch.as_tensor(draftcert.certified(rule, target_logits=x, draft_logits=q))
+        widths = torch.tensor(draft.widths)
+        for m in set(draft.widths) - {1}:
+            takes_max = torch.as_tensor(rule.accepts_tokens(logits=x, tokens=x.argmax(-1)))
+            tree_cert = torch.as_tensor(draftcert.certified(TreeCoverage(m), target_logits=x, draft_logits=q))
+            want = want | ((widths == m) & takes_max & tree_cert)
+        assert certs.certified == want.tolist()
+        flags += certs.certified
+        near += sum(r / 2 < d < 2 * r for d, r in zip(certs.divergence, certs.radius))
+    assert True in flags and False in flags and near >= 2  # rows on both sides, some close to the radius

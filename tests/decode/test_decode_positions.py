@@ -19,12 +19,16 @@ def test_histogram_and_positions_count_the_rounds(tiny, prompts, spec, tree):
     drafted = [r for r in st.rounds if r.drafted]
     assert sum(hist) == len(drafted) and len(hist) == (len(tree) if isinstance(tree, list) else 3 if tree else 4) + 1
     assert sum(n * h for n, h in enumerate(hist)) == sum(r.accepted for r in st.rounds)
-    assert st.attempted_by_depth[0] == len(drafted)
+    assert st.attempted_by_depth[0] == len(drafted) == st.num_drafts
     # a depth is attempted exactly when the previous one was accepted (and the node had children)
-    assert all(a <= b for a, b in zip(st.attempted_by_depth[1:], st.accepted_by_depth))
-    assert st.acceptance_rate_by_depth == [a / n for a, n in zip(st.accepted_by_depth, st.attempted_by_depth)]
+    acc = st.num_accepted_tokens_per_pos
+    assert all(a <= b for a, b in zip(st.attempted_by_depth[1:], acc))
+    assert st.acceptance_rate_by_depth == [a / n for a, n in zip(acc, st.attempted_by_depth)]
+    assert st.acceptance_rate_per_pos == [a / len(drafted) for a in acc]  # vLLM's: not conditional
     s = st.summary()
     assert s["accepted_length_histogram"] == hist and s["attempted_by_depth"] == st.attempted_by_depth
+    assert s["accepted_by_depth"] == s["num_accepted_tokens_per_pos"] == acc
+    assert s["mean_acceptance_length"] == pytest.approx(1 + sum(acc) / len(drafted))
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +46,12 @@ def test_decode_json_and_bench_report_positions(ckpt, capsys):
                  "--max-new-tokens", "10", "--json"]) == 0
     s = json.loads(capsys.readouterr().out.splitlines()[-1])["summary"]
     assert len(s["acceptance_rate_by_depth"]) >= 1 and sum(s["accepted_length_histogram"]) >= 1
+    assert s["num_drafts"] == sum(s["accepted_length_histogram"]) and s["draft_acceptance_rate"] is not None
     assert main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hi", "--prompt", "yo",
                  "--criteria", "strict,tree:2", "-k", "3", "--max-new-tokens", "8", "--json"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert all(len(r["accepted_length_histogram"]) == 4 and len(r["acceptance_by_position"]) <= 3 for r in rows)
+    assert all(r["num_drafts"] == sum(r["accepted_length_histogram"]) for r in rows)
     assert main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hi", "--criteria", "strict",
                  "-k", "2", "--max-new-tokens", "6"]) == 0
     assert "acceptance by draft position" in capsys.readouterr().out

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from draftcert.decode import DraftTree, parse_tree
-from draftcert.decode.drafters import model_forward, new_cache
+from draftcert.models.hf import model_forward, new_cache
 from draftcert.decode.tree import keep_cache, tree_attention_mask, tree_position_ids
 
 

@@ -25,7 +25,7 @@ def run_profile(pair, out):
     from draftcert.profile import profile
 
     model, drafter, tok = pair
-    profile((model, tok), drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=2, progress=False, report=False,
+    profile((model, tok), drafter, PROMPTS, out=out, max_new_tokens=T, batch_size=2, progress=False,
             criteria=CRITERIA)
     return out
 
@@ -33,7 +33,7 @@ def run_profile(pair, out):
 def run_engine(pair, spec, shape, text):
     """DecodeStats of the engine on one prompt, with the shape's arguments."""
     from draftcert.decode import speculative_generate
-    from draftcert.profile.generate import eos_token_ids
+    from draftcert.models.hf import eos_token_ids
     from draftcert.prompts import encode_prompt
 
     model, drafter, tok = pair

@@ -6,9 +6,12 @@ round must match exactly."""
 
 from __future__ import annotations
 
+from functools import reduce
+
 import numpy as np
 import pytest
 
+from draftcert.decode import DecodeStats
 from draftcert.replay import Shape, load_replay_trace, replay_config
 
 from .conftest import PROMPTS, exact_prefix_matches, run_engine
@@ -31,18 +34,29 @@ def test_strict_replay_equals_engine_round_by_round(pair, trace, spec, shape):
     rep = replay_config(trace, spec, shape)
     tot = rep.totals()
     att, acc, emitted, fwd = [0] * shape.depth, [0] * shape.depth, 0, 0
+    runs = []
     for pid, text in PROMPTS:
         st = run_engine(pair, spec, shape, text)
         assert [r.accepted for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
         assert [r.emitted for r in st.rounds] == [x.tolist() for x in _emitted(trace, pid, rep)]  # the recorded path
         assert all(r.exact for r in rep.rounds[pid])
-        for d, (a, n) in enumerate(zip(st.accepted_by_depth, st.attempted_by_depth)):
+        for d, (a, n) in enumerate(zip(st.num_accepted_tokens_per_pos, st.attempted_by_depth)):
             acc[d] += a
             att[d] += n
         emitted += st.emitted
         fwd += st.target_forwards
+        runs.append(st)
     assert tot["attempted_by_position"] == att and tot["accepted_by_position"] == acc
     assert tot["emitted"] == emitted and tot["target_forwards"] == fwd
+    # one statistics type: the replay counts its rounds as the engine's merged statistics do
+    eng = reduce(DecodeStats.merge, runs)
+    mine = rep.stats()
+    for name in ("num_rounds", "emitted", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "drift_tokens",
+                 "accepted_length_histogram"):
+        assert getattr(mine, name) == getattr(eng, name), name
+    n = len(eng.num_accepted_tokens_per_pos)
+    assert mine.num_accepted_tokens_per_pos[:n] == eng.num_accepted_tokens_per_pos and not any(mine.num_accepted_tokens_per_pos[n:])
+    assert tot["mean_acceptance_length"] == eng.mean_acceptance_length and tot["num_drafts"] == eng.num_drafts
 
 
 def _emitted(trace, pid, rep):
@@ -99,14 +113,20 @@ def test_calibrate_and_predict(pair, trace):
 
 
 def test_profile_report_gets_a_replay_section(profiled):
+    """`draftcert report` computes the replay section and hands it to write_report (the report
+    itself never imports the replay)."""
     import json
 
+    from draftcert.cli import main
     from draftcert.report import write_report
 
-    summary = write_report(profiled, verbose=False)
+    assert main(["report", str(profiled), "--quiet"]) == 0
+    summary = json.loads((profiled / "summary.json").read_text())
     md = (profiled / "report.md").read_text()
     assert "## Replay" in md and "replay_tokens_per_forward.png" in md
     assert "<h2>Replay</h2>" in (profiled / "report.html").read_text()
-    rep = json.loads((profiled / "summary.json").read_text())["replay"]
-    assert rep["soundness_violations"] == 0 and set(rep["rules"]) == set(summary["replay"]["rules"])
+    rep = summary["replay"]
+    assert rep["soundness_violations"] == 0 and set(rep["rules"]) == set(summary["criteria"])
     assert "notes" not in summary or not any("replay" in n for n in summary["notes"])
+    plain = write_report(profiled, verbose=False)  # no replay= given: no section
+    assert "replay" not in plain and "## Replay" not in (profiled / "report.md").read_text()

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import time
 
-from ..criteria import DEFAULT_CRITERIA
+import torch
 
-DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]  # tree:8 drafts 8 children per level: too slow for a quick table
+from .. import models
+from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table
+from ..decode.drafters import make_drafter
+from ..decode.engine import speculative_generate
+from ..fileio import dumps_json
+from ..prompts import encode_prompt, load_prompts
+from ..textfit import terminal_width
+from .checks import check_specs
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
@@ -95,10 +102,6 @@ def _common(p) -> None:
 
 
 def _load(args):
-    import torch
-
-    from ..models import DEFAULT_DRAFTER, load_target
-
     if args.k is not None and args.k < 1:
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
     if args.max_new_tokens < 1:
@@ -108,12 +111,12 @@ def _load(args):
     embedded = args.target in (None, "embedded")
     drafter = args.drafter
     if drafter == "default":
-        drafter = DEFAULT_DRAFTER
+        drafter = models.DEFAULT_DRAFTER
     if drafter is None:
         if not embedded:
             raise ValueError("--drafter: required with a non-embedded --target (e.g. self:skip=N, self:quant=4, prompt-lookup)")
-        drafter = DEFAULT_DRAFTER
-    target, tok = load_target(args.target)
+        drafter = models.DEFAULT_DRAFTER
+    target, tok = models.load_target(args.target)  # looked up at call time: tests stub it out
     return target, tok, drafter
 
 
@@ -128,8 +131,6 @@ def _default_k(args, drafter) -> None:
 
 
 def _drafter_obj(spec, target, tok):
-    from ..decode.drafters import make_drafter
-
     try:
         return make_drafter(spec, target, tok)
     except ValueError:
@@ -138,34 +139,17 @@ def _drafter_obj(spec, target, tok):
         raise ValueError(f"--drafter: {exc}") from exc
 
 
-def _use_color(args, stream) -> bool:
+def use_color(args, stream) -> bool:
+    """Colour the accepted drafts only on a terminal, and never with --no-color, NO_COLOR or TERM=dumb."""
     if args.no_color or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
     return hasattr(stream, "isatty") and stream.isatty()
-
-
-def _json_safe(x):
-    """Strict JSON (no Infinity/NaN tokens): non-finite floats become null.  In a round's
-    "radius" list, null is an infinite radius: no drafter can be rejected there."""
-    if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
-        return None
-    if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 GREEN, RESET = "\033[32m", "\033[0m"
 
 
 def run_decode(args) -> int:
-    from ..prompts import encode_prompt
-
-    from ..decode.engine import speculative_generate
-
-    from .checks import check_specs
-
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt: the prompt is empty")
     check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
@@ -175,14 +159,14 @@ def run_decode(args) -> int:
     _default_k(args, drafter)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
-    color = _use_color(args, out)
+    color = use_color(args, out)
     state = {"toks": [], "text": "", "round": 0}
 
     def on_round(log):
         state["round"] += 1
         if args.json:
             rec = {"round": state["round"], **log.as_dict(), "text": tok.decode(log.emitted)}
-            out.write(json.dumps(_json_safe(rec)) + "\n")
+            out.write(dumps_json(rec, indent=None))  # a null radius is +inf
             out.flush()
             return
         for t, from_draft in zip(log.emitted, log.from_draft):
@@ -199,15 +183,16 @@ def run_decode(args) -> int:
     s = res.stats.summary()
     s["warmup_seconds"] = warm
     if args.json:
-        out.write(json.dumps(_json_safe({"summary": s, "drafter": dspec})) + "\n")
+        out.write(dumps_json({"summary": s, "drafter": dspec}, indent=None))
         return 0
     out.write("\n")
     cert = "n/a" if s["certified_fraction"] is None else f"{s['certified_fraction']:.2f}"
     msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['rounds']} rounds: "
-           f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}, "
-           f"drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
+           f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}"
+           + ("" if s["mean_acceptance_length"] is None else f" (vLLM's mean acceptance length {s['mean_acceptance_length']:.2f})")
+           + f", drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
            + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)")
-           + "; acceptance by position " + " ".join(f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
+           + "; acceptance by position " + " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
            + "; accepted-length histogram " + " ".join(map(str, s["accepted_length_histogram"])))
     if args.baseline:
         msg += f", speedup {s['speedup']:.2f}x vs target alone" + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})")
@@ -219,104 +204,13 @@ def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer)
     """One untimed round (prefill, k drafts, one verification) before the timed decode: the
     first forward passes of a process page the weights in and set kernels up, which would
     otherwise be charged to the first round's tokens/s.  Returns its wall time (s)."""
-    import time
-
-    from ..decode.engine import speculative_generate
-
     t0 = time.perf_counter()
     speculative_generate(target, drafter, ids, criterion, k=k, tree=tree, max_new_tokens=min(max_new_tokens, k + 1),
                          tokenizer=tokenizer)
     return time.perf_counter() - t0
 
 
-def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None):
-    """One aggregate row per criterion spec over the given prompts (tree:M -> tree (M, k)).
-    ``on_run(spec)`` is called after each decode (progress)."""
-    from .. import TreeCoverage, parse_criterion
-
-    from ..decode.engine import speculative_generate
-
-    rows = []
-    for spec in specs:
-        crit = parse_criterion(spec)
-        tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
-        tot = {"tok": 0, "fwd": 0, "acc": 0, "rounds": 0, "drift": 0, "cert": 0, "chk": 0, "s": 0.0}
-        att, accd, hist = [], [], []
-        for ids in prompts_ids:
-            st = speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens, tokenizer=tokenizer).stats
-            tot["tok"] += st.emitted
-            tot["fwd"] += st.target_forwards
-            tot["s"] += st.seconds
-            tot["acc"] += sum(r.accepted for r in st.rounds)
-            tot["rounds"] += len(st.rounds)
-            tot["drift"] += st.drift_tokens
-            tot["cert"] += st.certified_positions
-            tot["chk"] += st.checked_positions
-            if on_run is not None:
-                on_run(spec)
-            att, accd, hist = _add(att, st.attempted_by_depth), _add(accd, st.accepted_by_depth), _add(hist, st.accepted_length_histogram)
-        rows.append({
-            "criterion": crit.spec,
-            "draft": f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}",
-            "tokens_per_forward": tot["tok"] / tot["fwd"],
-            "mean_accepted": tot["acc"] / tot["rounds"],
-            "drift": tot["drift"] / tot["tok"],
-            "certified": tot["cert"] / tot["chk"] if tot["chk"] else None,
-            "tokens_per_second": tot["tok"] / tot["s"],
-            "acceptance_by_position": [a / n if n else None for a, n in zip(accd, att)],
-            "accepted_length_histogram": hist,
-        })
-    return rows
-
-
-def _add(a: list[int], b: list[int]) -> list[int]:
-    n = max(len(a), len(b))
-    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
-
-
-def format_positions(rows) -> str:
-    """Per criterion: acceptance rate at draft positions 1..k and the accepted-length histogram."""
-    lines = ["acceptance by draft position 1..k | rounds accepting 0, 1, ..., k drafts:"]
-    for r in rows:
-        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
-        lines.append(f"  {r['criterion']}: {acc} | {' '.join(map(str, r['accepted_length_histogram']))}")
-    return "\n".join(lines)
-
-
-_BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean accepted", "drift", "certified", "tokens/s"]
-_BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc", "drift", "certified", "tok/s"]
-
-
-def _bench_cells(r) -> list[str]:
-    cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
-    return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}",
-            f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}"]
-
-
-def format_table(rows, width: int | None = None) -> str:
-    """The bench rows as a markdown table.  ``width=None``: one unpadded table (as pasted into
-    the README).  With a width: padded columns, short headers when the long ones do not fit,
-    and the columns split over stacked tables when even that is wider (no cell is ever cut)."""
-    if width is None:
-        lines = ["| " + " | ".join(_BENCH_HEAD) + " |", "|---|---|---:|---:|---:|---:|---:|"]
-        lines += ["| " + " | ".join(_bench_cells(r)) + " |" for r in rows]
-        return "\n".join(lines)
-    from ..textfit import markdown_tables
-
-    cells = [_bench_cells(r) for r in rows]
-    align = ["l", "l"] + ["r"] * 5
-    text = markdown_tables(_BENCH_HEAD, cells, None, align)
-    if max(map(len, text.splitlines())) <= width:
-        return text
-    return markdown_tables(_BENCH_HEAD_SHORT, cells, width, align)
-
-
 def run_bench(args) -> int:
-    from ..prompts import encode_prompt, load_prompts
-
-    from .checks import check_specs
-    from ..textfit import terminal_width
-
     specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
     target, tok, dspec = _load(args)
     if args.prompt:
@@ -330,7 +224,7 @@ def run_bench(args) -> int:
     ids = [encode_prompt(tok, t) for t in texts]
     drafter = _drafter_obj(dspec, target, tok)
     _default_k(args, drafter)
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # optional: the progress bar
 
     bar = tqdm(total=len(specs) * len(ids) + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress)
@@ -348,7 +242,7 @@ def run_bench(args) -> int:
         bar.close()
     if args.json:
         for r in rows:
-            print(json.dumps(_json_safe(r)))
+            print(dumps_json(r, indent=None), end="")
     else:
         print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
               "(tokens/s measured after an untimed warm-up round)\n")

@@ -1,12 +1,13 @@
 """Greedy speculative decoding with exact acceptance certificates.
 
-One round (``speculative_generate``'s loop body)::
+One round (``speculative_generate``'s loop body) in five named stages::
 
-    draft  = drafter.propose(seq)                 # a chain of k tokens, or a tree
-    logits = target([pending] + draft)            # ONE forward pass, KV cache reused
-    path   = accepted nodes, walking from the root  # level-set test per depth
-    emit     draft tokens on the path + the target's greedy token after it
-    roll back both KV caches to seq + path        # crop (chain) / gather + crop (tree)
+    draft   = drafter.propose(seq, widths)            # propose: a chain of k tokens, or a tree of N nodes
+    logits  = verify(target, cache, ..., draft)       # ONE target forward over [pending] + nodes: [1 + N, V]
+    verdict = accept(rule, logits, draft, ...)        # walk the tree: accepted path, emitted tokens, drift
+    certs   = certify(rule, verdict, draft)           # KL(p || q) < radius at every expanded node
+    log     = record(stats, draft, verdict, certs)    # the round's RoundLog, counted into DecodeStats
+    roll back both KV caches to seq + path            # crop (chain) / gather + crop (tree)
 
 Acceptance at a node whose target distribution is p and whose drafted
 children are c_1..c_m (m = 1 for a chain): the criterion's level-set rule
@@ -16,37 +17,37 @@ the target's argmax, so strict is lossless: every emitted token is the
 target's greedy token at its prefix).  If none passes, the target's greedy
 token is emitted instead and the round ends; at a leaf it is the bonus token.
 
-Certificates (``certify=True``): for every node expanded with drafter logits
+Certificates (``certificates=True``): for every node expanded with drafter logits
 q, certified = KL(p || q) < radius, radius = radius(criterion, p) for a
 chain, max(radius(criterion), radius(tree:m)) for a width-m node where the
 rule accepts the target's argmax (covering the argmax then suffices); the
 rule's own radius where it does not (possible for a user LevelSet).
-Both sides are those of ``certified`` (docs/theory.md, section 7): the core's upper
-bound on the exact KL (``divergence_upper``) against the lower bound on the exact
-radius, and acceptance is the rule evaluated exactly on the given logits
-(``accept_ids``), so certified-but-rejected, which raises ``CertificateViolation``,
-is a bug.  Computed from one ``summarize(logits=...)`` of the verification logits and
-``radius_rows``.
+The decision is the core's ``certify_rows``, the one ``certified`` makes (docs/theory.md,
+section 7): an upper bound on the exact KL against a lower bound on the exact radius,
+while acceptance is the rule evaluated exactly on the given logits (``accept_ids``), so
+certified-but-rejected, which raises ``CertificateViolation``, is a bug.  Both come from
+one ``summarize(logits=...)`` of the verification logits.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
-from ..certificates import radius_rows
-from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, as_criterion
-from ..divergences import forward_kl_upper
-from ..summary import summarize
-from .drafters import ModelDrafter, make_drafter, model_forward, new_cache, vocab_size_of
-from .feature import forward_with_hidden
+from ..certificates import certify_rows, radius_rows
+from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, parse_criterion
+from ..models import check_compatible
+from ..models.hf import eos_token_ids, forward_with_hidden, model_forward, new_cache, vocab_size_of
+from ..summary import Summary, summarize
+from .drafters import ModelDrafter, make_drafter
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
 
-__all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "resolve_criterion"]
+__all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "resolve_criterion",
+           "verify", "accept", "certify", "record", "Verdict", "RoundCertificates"]
 
 
 @dataclass
@@ -79,19 +80,6 @@ def _as_ids(input_ids) -> list[int]:
     return ids
 
 
-def _eos_ids(target, eos_token_id) -> set[int]:
-    if eos_token_id is None:
-        gc = getattr(target, "generation_config", None)
-        eos_token_id = getattr(gc, "eos_token_id", None) if gc is not None else None
-        if eos_token_id is None:
-            eos_token_id = getattr(target.config, "eos_token_id", None)
-    if eos_token_id is None:
-        return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(e) for e in eos_token_id}
-
-
 def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, list[int], bool]:
     """(criterion, token rule, widths per depth, expand_all).
 
@@ -100,7 +88,7 @@ def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, lis
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k: expected an integer >= 1 (number of draft tokens per round), got {k!r}")
-    crit = as_criterion(criterion)
+    crit = parse_criterion(criterion)
     shape = parse_tree(tree, k)
     if isinstance(crit, TreeCoverage):
         rule: LevelSet = Strict()
@@ -120,12 +108,7 @@ def _check_vocab(target, drafter, tokenizer=None) -> None:
     """Refuse a drafter with a different vocabulary before any decoding."""
     if not isinstance(drafter, ModelDrafter):
         return
-    try:
-        from draftcert.models import check_compatible  # config vocab, logit rows (and tokenizers when given)
-    except ImportError:
-        check_compatible = None
-    if check_compatible is not None:
-        check_compatible(target, tokenizer, drafter.model, None)
+    check_compatible(target, tokenizer, drafter.model, None)  # config vocab, logit rows (and tokenizers when given)
     vt, vd = vocab_size_of(target), vocab_size_of(drafter.model)
     if vt != vd:
         raise ValueError(
@@ -142,7 +125,7 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     """The target's own greedy decoding with a KV cache (the lossless reference)."""
     prompt = _as_ids(input_ids)
     _check_max(max_new_tokens)
-    eos = _eos_ids(target, eos_token_id)
+    eos = eos_token_ids(target, explicit=eos_token_id)
     out: list[int] = []
     with torch.inference_mode():
         cache, ids = new_cache(target), prompt
@@ -170,7 +153,7 @@ def speculative_generate(
     max_new_tokens: int = 64,
     *,
     eos_token_id=None,
-    certify: bool = True,
+    certificates: bool = True,
     baseline: bool = False,
     tokenizer=None,
     on_round: Callable[[RoundLog], None] | None = None,
@@ -189,7 +172,7 @@ def speculative_generate(
     k : draft tokens per round for a chain (default tree depth for tree:M).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
-    certify : compute the per-position certificates (KL < radius).
+    certificates : compute the per-position certificates (KL < radius).
     baseline : also time the target's own greedy decoding (same prompt, same
         length) for ``stats.speedup`` and ``stats.baseline_match``.
     on_round : callback receiving each round's ``RoundLog`` as it is accepted (streaming).
@@ -202,10 +185,9 @@ def speculative_generate(
         raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
     draft_src = make_drafter(drafter, target, tokenizer)
     _check_vocab(target, draft_src, tokenizer)
-    eos = _eos_ids(target, eos_token_id)
+    eos = eos_token_ids(target, explicit=eos_token_id)
     # Any k gives exact answers (rows needing more are re-sorted exactly); 16 covers peaked rows cheaply.
-    summary_k = max(16 if certify else 2, rule.min_k, max(widths) + 1)
-    tree_crits = {w: TreeCoverage(w) for w in set(widths) if w > 1}
+    summary_k = max(16 if certificates else 2, rule.min_k, max(widths) + 1)
     stats = DecodeStats(criterion=crit.spec, k=k, tree=None if tree is None and not isinstance(crit, TreeCoverage) else widths)
     d_forwards0 = draft_src.forwards
     with_hidden = bool(getattr(draft_src, "needs_target_hidden", False))
@@ -214,28 +196,28 @@ def speculative_generate(
         t0 = time.perf_counter()
         cache = new_cache(target)
         draft_src.start(prompt)
-        seq, out, n_cached = list(prompt), [], 0  # n_cached: target cache holds seq[:n_cached]
+        seq, out, n_cached = list(prompt), [], 0  # n_cached: the target's cache holds seq[:n_cached]
         while len(out) < max_new_tokens:
             budget = min(len(widths), max_new_tokens - len(out) - 1)  # never draft past the length limit
-            draft = draft_src.propose(seq, widths[:budget], expand_all)
-            logits, hidden = _verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)
-            stats.target_forwards += 1
-            path, emitted, log = _accept(rule, logits, draft, certify, summary_k, tree_crits, stats, eos)
-            keep_cache(cache, len(seq), path)  # [pending] is now cached; keep only the accepted nodes
+            draft = draft_src.propose(seq, widths[:budget], expand_all)  # N nodes
+            logits, hidden = verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)  # [1 + N, V]
+            verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
+            certs = certify(rule, verdict, draft) if certificates else None  # per expanded node
+            log = record(stats, draft, verdict, certs)  # RoundLog, counted into stats
+
+            keep_cache(cache, len(seq), verdict.path)  # [pending] is now cached; keep only the accepted nodes
             if with_hidden:  # a feature drafter gets the target's features of every newly cached position
                 n_pending = len(seq) - n_cached
-                draft_src.observe(hidden[list(range(n_pending)) + [n_pending + j for j in path]])
-            n_cached = len(seq) + len(path)
-            draft_src.accept(path)
-            seq += emitted
-            out += emitted
-            stats.rounds.append(log)
+                draft_src.observe(hidden[list(range(n_pending)) + [n_pending + j for j in verdict.path]])
+            draft_src.accept(verdict.path)
+            n_cached = len(seq) + len(verdict.path)
+            seq += verdict.emitted
+            out += verdict.emitted
             if on_round is not None:
                 on_round(log)
-            if emitted and emitted[-1] in eos:
+            if verdict.emitted and verdict.emitted[-1] in eos:
                 break
         stats.seconds = time.perf_counter() - t0
-    stats.emitted = len(out)
     stats.drafter_forwards = draft_src.forwards - d_forwards0
 
     base = None
@@ -248,11 +230,22 @@ def speculative_generate(
     return DecodeResult(tokens=out, stats=stats, baseline_tokens=base)
 
 
-def _verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False):
-    """(target logits (1 + N, V), hidden states (P + N, H) or None).
+# ---------------------------------------------------------------------------
+# the stages of a round: verify -> accept -> certify -> record
 
-    Logits row 0 is after the last pending token, row 1 + i after node i; with ``with_hidden``
-    the target's final hidden states of all P pending tokens and N nodes come along (feature drafters).
+
+def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False):
+    """The target's one forward pass over the pending tokens and every draft node.
+
+    ``cache`` holds the first ``n_cached`` tokens of the sequence; ``pending`` (P tokens,
+    at least the last emitted one) and the N nodes of ``draft`` are fed after it, a tree
+    with the tree attention mask and position ids (``tree.py``).  The cache then holds all
+    P + N of them (``keep_cache`` rolls it back to the accepted path).
+
+    Returns (logits [1 + N, V], hidden [P + N, H] or None): logits row 0 is the target's
+    next-token distribution after the last pending token, row 1 + i the one after node i;
+    with ``with_hidden`` the target's final hidden states of all P pending tokens and N
+    nodes come along (for a feature drafter).
     """
     n = len(draft)
     fwd = forward_with_hidden if with_hidden else model_forward
@@ -260,126 +253,146 @@ def _verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, 
         out = fwd(target, cache, pending + draft.tokens, n + 1)
     else:
         dev = target.device
-        anc = draft.ancestors(dev)
+        anc = draft.ancestors(dev)  # [N, N]
         nodes = torch.arange(n, device=dev)
-        mask = tree_attention_mask(n_cached, len(pending), anc, nodes, nodes, target.dtype)
-        pos = tree_position_ids(n_cached, len(pending), torch.tensor(draft.depths, device=dev))
+        mask = tree_attention_mask(n_cached, len(pending), anc, nodes, nodes, target.dtype)  # [1, 1, P + N, S + P + N]
+        pos = tree_position_ids(n_cached, len(pending), torch.tensor(draft.depths, device=dev))  # [1, P + N]
         out = fwd(target, cache, pending + draft.tokens, n + 1, mask, pos)
     return out if with_hidden else (out, None)
 
 
-def _accept(rule: LevelSet, logits, draft: DraftTree, certify: bool, summary_k: int, tree_crits, stats: DecodeStats, eos=frozenset()):
-    """Walk the tree from the root; returns (accepted node path, emitted tokens, RoundLog).
+@dataclass
+class Verdict:
+    """What the accept stage decided on one round's verification logits."""
 
-    An EOS token among the accepted drafts ends the output right there (no
-    correction/bonus token after it).
+    summary: Summary  # the target's top-k view of the 1 + N verification rows (row 0: root, row 1 + i: node i)
+    passed: list[bool]  # [1 + N]: some drafted child of the row passes the rule
+    path: list[int]  # accepted nodes, root downwards
+    rows: list[int]  # rows reached whose children were drafted: one per attempted depth 1, 2, ...
+    emitted: list[int]  # the accepted draft tokens, then the target's greedy token (none after an accepted EOS)
+    drift: int  # accepted tokens that are not the target's greedy token at their prefix
+    divergence_spent: float  # nats: sum over those tokens x of log p(greedy) - log p(x)
+
+
+def accept(rule: LevelSet, logits: torch.Tensor, draft: DraftTree, summary_k: int, eos=frozenset()) -> Verdict:
+    """Walk the draft tree from the root, accepting what ``rule`` accepts.
+
+    ``logits`` [1 + N, V] are ``verify``'s.  At a row with target distribution p and drafted
+    children c_1..c_m (m = 1 for a chain), the rule keeps the children outside its lower
+    level set {y : p(y) < tau(p)}, evaluated exactly on the given logits (``accept_ids``:
+    float64 where the error bounds settle it, arbitrary precision near the threshold).
+    Among them the one with the largest logit (an exact order; ties: the drafter's order)
+    is accepted and the walk continues below it; if none passes, or at a leaf, the
+    target's greedy token at that row is emitted and the round ends.  An accepted EOS
+    ends the output right there (no target token after it).
+
+    The summary (top-``summary_k``, one ``summarize`` of the logits) is kept in the
+    verdict for ``certify``.
     """
     n = len(draft)
     summ = summarize(logits=logits, k=summary_k, entropy=rule.needs_entropy)
-    log_p_max = torch.log(summ.top_probs[:, 0])
-    greedy = summ.top_ids[:, 0].tolist()
-    children = draft.children_table()
-    has, best, logp_child = [False] * (n + 1), [0] * (n + 1), None
+    greedy = summ.top_ids[:, 0].tolist()  # [1 + N] the target's greedy token per row (lowest id among ties)
+    children = draft.children_table()  # [1 + N] lists, in the drafter's rank order
+    passed, best, logp_child = [False] * (n + 1), [0] * (n + 1), None
     if n:
         width = max(len(c) for c in children)
-        C = torch.tensor([c + [-1] * (width - len(c)) for c in children], device=logits.device)
-        tok = torch.tensor(draft.tokens, device=logits.device)[C.clamp(min=0)]
-        logp_child = logits.gather(1, tok).double() - summ.log_norm[:, None]  # same formula as Summary.prob_of
-        # The rule evaluated exactly on the given logits (as ``accepts`` decides it: float64
-        # where the error bounds settle it, arbitrary precision near the threshold).
+        C = torch.tensor([c + [-1] * (width - len(c)) for c in children], device=logits.device)  # [1 + N, width]
+        tok = torch.tensor(draft.tokens, device=logits.device)[C.clamp(min=0)]  # [1 + N, width] child tokens
+        lx = logits.gather(1, tok)  # [1 + N, width]
+        logp_child = lx.double() - summ.log_norm[:, None]  # same formula as Summary.prob_of
         ok = torch.stack([rule.accept_ids(summ, tok[:, j]) for j in range(width)], 1) & (C >= 0)
-        # Among passing children take the most probable under the target: the largest given
-        # logit, an exact order (ties: the drafter's order).
-        lx = logits.gather(1, tok)
-        best_t = torch.where(ok, lx, torch.full_like(lx, -torch.inf)).argmax(1)
-        has, best = ok.any(1).tolist(), best_t.tolist()
+        best_t = torch.where(ok, lx, torch.full_like(lx, -torch.inf)).argmax(1)  # [1 + N]
+        passed, best = ok.any(1).tolist(), best_t.tolist()
 
-    # Walk: row 0 is the root, row i + 1 is node i.
-    path, rows, r = [], [0], 0
-    while has[r]:
+    path, reached, r = [], [0], 0  # reached: rows 0, 1 + path[0], ...
+    while passed[r]:
         node = children[r][best[r]]
         path.append(node)
         r = node + 1
-        rows.append(r)
+        reached.append(r)
         if draft.tokens[node] in eos:
-            rows.pop()  # the output ends at this EOS: nothing after it is verified
+            reached.pop()  # the output ends at this EOS: nothing after it is verified
             break
     emitted = [draft.tokens[i] for i in path]
-    if len(rows) > len(path):
+    if len(reached) > len(path):
         emitted.append(greedy[r])
-    log = RoundLog(drafted=n, accepted=len(path), emitted=emitted, from_draft=[True] * len(path) + [False] * (len(emitted) - len(path)))
 
-    # Drift and divergence spent for accepted drafts (the final token is the target's own greedy token).
-    for parent_row, node in zip(rows, path):
-        if draft.tokens[node] != greedy[parent_row]:
-            log.drift += 1
-            stats.drift_tokens += 1
-            stats.divergence_spent += float(log_p_max[parent_row] - logp_child[parent_row, best[parent_row]])
+    drift, spent = 0, 0.0
+    if path:
+        log_p_max = torch.log(summ.top_probs[:, 0])  # [1 + N]
+        for parent, node in zip(reached, path):
+            if draft.tokens[node] != greedy[parent]:
+                drift += 1
+                spent += float(log_p_max[parent] - logp_child[parent, best[parent]])
+    rows = [row for row in reached if children[row]]
+    return Verdict(summ, passed, path, rows, emitted, drift, spent)
 
-    # Certificates at every expanded node (all of them, reached or not: the implication holds at any node).
-    cert_by_row, kl_by_row, rad_by_row = {}, {}, {}
-    if certify and draft.q is not None and draft.expanded:
-        er = torch.tensor(draft.expanded, device=logits.device) + 1
-        rad = radius_rows(rule, summ, "forward")[er]
-        w = torch.tensor(draft.widths, device=logits.device)
-        # Covering the target's argmax among the m candidates only guarantees acceptance
-        # where the rule accepts the argmax; a user LevelSet (or entropy with DELTA >= 1)
-        # may reject it, and there only the rule's own radius certifies.
-        takes_max = rule.accept_ids(summ, summ.top_ids[:, 0])[er]
-        for m, tc in tree_crits.items():
+
+class RoundCertificates(NamedTuple):
+    """The certify stage's result: one entry per expanded node (``draft.expanded``)."""
+
+    rows: list[int]  # verification row of the expanded node (0: the root, 1 + i: node i)
+    divergence: list[float]  # proven upper bound on KL(p || q)
+    radius: list[float]  # proven lower bound on the radius
+    certified: list[bool]  # divergence < radius
+
+
+def certify(rule: LevelSet, verdict: Verdict, draft: DraftTree) -> RoundCertificates | None:
+    """Certificates at every expanded node, reached or not (the implication holds at any node).
+
+    At a node with target distribution p (its verification row) whose children the drafter
+    proposed from logits q (its top ``w``): certified = KL(p || q) < radius, with
+
+        radius = radius(rule, p)                              (w = 1, or the rule rejects argmax p)
+        radius = max(radius(rule, p), radius(tree:w, p))      (w > 1 and the rule accepts argmax p)
+
+    (covering the target's argmax among the w candidates guarantees acceptance only where the
+    rule accepts the argmax; a user LevelSet, or entropy with DELTA >= 1, may reject it).  The
+    decision is the core's ``certify_rows``: the same upper bound on KL and comparison as
+    ``certified`` (docs/theory.md, section 7).  Certified but rejected raises
+    ``CertificateViolation``: it is a bug.  None when the drafter gives no distribution.
+    """
+    if draft.q is None or not draft.expanded:
+        return None
+    summ = verdict.summary
+    er = torch.tensor(draft.expanded, device=summ.top_probs.device) + 1  # [E] rows of the expanded nodes
+    sub = summ.select(er)  # [E rows]
+    rad = radius_rows(rule, sub, "forward")  # [E]
+    w = torch.tensor(draft.widths, device=er.device)  # [E]
+    takes_max = rule.accept_ids(sub, sub.top_ids[:, 0])  # [E] does the rule accept the argmax?
+    for m in sorted(set(draft.widths)):
+        if m > 1:
             use = (w == m) & takes_max
-            rad = torch.where(use, torch.maximum(rad, radius_rows(tc, summ, "forward")[er]), rad)
-        kl, decided = _forward_kl(logits[er], draft.q.to(logits.device), rad)
-        cert = decided & (kl < rad)
-        er_l, cert_l, kl_l, rad_l = er.tolist(), cert.tolist(), kl.tolist(), rad.tolist()
-        for i, row in enumerate(er_l):
-            if cert_l[i] and not has[row]:
-                raise CertificateViolation(
-                    f"certified but rejected at tree row {row}: KL(p||q) = {kl_l[i]!r} < radius {rad_l[i]!r} "
-                    f"under {rule.spec} (width {draft.widths[i]}); this is a bug, please report it"
-                )
-            cert_by_row[row], kl_by_row[row], rad_by_row[row] = cert_l[i], kl_l[i], rad_l[i]
-        stats.checked_positions += len(er_l)
-        stats.certified_positions += sum(cert_l)
-
-    # Per reached depth: attempted (the row has drafted children), accepted, certified.
-    for row in rows:
-        if not children[row]:
-            break
-        depth = 1 if row == 0 else draft.depths[row - 1] + 1
-        log.depths.append(depth)
-        log.depth_accepted.append(has[row])
-        log.certified.append(cert_by_row.get(row))
-        log.kl.append(kl_by_row.get(row))
-        log.radius.append(rad_by_row.get(row))
-        stats.record_depth(depth, has[row])
-        if has[row] and row in kl_by_row:
-            stats.kl_sum += kl_by_row[row]
-            stats.kl_count += 1
-    return path, emitted, log
+            rad = torch.where(use, torch.maximum(rad, radius_rows(TreeCoverage(m), sub, "forward")), rad)
+    cert = certify_rows(sub, draft.q.to(er.device), rad, "forward")  # divergence, certified: [E]
+    out = RoundCertificates(er.tolist(), cert.divergence.tolist(), rad.tolist(), cert.certified.tolist())
+    for i, row in enumerate(out.rows):
+        if out.certified[i] and not verdict.passed[row]:
+            raise CertificateViolation(
+                f"certified but rejected at tree row {row}: KL(p||q) <= {out.divergence[i]!r} < radius "
+                f"{out.radius[i]!r} under {rule.spec} (width {draft.widths[i]}); this is a bug, please report it"
+            )
+    return out
 
 
-# Rows whose fast (float32) KL estimate exceeds the radius by this much are reported as
-# not certified without the float64 bound: a completeness shortcut only (every True is the
-# proven bound's), missing a certificate only if float32 erred by more than the band.
-_SKIP_ABS, _SKIP_REL = 1e-2, 0.5
-
-
-def _forward_kl(x: torch.Tensor, y: torch.Tensor, rad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kl, decided) per row for logits x (target), y (drafter).  Where ``decided``, kl is
-    an upper bound on the exact KL(softmax x || softmax y): the core's ``divergence_upper``
-    (docs/theory.md, section 7), so ``kl < radius`` is the same sound comparison as
-    ``certified``.  Elsewhere kl is a fast estimate in the logits' dtype (KL = sum p (x - y)
-    - lse(x) + lse(y)) far above the radius: not certified, the value only reported."""
-    if x.dtype != torch.float64:
-        lse_x, lse_y = torch.logsumexp(x, -1), torch.logsumexp(y, -1)
-        p = torch.exp(x - lse_x[:, None])
-        kl = ((p * (x - y)).sum(-1) - lse_x + lse_y).double().clamp_min(0)
-        need = ~torch.isfinite(kl) | (kl <= rad * (1 + _SKIP_REL) + _SKIP_ABS)
-    else:
-        kl = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-        need = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-    idx = need.nonzero().squeeze(1)
-    if idx.numel():
-        kl[idx] = forward_kl_upper(x[idx], y[idx])  # an upper bound on the exact KL
-    return kl, need
+def record(stats: DecodeStats, draft: DraftTree, verdict: Verdict, certs: RoundCertificates | None) -> RoundLog:
+    """The round's log: per attempted depth whether it was accepted and its certificate; counted into ``stats``."""
+    n_acc = len(verdict.path)
+    log = RoundLog(
+        drafted=len(draft), accepted=n_acc, emitted=verdict.emitted,
+        from_draft=[True] * n_acc + [False] * (len(verdict.emitted) - n_acc),
+        drift=verdict.drift, divergence_spent=verdict.divergence_spent,
+    )
+    at = {} if certs is None else {row: i for i, row in enumerate(certs.rows)}
+    for row in verdict.rows:
+        i = at.get(row)
+        log.depths.append(1 if row == 0 else draft.depths[row - 1] + 1)
+        log.depth_accepted.append(verdict.passed[row])
+        log.certified.append(None if i is None else certs.certified[i])
+        log.kl.append(None if i is None else certs.divergence[i])
+        log.radius.append(None if i is None else certs.radius[i])
+    if certs is not None:
+        log.checked_positions = len(certs.rows)
+        log.certified_positions = sum(certs.certified)
+    stats.add_round(log)
+    return log

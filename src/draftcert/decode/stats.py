@@ -1,30 +1,52 @@
-"""Per-run statistics of speculative decoding.
+"""Statistics of speculative decoding: one type for a decode, a bench row and a replay.
 
-Definitions (all per run):
+``DecodeStats`` holds counters only (``merge`` adds two of them); every figure is
+derived from the counters.  ``draftcert decode`` fills one per prompt, ``bench``
+merges one per prompt into a row, and the replay counts its replayed rounds into one.
 
-* tokens per target forward = emitted tokens / target forward passes (the
-  prompt's prefill shares the first verification pass, so a run with R
-  rounds makes exactly R target forwards).
-* mean accepted length = mean number of *draft* tokens accepted per round
-  (each round also emits one target token: correction or bonus).
-* acceptance rate at depth d = accepted / attempted drafts at depth d, where a
-  depth is attempted when every shallower draft of that round was accepted.
+Counters, in vLLM's vocabulary (``vllm/v1/spec_decode/metrics.py``):
+
+* ``num_drafts``: rounds that proposed at least one draft token;
+* ``num_draft_tokens``: draft tokens proposed (every node of a tree);
+* ``num_accepted_tokens``: draft tokens accepted;
+* ``num_accepted_tokens_per_pos[i]``: rounds whose draft token at position (depth) i + 1
+  was accepted.
+
+Derived, as vLLM defines them:
+
+* mean acceptance length = 1 + num_accepted_tokens / num_drafts (the round's own
+  target token, correction or bonus, included);
+* draft acceptance rate = num_accepted_tokens / num_draft_tokens;
+* acceptance rate at position i = num_accepted_tokens_per_pos[i] / num_drafts (not
+  conditional on the earlier positions).
+
+Ours, next to them (all per run):
+
+* tokens per target forward = emitted tokens / target forward passes (the prompt's
+  prefill shares the first verification pass, so a run with R rounds makes exactly R
+  target forwards);
+* mean accepted length = num_accepted_tokens / rounds (rounds without a draft included;
+  the round's target token not counted);
+* conditional acceptance rate at depth d = accepted / attempted drafts at depth d, where
+  a depth is attempted when every shallower draft of that round was accepted;
 * accepted-length histogram: entry n = rounds that drafted at least one token and
-  accepted exactly n of them (rounds the length limit left without a draft are not counted).
-* drift = fraction of emitted tokens that differ from the target's greedy
-  token at the same (emitted) prefix; 0 under ``strict``.
-* divergence spent (nats) = sum over emitted tokens x of
-  log p(a) - log p(x), a = the target's greedy token at that prefix.
-* mean forward KL = mean of KL(p_target || q_drafter) over accepted draft positions.
-* certificates: at every verification and every draft position whose drafter
-  distribution is known, certified = KL(p || q) < radius (for a width-m
-  tree node radius = max(radius(criterion), radius(tree:m))).  Certified and
-  rejected never happens (the engine raises ``CertificateViolation``).
+  accepted exactly n of them (rounds the length limit left without a draft are not counted);
+* drift = fraction of emitted tokens that differ from the target's greedy token at the
+  same (emitted) prefix; 0 under ``strict``;
+* divergence spent (nats) = sum over emitted tokens x of log p(a) - log p(x), a = the
+  target's greedy token at that prefix;
+* mean forward KL = mean of the proven upper bound on KL(p_target || q_drafter) over
+  accepted draft positions;
+* certificates: at every expanded node whose drafter distribution is known,
+  certified = KL(p || q) < radius (for a width-m tree node radius = max(radius(criterion),
+  radius(tree:m))).  Certified and rejected never happens (the engine raises
+  ``CertificateViolation``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Sequence
 
 
 class CertificateViolation(RuntimeError):
@@ -33,34 +55,56 @@ class CertificateViolation(RuntimeError):
 
 @dataclass
 class RoundLog:
-    """One verification round."""
+    """One verification round, as the engine records it (``decode --json`` prints one per line)."""
 
     drafted: int  # tree nodes proposed
     accepted: int  # draft tokens accepted
     emitted: list[int]  # tokens emitted this round (accepted drafts + correction/bonus, after truncation)
     from_draft: list[bool]  # per emitted token: an accepted draft (True) or the target's token (False)
-    depths: list[int] = field(default_factory=list)  # reached depths (1-based)
+    depths: list[int] = field(default_factory=list)  # reached depths with drafted children (1-based)
     depth_accepted: list[bool] = field(default_factory=list)
     certified: list[bool | None] = field(default_factory=list)  # per reached depth (None: no drafter q)
-    kl: list[float | None] = field(default_factory=list)
+    kl: list[float | None] = field(default_factory=list)  # per reached depth: upper bound on KL(p || q)
     radius: list[float | None] = field(default_factory=list)
-    drift: int = 0
+    drift: int = 0  # accepted tokens that are not the target's greedy token
+    divergence_spent: float = 0.0  # nats: sum over them of log p(greedy) - log p(token)
+    checked_positions: int = 0  # expanded nodes with a certificate (reached or not)
+    certified_positions: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+def _add_lists(a: list, b: list) -> list:
+    """Elementwise sum, the shorter list padded with zeros."""
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+def _grow(a: list[int], n: int) -> None:
+    a.extend([0] * (n - len(a)))
+
+
 @dataclass
 class DecodeStats:
+    """Counters of one or more speculative decodes under one configuration (see the module docstring).
+
+    ``rounds`` is the per-round log (``RoundLog``) of the decodes counted through
+    ``add_round``; a replay counts its rounds with ``count_round`` and leaves it empty.
+    """
+
     criterion: str
     k: int
-    tree: list[int] | None
+    tree: list[int] | None  # widths per depth, None for a chain of k
+    num_rounds: int = 0  # verification rounds = target forwards
     emitted: int = 0
-    target_forwards: int = 0
     drafter_forwards: int = 0
-    rounds: list[RoundLog] = field(default_factory=list)
-    attempted_by_depth: list[int] = field(default_factory=list)
-    accepted_by_depth: list[int] = field(default_factory=list)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [depth]
+    attempted_by_depth: list[int] = field(default_factory=list)  # [depth]
+    accepted_length_histogram: list[int] = field(default_factory=list)  # [depth + 1]
     drift_tokens: int = 0
     divergence_spent: float = 0.0  # nats
     kl_sum: float = 0.0
@@ -71,34 +115,108 @@ class DecodeStats:
     baseline_seconds: float | None = None
     baseline_tokens: int | None = None
     baseline_match: bool | None = None  # strict: emitted tokens identical to plain greedy decoding
+    rounds: list[RoundLog] = field(default_factory=list)
 
-    def record_depth(self, d: int, accepted: bool) -> None:
-        while len(self.attempted_by_depth) < d:
-            self.attempted_by_depth.append(0)
-            self.accepted_by_depth.append(0)
-        self.attempted_by_depth[d - 1] += 1
-        self.accepted_by_depth[d - 1] += int(accepted)
+    def __post_init__(self):
+        _grow(self.accepted_length_histogram, self.depth + 1)
+
+    @property
+    def depth(self) -> int:
+        """Draft depth of the configuration: tree levels, or k for a chain."""
+        return len(self.tree) if self.tree else self.k
+
+    # ------------------------------------------------------------------ counting
+
+    def count_round(self, drafted: int, accepted: int, emitted: int, depth_accepted: Sequence[bool],
+                    drift: int = 0, divergence_spent: float = 0.0) -> None:
+        """Count one round: ``drafted`` nodes proposed, ``accepted`` of them accepted, ``emitted``
+        tokens out; ``depth_accepted[d]`` says whether depth d + 1 (attempted) was accepted."""
+        self.num_rounds += 1
+        self.emitted += emitted
+        self.num_accepted_tokens += accepted
+        self.drift_tokens += drift
+        self.divergence_spent += divergence_spent
+        if drafted:
+            self.num_drafts += 1
+            self.num_draft_tokens += drafted
+            _grow(self.accepted_length_histogram, accepted + 1)
+            self.accepted_length_histogram[accepted] += 1
+        _grow(self.attempted_by_depth, len(depth_accepted))
+        _grow(self.num_accepted_tokens_per_pos, len(depth_accepted))
+        for d, ok in enumerate(depth_accepted):
+            self.attempted_by_depth[d] += 1
+            self.num_accepted_tokens_per_pos[d] += int(ok)
+
+    def add_round(self, log: RoundLog) -> None:
+        """Count one engine round from its log (and keep the log)."""
+        self.rounds.append(log)
+        self.count_round(log.drafted, log.accepted, len(log.emitted), log.depth_accepted, log.drift,
+                         log.divergence_spent)
+        for ok, kl in zip(log.depth_accepted, log.kl):
+            if ok and kl is not None:
+                self.kl_sum += kl
+                self.kl_count += 1
+        self.checked_positions += log.checked_positions
+        self.certified_positions += log.certified_positions
+
+    def merge(self, other: DecodeStats) -> DecodeStats:
+        """The counters of both runs added (same criterion and draft shape); round logs concatenated."""
+        if (self.criterion, self.k, self.tree) != (other.criterion, other.k, other.tree):
+            raise ValueError(f"merge: statistics of different configurations ({self.criterion}, k={self.k}, "
+                             f"tree={self.tree}) and ({other.criterion}, k={other.k}, tree={other.tree})")
+        out = DecodeStats(self.criterion, self.k, self.tree)
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if f.name in ("criterion", "k", "tree"):
+                continue
+            if f.name == "rounds":
+                v = a + b
+            elif f.name == "baseline_match":
+                v = None if a is None or b is None else a and b
+            elif isinstance(a, list):
+                v = _add_lists(a, b)
+            else:
+                v = None if a is None or b is None else a + b
+            setattr(out, f.name, v)
+        return out
+
+    # ------------------------------------------------------------------ vLLM's figures
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def acceptance_rate_per_pos(self) -> list[float | None]:
+        return [a / self.num_drafts if self.num_drafts else None for a in self.num_accepted_tokens_per_pos]
+
+    # ------------------------------------------------------------------ ours
+
+    @property
+    def target_forwards(self) -> int:
+        """One target forward per round: the prefill shares the first verification pass."""
+        return self.num_rounds
 
     @property
     def tokens_per_forward(self) -> float:
-        return self.emitted / self.target_forwards if self.target_forwards else 0.0
+        return self.emitted / self.num_rounds if self.num_rounds else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
-        return sum(r.accepted for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
+        return self.num_accepted_tokens / self.num_rounds if self.num_rounds else 0.0
 
     @property
-    def acceptance_rate_by_depth(self) -> list[float]:
-        return [a / n if n else 0.0 for a, n in zip(self.accepted_by_depth, self.attempted_by_depth)]
+    def acceptance_rate_by_depth(self) -> list[float | None]:
+        """Conditional rates: accepted / attempted at each depth (None where never attempted)."""
+        return [a / n if n else None for a, n in zip(self.num_accepted_tokens_per_pos, self.attempted_by_depth)]
 
     @property
-    def accepted_length_histogram(self) -> list[int]:
-        depth = max([len(self.tree) if self.tree else self.k] + [r.accepted for r in self.rounds])
-        hist = [0] * (depth + 1)
-        for r in self.rounds:
-            if r.drafted:
-                hist[r.accepted] += 1
-        return hist
+    def zero_accept_fraction(self) -> float | None:
+        return self.accepted_length_histogram[0] / self.num_drafts if self.num_drafts else None
 
     @property
     def drift(self) -> float:
@@ -127,22 +245,34 @@ class DecodeStats:
         b = self.baseline_tokens_per_second
         return self.tokens_per_second / b if b else None
 
+    def vllm_metrics(self) -> dict:
+        """vLLM's counters and derived figures (JSON-ready)."""
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+            "acceptance_rate_per_pos": self.acceptance_rate_per_pos,
+        }
+
     def summary(self) -> dict:
-        """Headline numbers (JSON-ready)."""
+        """Headline numbers of a decode (``decode --json``'s summary; JSON-ready)."""
         return {
             "criterion": self.criterion,
             "k": self.k,
             "tree": self.tree,
             "emitted": self.emitted,
-            "rounds": len(self.rounds),
+            "rounds": self.num_rounds,
             "target_forwards": self.target_forwards,
             "drafter_forwards": self.drafter_forwards,
             "tokens_per_forward": self.tokens_per_forward,
             "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,  # = by draft position 1..k
+            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,  # conditional, by draft position 1..k
             "attempted_by_depth": list(self.attempted_by_depth),
-            "accepted_by_depth": list(self.accepted_by_depth),
-            "accepted_length_histogram": self.accepted_length_histogram,
+            "accepted_by_depth": list(self.num_accepted_tokens_per_pos),  # = num_accepted_tokens_per_pos
+            "accepted_length_histogram": list(self.accepted_length_histogram),
             "drift": self.drift,
             "divergence_spent_nats": self.divergence_spent,
             "mean_forward_kl_accepted": self.mean_kl,
@@ -154,4 +284,5 @@ class DecodeStats:
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,
             "baseline_match": self.baseline_match,
+            **self.vllm_metrics(),
         }

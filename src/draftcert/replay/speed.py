@@ -15,10 +15,10 @@ context) and both prefills on this machine; tree verifications are timed with th
 engine's 4-D tree mask.  Without a calibration the speed is left out, unless a drafter
 cost ratio is given (``forward-count`` model: T(n) = 1, D(n) = ratio).
 
-What is timed is what the engine runs: verification is ``engine._verify`` followed by the
-cache rollback (``keep_cache``: a crop for chains, a gather of the kept nodes for trees), with
-the target's hidden states for a feature drafter; the per-round work O(n) is ``engine._accept``
-(acceptance walk and certificates).  A feature drafter's drafting of a round is timed whole, per
+What is timed is what the engine runs: verification is the engine's ``verify`` stage followed
+by the cache rollback (``keep_cache``: a crop for chains, a gather of the kept nodes for trees),
+with the target's hidden states for a feature drafter; the per-round work O(n) is the engine's
+``accept``, ``certify`` and ``record`` stages (acceptance walk, certificates, statistics).  A feature drafter's drafting of a round is timed whole, per
 draft shape and budget: ``FeatureDrafter.propose`` (the catch-up step over the new target
 features, then one step per further depth, each with its full-vocabulary logits and top-w) and
 ``accept``; its first round drafts nothing (the verification is the prefill) and its second
@@ -34,6 +34,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from ..criteria import Strict
+from ..decode.drafters import make_drafter
+from ..decode.engine import accept, certify, record, verify
+from ..decode.stats import DecodeStats
+from ..decode.tree import DraftTree, crop_cache, keep_cache
+from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
 __all__ = ["Costs", "calibrate", "predict", "forward_count_costs"]
@@ -165,8 +171,6 @@ def _sizes(shapes: list[Shape]) -> tuple[set[int], set[int], set[int]]:
 
 def _tree_for(n_nodes: int):
     """A draft tree with ``n_nodes`` nodes (a width-n root fan: same tokens and mask size as any tree of n)."""
-    from ..decode.tree import DraftTree
-
     t = DraftTree()
     for i in range(n_nodes):
         t.add(0, -1 if i == 0 else i - 1 if i % 2 else 0)
@@ -174,12 +178,9 @@ def _tree_for(n_nodes: int):
 
 
 def _overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
-    """Arguments of the engine's acceptance step for a chain round verifying n rows (random logits:
-    the certificate work covers every drafted row whatever is accepted)."""
-    from ..criteria import Strict
-    from ..decode.stats import DecodeStats
-    from ..decode.tree import DraftTree
-
+    """(rule, logits, draft, summary k, stats): the engine's per-round work for a chain round
+    verifying n rows (random logits: the certificate work covers every drafted row whatever
+    is accepted)."""
     logits = (torch.randn(n, V, generator=g) * 3).to(dtype)
     d = DraftTree()
     for i in range(n - 1):
@@ -187,7 +188,13 @@ def _overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
         d.expanded.append(i - 1)
         d.widths.append(1)
     d.q = (torch.randn(n - 1, V, generator=g) * 3).to(dtype) if n > 1 else None
-    return Strict(), logits, d, True, 16, {}, DecodeStats("strict", max(1, n - 1), None)
+    return Strict(), logits, d, 16, DecodeStats("strict", max(1, n - 1), None)
+
+
+def _round_work(rule, logits, draft, summary_k, stats) -> None:
+    """The engine's per-round work besides the forwards: accept -> certify -> record."""
+    verdict = accept(rule, logits, draft, summary_k)
+    record(stats, draft, verdict, certify(rule, verdict, draft))
 
 
 @torch.inference_mode()
@@ -199,10 +206,6 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     is cropped back.  Sizes are interleaved round-robin ``repeats`` times (load on a shared
     machine then hits every size alike) and the median is kept.
     """
-    from ..decode.drafters import make_drafter, model_forward, new_cache, vocab_size_of
-    from ..decode.engine import _accept, _verify
-    from ..decode.tree import crop_cache, keep_cache
-
     if repeats < 1 or context < 1 or prompt_length < 1:
         raise ValueError("calibrate: repeats, context and prompt_length must be >= 1")
     chain, tree, draft = _sizes(shapes)
@@ -213,8 +216,6 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     feature = bool(getattr(src, "needs_target_hidden", False))
     tcache = new_cache(target)
     if feature:
-        from ..decode.feature import forward_with_hidden
-
         _, hidden = forward_with_hidden(target, tcache, ids[:context], 1)
         seq = ids[: context + 1]
         src.start(seq)
@@ -237,22 +238,20 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     jobs += [("tp", prompt_length), ("dp", prompt_length), ("g", 1)]
     rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
     times: dict[tuple, list[float]] = {j: [] for j in jobs}
-    from ..decode.tree import DraftTree
-
     for _ in range(repeats + 1):  # the first pass warms up and is dropped
         for kind, n in jobs:
             if kind == "dr":  # rewind: the round's catch-up covers 2 new target features
                 crop_cache(src.cache, context - 2)
                 src.n_valid = context - 2
             t0 = time.perf_counter()
-            if kind == "t":  # a chain's verification and rollback (the engine's _verify + keep_cache)
+            if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
                 chain_draft = DraftTree()
                 for i in range(n - 1):
                     chain_draft.add(ids[context + 1 + i], i - 1)
-                _verify(target, tcache, context, ids[context:context + 1], chain_draft, feature)
+                verify(target, tcache, context, ids[context:context + 1], chain_draft, feature)
                 keep_cache(tcache, context + 1, list(range(max(0, n - 2))))
             elif kind == "tt":  # a tree's: the kept path is gathered into place
-                _verify(target, tcache, context, ids[context:context + 1], trees[n], feature)
+                verify(target, tcache, context, ids[context:context + 1], trees[n], feature)
                 keep_cache(tcache, context + 1, [0, 2] if n > 3 else [0])
             elif kind == "d":
                 model_forward(drafter, dcache, ids[context:context + n], 1)
@@ -261,7 +260,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 src.propose(seq, w, e)
                 src.accept([])
             elif kind == "o":
-                _accept(*rows[n])
+                _round_work(*rows[n])
             elif kind == "g":  # the target alone: greedy_generate's step
                 int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
             elif kind == "tp":

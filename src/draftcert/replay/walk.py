@@ -29,8 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-
 from ..criteria import TreeCoverage, parse_criterion
+from ..decode.stats import DecodeStats
+from ..tracefile import ROLLOUT_MASK_WIDTH, accept_mask_column, rollout_mask_column
 from .data import PromptTrace, ReplayTrace
 
 __all__ = ["Shape", "default_shapes", "parse_shape", "Round", "ConfigReplay", "replay_config", "rule_kind"]
@@ -169,34 +170,35 @@ class ConfigReplay:
     def _all(self):
         return [r for rs in self.rounds.values() for r in rs]
 
+    def stats(self) -> DecodeStats:
+        """The replayed rounds of every prompt counted as the engine counts its own (``DecodeStats``):
+        a round drafts the shape's nodes up to its budget; one target forward per round."""
+        sh = self.shape
+        st = DecodeStats(self.spec, sh.depth, None if sh.kind == "chain" else list(sh.widths),
+                         num_accepted_tokens_per_pos=[0] * sh.depth, attempted_by_depth=[0] * sh.depth)
+        for r in self._all():
+            st.count_round(sh.nodes(r.budget), r.accepted, r.emitted, r.depth_accepted, r.drift)
+        return st
+
     def totals(self) -> dict:
-        rs = self._all()
-        n_rounds = len(rs)
-        emitted = sum(r.emitted for r in rs)
-        drafted = [r for r in rs if r.budget > 0]
-        att, acc = [0] * self.shape.depth, [0] * self.shape.depth
-        hist = [0] * (self.shape.depth + 1)
-        for r in rs:
-            for d, a in enumerate(r.depth_accepted):
-                att[d] += 1
-                acc[d] += int(a)
-            if r.budget > 0:
-                hist[r.accepted] += 1
-        exact = sum(r.exact for r in rs)
+        """Figures of the replayed configuration (``replay.json``'s rows), from ``stats()``."""
+        st = self.stats()
+        exact = sum(r.exact for r in self._all())
         return {
-            "rounds": n_rounds,
-            "emitted": emitted,
-            "target_forwards": n_rounds,
-            "tokens_per_forward": emitted / n_rounds if n_rounds else 0.0,
-            "mean_accepted": sum(r.accepted for r in rs) / n_rounds if n_rounds else 0.0,
-            "acceptance_by_position": [a / n if n else None for a, n in zip(acc, att)],
-            "attempted_by_position": att,
-            "accepted_by_position": acc,
-            "zero_accept_fraction": (sum(r.accepted == 0 for r in drafted) / len(drafted)) if drafted else None,
-            "accepted_length_histogram": hist,
-            "drift_tokens": sum(r.drift for r in rs),
+            "rounds": st.num_rounds,
+            "emitted": st.emitted,
+            "target_forwards": st.target_forwards,
+            "tokens_per_forward": st.tokens_per_forward,
+            "mean_accepted": st.mean_accepted_length,
+            "acceptance_by_position": st.acceptance_rate_by_depth,  # conditional: accepted / attempted
+            "attempted_by_position": list(st.attempted_by_depth),
+            "accepted_by_position": list(st.num_accepted_tokens_per_pos),
+            "zero_accept_fraction": st.zero_accept_fraction,
+            "accepted_length_histogram": list(st.accepted_length_histogram),
+            "drift_tokens": st.drift_tokens,
             "exact_rounds": exact,
-            "exact_fraction": exact / n_rounds if n_rounds else 1.0,
+            "exact_fraction": exact / st.num_rounds if st.num_rounds else 1.0,
+            **st.vllm_metrics(),
         }
 
     def work(self) -> tuple[dict[int, int], dict[int, int]]:
@@ -249,16 +251,14 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
         raise ValueError(f"tree shape {shape.label}: the trace stores the drafter's top-{width} only; "
                          f"use widths <= {width}")
     if kind == "levelset" and max(shape.widths) > 1 and spec not in pt.accept_mask:
-        raise ValueError(f"{spec} on {shape.label}: the trace lacks accept_mask/{spec} (recorded by an older "
+        raise ValueError(f"{spec} on {shape.label}: the trace lacks {accept_mask_column(spec)} (recorded by an older "
                          "draftcert); re-record it with `draftcert profile --drafter ...`")
     if pt.roll_ids is not None and shape.depth > pt.roll_ids.shape[1] + 1:
         raise ValueError(f"{shape.label}: the trace records the feature drafter's rollouts to depth "
                          f"{pt.roll_ids.shape[1] + 1}; replay depths <= {pt.roll_ids.shape[1] + 1}")
     if pt.roll_ids is not None and kind == "levelset" and shape.depth > 1:
-        from ..profile.trace import ROLLOUT_MASK_WIDTH
-
         if spec not in pt.roll_mask:
-            raise ValueError(f"{spec} on {shape.label}: the trace lacks rollout_accept_mask/{spec}; re-record it")
+            raise ValueError(f"{spec} on {shape.label}: the trace lacks {rollout_mask_column(spec)}; re-record it")
         if max(shape.widths[1:]) > ROLLOUT_MASK_WIDTH:
             raise ValueError(f"{spec} on {shape.label}: below the root the trace records which of the feature "
                              f"drafter's top-{ROLLOUT_MASK_WIDTH} a level-set rule accepts; use widths <= "

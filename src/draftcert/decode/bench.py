@@ -1,0 +1,88 @@
+"""``draftcert bench``'s table: several criteria decoded on the same prompts, one row each.
+
+A row is the ``DecodeStats`` of every prompt's decode merged (``DecodeStats.merge``), so
+its figures are totals over the prompts, not means of per-prompt figures: tokens per
+forward = all emitted tokens / all target forwards, and so on (``stats.py``).
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+
+from ..criteria import DEFAULT_CRITERIA, TreeCoverage, parse_criterion
+from ..textfit import markdown_tables
+from .engine import speculative_generate
+from .stats import DecodeStats
+
+__all__ = ["DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions"]
+
+# tree:8 drafts 8 children per level: too slow for a quick table
+DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]
+
+
+def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None) -> list[dict]:
+    """One row per criterion spec over the given prompts (``tree:M`` -> a width-M tree of depth k).
+    ``on_run(spec)`` is called after each decode (progress)."""
+    rows = []
+    for spec in specs:
+        crit = parse_criterion(spec)
+        tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
+        runs = []
+        for ids in prompts_ids:
+            runs.append(speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens,
+                                             tokenizer=tokenizer).stats)
+            if on_run is not None:
+                on_run(spec)
+        rows.append(bench_row(reduce(DecodeStats.merge, runs), f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}"))
+    return rows
+
+
+def bench_row(st: DecodeStats, draft: str) -> dict:
+    """The figures of one bench row (JSON-ready), ``draft`` naming the draft shape."""
+    return {
+        "criterion": st.criterion,
+        "draft": draft,
+        "tokens_per_forward": st.tokens_per_forward,
+        "mean_accepted": st.mean_accepted_length,
+        "drift": st.drift,
+        "certified": st.certified_fraction,
+        "tokens_per_second": st.tokens_per_second,
+        "acceptance_by_position": st.acceptance_rate_by_depth,  # conditional: accepted / attempted
+        "accepted_length_histogram": list(st.accepted_length_histogram),
+        **st.vllm_metrics(),
+    }
+
+
+def format_positions(rows) -> str:
+    """Per criterion: acceptance rate at draft positions 1..k and the accepted-length histogram."""
+    lines = ["acceptance by draft position 1..k | rounds accepting 0, 1, ..., k drafts:"]
+    for r in rows:
+        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
+        lines.append(f"  {r['criterion']}: {acc} | {' '.join(map(str, r['accepted_length_histogram']))}")
+    return "\n".join(lines)
+
+
+_BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean accepted", "drift", "certified", "tokens/s"]
+_BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc", "drift", "certified", "tok/s"]
+
+
+def _bench_cells(r) -> list[str]:
+    cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
+    return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}",
+            f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}"]
+
+
+def format_table(rows, width: int | None = None) -> str:
+    """The bench rows as a markdown table.  ``width=None``: one unpadded table (as pasted into
+    the README).  With a width: padded columns, short headers when the long ones do not fit,
+    and the columns split over stacked tables when even that is wider (no cell is ever cut)."""
+    if width is None:
+        lines = ["| " + " | ".join(_BENCH_HEAD) + " |", "|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["| " + " | ".join(_bench_cells(r)) + " |" for r in rows]
+        return "\n".join(lines)
+    cells = [_bench_cells(r) for r in rows]
+    align = ["l", "l"] + ["r"] * 5
+    text = markdown_tables(_BENCH_HEAD, cells, None, align)
+    if max(map(len, text.splitlines())) <= width:
+        return text
+    return markdown_tables(_BENCH_HEAD_SHORT, cells, width, align)
