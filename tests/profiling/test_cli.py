@@ -79,6 +79,26 @@ def test_reproduce_paper_says_exactly_what_is_missing(monkeypatch, capsys):
     assert main(["reproduce-paper", "--check"]) == 0
 
 
+def test_reproduce_paper_writes_each_targets_report_from_the_cli(monkeypatch, tmp_path):
+    """The profiler never writes the report (it sits a layer below it): the command does, once per target."""
+    from draftcert.cli import profile as cli_profile
+    from draftcert.profile import paper
+    from draftcert.profile.run import ProfileResult
+
+    ran, reported = [], []
+
+    def fake_profile(target, drafter, prompts, *, out, **kw):
+        ran.append(target)
+        return ProfileResult(out, 4, 1, 0, 0, {}, 1, 4, {})
+
+    monkeypatch.setattr(paper, "check_requirements", lambda *a: [])
+    monkeypatch.setattr(paper, "profile", fake_profile)
+    monkeypatch.setattr(cli_profile, "write_report", lambda out, **kw: reported.append(out))
+    assert main(["reproduce-paper", "--out", str(tmp_path)]) == 0
+    assert ran == list(paper.PAPER_TARGETS)
+    assert reported == [tmp_path / t.split("/")[-1] for t in paper.PAPER_TARGETS]
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes(tiny_dir, prompt_file, tmp_path):
     """The real launcher: torchrun --nproc_per_node 2 -m draftcert profile (gloo on CPU)."""

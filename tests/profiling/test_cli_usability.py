@@ -54,12 +54,12 @@ def test_unreachable_drafter_is_called_a_drafter(tiny_dir, prompt_file, tmp_path
 
 
 def test_unknown_criteria_refused_before_loading_with_a_suggestion(prompt_file, tmp_path, capsys, monkeypatch):
-    import draftcert.models
+    from draftcert.profile import run as run_mod
 
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before --criteria was checked")
 
-    monkeypatch.setattr(draftcert.models, "load_target", no_load)
+    monkeypatch.setattr(run_mod, "load_target", no_load)  # the name profile() loads the target with
     rc = main(["profile", "--prompts", str(prompt_file), "--criteria", "strict,multiplicativ:0.5",
                "--out", str(tmp_path / "c"), *QUIET])
     assert rc == 2
@@ -76,7 +76,7 @@ def _status(out):
 def test_run_json_says_interrupted(how, tiny_dir, prompt_file, tmp_path):
     out = tmp_path / how
     kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=3, batch_size=2,
-              progress=False, report=False)
+              progress=False)
 
     def stop(info):
         if how == "ctrl-c":
@@ -96,7 +96,7 @@ def test_run_json_says_interrupted(how, tiny_dir, prompt_file, tmp_path):
 
 def test_a_failed_setup_never_rewrites_another_runs_run_json(tiny_dir, prompt_file, tmp_path):
     out = tmp_path / "r"
-    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=2, progress=False, report=False)
+    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=2, progress=False)
     profile(limit=1, **kw)
     before = (out / "run.json").read_bytes()
     with pytest.raises(ValueError, match="different settings"):
@@ -169,7 +169,9 @@ def test_profile_table_fits_80_columns(tiny_dir, prompt_file, tmp_path, capsys, 
     lines = [l for l in text.splitlines() if str(out) not in l]  # lines naming a path may soft-wrap
     assert any(l.startswith("profile: model ") for l in lines)
     assert max(map(len, lines)) <= 80 and "…" not in text
-    _, rows = table_rows(json.loads((out / "summary.json").read_text()), digits=3)
+    summary = json.loads((out / "summary.json").read_text())
+    assert "replay" in summary and "## Replay" in (out / "report.md").read_text()  # a drafter: the replay section too
+    _, rows = table_rows(summary, digits=3)
     for r in rows:
         shown = [t for l in lines if l.startswith("│") for c in [re.split(r"[\s│]+", l.strip("│ "))] if c[0] == r[0]
                  for t in c[1:]]
@@ -179,17 +181,17 @@ def test_profile_table_fits_80_columns(tiny_dir, prompt_file, tmp_path, capsys, 
 def test_a_run_from_before_extension_resumes_and_extends(tiny_dir, prompt_file, tmp_path):
     """Run directories written before runs could be extended (shards hashed with the limit and
     the prompt list; run.json without n_prompts) still resume, and extend."""
-    from draftcert.profile import run as run_mod
-    from draftcert.profile.trace import SHARD_META_SETTINGS
+    from draftcert.profile.settings import LEGACY_TRACE_KEYS, settings_sha
+    from draftcert.tracefile import SHARD_META_SETTINGS
 
     out = tmp_path / "old"
-    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=3, progress=False, report=False)
+    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=3, progress=False)
     profile(limit=2, **kw)
     meta = json.loads((out / "run.json").read_text())
     for key in ("n_prompts", "shard_sha256"):
         del meta["settings"][key]
     (out / "run.json").write_text(json.dumps(meta))
-    legacy = run_mod._settings_sha(meta["settings"], run_mod._LEGACY_TRACE_KEYS).encode()
+    legacy = settings_sha(meta["settings"], LEGACY_TRACE_KEYS).encode()
     for p in (out / "trace").glob("*.parquet"):
         t = pq.read_table(p)
         pq.write_table(t.replace_schema_metadata({**t.schema.metadata, SHARD_META_SETTINGS: legacy}), p)

@@ -43,7 +43,7 @@ def _failing_worker(rank, world, port, out, result_dir):
 
     try:
         profile((tiny_qwen3(0), byte_tokenizer()), None, PROMPTS, out=out, max_new_tokens=T, batch_size=1,
-                progress=False, on_batch=boom, report=False)
+                progress=False, on_batch=boom)
         outcome = "finished"
     except Exception as exc:  # noqa: BLE001 - recorded for the parent to check
         outcome = f"{type(exc).__name__}: {exc}"
@@ -109,5 +109,5 @@ def test_a_failing_rank_stops_all_ranks_and_the_run_resumes(target, tmp_path):
     assert r1.startswith("OSError") and "another rank failed" in r0
     done = len(list((out / "trace").glob("*.parquet")))
     assert 1 <= done < len(PROMPTS)
-    res = profile(target, None, PROMPTS, out=out, max_new_tokens=T, batch_size=1, progress=False, report=False)
+    res = profile(target, None, PROMPTS, out=out, max_new_tokens=T, batch_size=1, progress=False)
     assert res.prompts == len(PROMPTS) and res.new_prompts == len(PROMPTS) - done

@@ -2,15 +2,13 @@
 
 ``check_specs(value, option)`` parses criterion specs the way the library does and, on a
 bad one, raises a ValueError naming the option, the spec and the closest valid spec
-(``difflib``), so that a typo costs no model load.  ``check_out_dir(path, option)``
-refuses an output path that is (or lies under) a file.
+(``difflib``), so that a typo costs no model load.  (The output-directory check,
+``check_out_dir``, belongs to the profiler's settings: ``draftcert.profile.settings``.)
 """
 
 from __future__ import annotations
 
 import difflib
-import os
-from pathlib import Path
 
 from ..criteria import DEFAULT_CRITERIA, SPEC_HELP, Criterion, parse_criterion
 
@@ -63,16 +61,3 @@ def check_specs(value, option: str, *, single: bool = False) -> list[Criterion]:
             hint = suggest_spec(s)
             raise ValueError(f"{option}: {msg}" + (f"; did you mean {hint!r}?" if hint else "")) from None
     return out
-
-
-def check_out_dir(path, option: str = "--out") -> Path:
-    """An output directory that exists as a directory or can be created (no file in the way)."""
-    p = Path(os.path.expanduser(str(path)))
-    for q in (p, *p.parents):
-        if q.exists():
-            if not q.is_dir():
-                where = "is a file" if q == p else f"lies under {str(q)!r}, which is a file"
-                raise ValueError(f"{option}: {str(p)!r} {where}, not a directory; pass a directory path "
-                                 "(it is created if missing)")
-            break
-    return p

@@ -1,12 +1,25 @@
-"""``draftcert profile`` and ``draftcert reproduce-paper``."""
+"""``draftcert profile`` and ``draftcert reproduce-paper``.
+
+Each command runs the profiler (``draftcert.profile``) and then, on rank 0, writes the run's
+report (``draftcert.report``, with ``draftcert.replay``'s section when the run has a drafter):
+both sit a layer above the profiler, which never imports them.  A report failure is a
+warning: the trace is the product, and ``draftcert report DIR`` retries.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
+from ..profile.paper import reproduce_paper
+from ..profile.run import ProfileResult, profile
+from ..profile.settings import check_out_dir
+from ..replay.report import section_for_report
+from ..report import write_report
+from .checks import check_specs
 
 PROFILE_EPILOG = """\
 examples:
@@ -28,8 +41,8 @@ skipped); rerunning it with a larger --limit extends the run: the shards it
 has are reused and only the new prompts are profiled (the prompts already
 traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
 generated token), OUT/run.json (settings and "status": running, complete,
-interrupted after Ctrl-C or SIGTERM, or failed), and the report
-(OUT/summary.json, figures) when the report module is installed. The table is
+interrupted after Ctrl-C or SIGTERM, or failed), and, unless --no-report, the
+report (OUT/summary.json, report.md/html, figures). The table is
 printed at the terminal's width ($COLUMNS); when it does not fit, its columns
 are split over two tables, and numbers are never cut.
 """
@@ -101,17 +114,15 @@ def add_parser(subparsers) -> None:
 
 
 def _run_profile(args) -> int:
-    from .checks import check_out_dir, check_specs
-    from ..profile.run import profile
-
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
     check_out_dir(args.out, "--out")
     res = profile(
         args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
         max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,
         divergences=args.divergences, batch_size=args.batch_size, device=args.device, dtype=args.dtype,
-        progress=not args.no_progress, report=not args.no_report, command=_command_line(args),
+        progress=not args.no_progress, command=_command_line(args),
     )
+    report = _write_report(res.out_dir) if res.rank == 0 and not args.no_report else None
     if res.rank == 0:
         t = res.timings
         print(f"profile: {res.prompts} prompts, {res.steps} steps in {res.out_dir} "
@@ -121,8 +132,8 @@ def _run_profile(args) -> int:
         if res.nonfinite_steps:
             print(f"profile: {res.nonfinite_steps} step(s) had non-finite target logits (flagged `nonfinite`)",
                   file=sys.stderr)
-        if res.report is not None:
-            print(f"profile: report in {res.report}")
+        if report is not None:
+            print(f"profile: report in {report}")
     return 1 if res.soundness_violations else 0
 
 
@@ -138,8 +149,23 @@ def _command_line(args) -> list[str]:
     return cmd
 
 
-def _run_paper(args) -> int:
-    from ..profile.paper import reproduce_paper
+def _write_report(out: Path) -> Path | None:
+    """The run's report, with the replay section when the run has a drafter (as ``draftcert
+    report`` writes it); its summary.json path, or None after a warning when it failed."""
+    try:
+        write_report(out, replay=section_for_report(out))
+        return out / "summary.json"
+    except Exception as exc:  # the trace is the product; a report failure must not lose it
+        print(f"draftcert: warning: report failed ({type(exc).__name__}: {exc}); the trace in {out / 'trace'} "
+              f"is complete. Run `draftcert report {out}` to retry", file=sys.stderr)
+        return None
 
+
+def _report_paper_run(res: ProfileResult) -> None:
+    if res.rank == 0:
+        _write_report(res.out_dir)
+
+
+def _run_paper(args) -> int:
     return reproduce_paper(out=args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                           batch_size=args.batch_size, check_only=args.check)
+                           batch_size=args.batch_size, check_only=args.check, on_run=_report_paper_run)

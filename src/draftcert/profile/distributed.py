@@ -1,8 +1,8 @@
 """Data parallelism for ``draftcert profile`` under torchrun.
 
 Each rank profiles the prompts with index i % world_size == rank and writes
-its own shards (``rank{r}-....parquet``); only rank 0 writes run.json and the
-report, after a barrier.  Ranks never exchange tensors: the shared output
+its own shards (``rank{r}-....parquet``); only rank 0 writes run.json (and,
+in ``draftcert profile``, the report), after a barrier.  Ranks never exchange tensors: the shared output
 directory is the only meeting point, so a single-process run and a torchrun
 run produce the same kind of trace.
 """
@@ -13,8 +13,9 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["DistInfo", "setup", "barrier", "teardown", "rank_device"]
+__all__ = ["DistInfo", "setup", "barrier", "all_ok", "teardown", "rank_device"]
 
 
 @dataclass
@@ -32,8 +33,6 @@ class DistInfo:
 def setup(device: str) -> DistInfo:
     """Join the process group torchrun describes (WORLD_SIZE/RANK env), or reuse one
     the caller already initialised.  gloo on CPU, nccl on CUDA."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())), False)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -60,8 +59,6 @@ def rank_device(device: str, info: DistInfo) -> torch.device:
 
 def barrier(info: DistInfo) -> None:
     if info.world_size > 1:
-        import torch.distributed as dist
-
         if dist.get_backend() == "nccl":
             dist.barrier(device_ids=[torch.cuda.current_device()])
         else:
@@ -73,8 +70,6 @@ def all_ok(info: DistInfo, ok: bool) -> bool:
     ranks at the same point instead of leaving the others waiting in a barrier)."""
     if info.world_size <= 1:
         return ok
-    import torch.distributed as dist
-
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     t = torch.tensor([0 if ok else 1], device=dev)
     dist.all_reduce(t)
@@ -83,6 +78,4 @@ def all_ok(info: DistInfo, ok: bool) -> bool:
 
 def teardown(info: DistInfo) -> None:
     if info.owns_group:
-        import torch.distributed as dist
-
         dist.destroy_process_group()

@@ -6,17 +6,21 @@ Protocol (our choice where the study leaves freedom):
   decoding    greedy, 128 new tokens, bfloat16, CUDA
   criteria    the profile defaults (strict, additive:0.1, multiplicative:0.5, topm:2,
               entropy:0.09:0.3, mars:0.5, tree:2, tree:4, tree:8); epsilons 0.05, 0.1, 0.3, 0.5
-Each target's run goes to OUT/<model name>/ and is resumable like any profile run.
+Each target's run goes to OUT/<model name>/ and is resumable like any profile run.  The report
+of each run is the caller's (``on_run``; ``draftcert reproduce-paper`` writes it there).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from .run import DEFAULT_CRITERIA, DEFAULT_EPSILONS, profile
+from ..certificates import DEFAULT_EPSILONS
+from ..criteria import DEFAULT_CRITERIA
+from .run import ProfileResult, profile
 
 PAPER_TARGETS = ("Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B")
 PAPER_PROMPTS = "HuggingFaceH4/ultrachat_200k"
@@ -28,7 +32,7 @@ MISSING_STATUS = 3
 def _hub_reachable(repo_id: str, repo_type: str) -> tuple[bool, str]:
     """Cached locally, or the hub answers for this repository."""
     try:
-        from huggingface_hub import HfApi, try_to_load_from_cache
+        from huggingface_hub import HfApi, try_to_load_from_cache  # optional: comes with transformers (models extra)
     except ImportError:
         return False, "huggingface_hub is not installed (pip install huggingface_hub)"
     probe = "config.json" if repo_type == "model" else "README.md"
@@ -62,8 +66,11 @@ def check_requirements(targets=PAPER_TARGETS, dataset=PAPER_PROMPTS) -> list[str
 
 
 def reproduce_paper(out="draftcert-paper", *, limit=PAPER_LIMIT, max_new_tokens=PAPER_MAX_NEW_TOKENS,
-                    batch_size=32, check_only=False, targets=PAPER_TARGETS, dataset=PAPER_PROMPTS) -> int:
-    """Run the protocol; returns a process exit status (0 ok, 1 soundness/run failure, 3 missing requirements)."""
+                    batch_size=32, check_only=False, targets=PAPER_TARGETS, dataset=PAPER_PROMPTS,
+                    on_run: Callable[[ProfileResult], None] | None = None) -> int:
+    """Run the protocol; returns a process exit status (0 ok, 1 soundness/run failure, 3 missing requirements).
+
+    ``on_run(result)`` follows each target's finished run (the CLI writes its report there)."""
     missing = check_requirements(targets, dataset)
     if missing:
         print("reproduce-paper: cannot run the reference protocol here; missing:", file=sys.stderr)
@@ -89,4 +96,6 @@ def reproduce_paper(out="draftcert-paper", *, limit=PAPER_LIMIT, max_new_tokens=
             continue
         print(f"reproduce-paper: {target}: {res.prompts} prompts, {res.steps} steps, "
               f"{res.nonfinite_steps} non-finite steps")
+        if on_run is not None:
+            on_run(res)
     return status
