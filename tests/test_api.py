@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import draftcert as dc
-from tests import reference as R
+from tests.oracles import reference as R
 
 KINDS = ("forward", "reverse", "tv")
 SPECS = [

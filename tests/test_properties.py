@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import draftcert as dc
-from tests import reference as R
+from tests.oracles import reference as R
 
 KINDS = ("forward", "reverse", "tv")
 SINGLE = [

@@ -1,4 +1,4 @@
-"""draftcert.radius against an independent convex-programming reference (tests/reference.py).
+"""draftcert.radius against an independent convex-programming reference (tests/oracles/reference.py).
 
 For random small-vocabulary targets p (V = 2..6; flat, peaked, exact ties,
 zeros) every criterion and divergence is solved by brute force: one convex
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import draftcert as dc
-from tests import reference as R
+from tests.oracles import reference as R
 
 KINDS = ("forward", "reverse", "tv")
 REL, ABS = 1e-6, 1e-9

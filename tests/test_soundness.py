@@ -2,7 +2,7 @@
 
 ``certified(...) True`` must imply that the drafter's proposal is accepted by the rule
 evaluated exactly on the given values, for every input the API accepts.  The truth is
-independent (tests/exact_truth.py: exact comparisons, float64 with a margin, mpmath
+independent (tests/oracles/exact_truth.py: exact comparisons, float64 with a margin, mpmath
 in the margin; it imports nothing from draftcert).  Cases: near-ties between the top two
 tokens from 1e-1 down to 1e-12 (in logit space), every target x drafter dtype pairing
 among float16, bfloat16, float32, float64, probabilities and logits, V from 2 to 151,936,
@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import draftcert as dc
-from tests import exact_truth as X
+from tests.oracles import exact_truth as X
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 KINDS = ("forward", "reverse", "tv")

@@ -114,4 +114,4 @@ def test_bench_table_splits_rather_than_cuts():
         assert max(map(len, text.splitlines())) <= width
         for cell in ("multiplicative:0.5", "tree m=4, depth=4", "4.36", "3.36", "0.068", "0.613", "12345.67"):
             assert re.search(rf"\| {re.escape(cell)} +\||\| +{re.escape(cell)} \|", text), (width, cell, text)
-    assert format_table(rows).splitlines()[0].startswith("| criterion | draft | tokens/forward |")  # README form
+    assert format_table(rows).splitlines()[0].startswith("| criterion | draft | tokens/forward |")  # the markdown form docs/decoding.md shows

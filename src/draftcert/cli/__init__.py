@@ -1,10 +1,10 @@
 """Command-line entry point: ``draftcert <command>``, the top layer.
 
 One module per subcommand group (``demo``, ``profile``, ``report``, ``decode``, ``replay``,
-``train``); each exposes ``add_parser(subparsers)``.  They import only argparse at module
-level and defer torch, transformers and the rest to the command that runs, so
-``draftcert --help`` stays fast.  A subcommand module that fails to import is an error
-(a broken install), never a silently shorter ``--help``.
+``train``); each exposes ``add_parser(subparsers)`` and drives the layers below it.  Optional
+heavy dependencies (transformers, pyarrow, matplotlib) load only when a command needs them.
+A subcommand module that fails to import is an error (a broken install), never a silently
+shorter ``--help``.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ def _load(args):
 
 
 # Default draft length: a feature drafter is cheap but (the shipped one) accepted at ~0.27 per token on
-# held-out prompts, where the best measured chain is short (README, Speed); other drafters: 4.
+# held-out prompts, where the best measured chain is short (docs/speed.md); other drafters: 4.
 FEATURE_K, MODEL_K = 1, 4
 
 

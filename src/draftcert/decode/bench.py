@@ -74,7 +74,7 @@ def _bench_cells(r) -> list[str]:
 
 def format_table(rows, width: int | None = None) -> str:
     """The bench rows as a markdown table.  ``width=None``: one unpadded table (as pasted into
-    the README).  With a width: padded columns, short headers when the long ones do not fit,
+    docs/decoding.md).  With a width: padded columns, short headers when the long ones do not fit,
     and the columns split over stacked tables when even that is wider (no cell is ever cut)."""
     if width is None:
         lines = ["| " + " | ".join(_BENCH_HEAD) + " |", "|---|---|---:|---:|---:|---:|---:|"]
