@@ -488,7 +488,7 @@ class Certificate(NamedTuple):
 
 
 def certify_rows(summ: Summary, draft: torch.Tensor, radius: torch.Tensor, divergence: str = "forward", *,
-                 draft_is_logits: bool = True) -> Certificate:
+                 draft_is_logits: bool = True, interval: tuple[torch.Tensor, torch.Tensor] | None = None) -> Certificate:
     """The one place where draftcert decides a certificate: ``D(p, q) < radius``, proven.
 
     summ   : the target's summary of the rows to certify (``summ.source`` [rows, V] are the
@@ -499,6 +499,9 @@ def certify_rows(summ: Summary, draft: torch.Tensor, radius: torch.Tensor, diver
              larger of several, as the engine takes for a tree row), or [rows, C] for C
              rules at once (one divergence bound per row serves them all).  NaN never
              certifies.
+    interval : the stage-1 enclosure when the caller already has it for exactly these rows
+             (``divergences_from_logits``, which computes it bit for bit as
+             :func:`forward_kl_interval` does, alongside the profiler's other divergences).
 
     Certified iff an upper bound on the exact divergence is below the radius, in two
     stages that both give proven bounds (docs/theory.md, section 7):
@@ -518,7 +521,7 @@ def certify_rows(summ: Summary, draft: torch.Tensor, radius: torch.Tensor, diver
     n = draft.shape[0]
     dev = draft.device
     if divergence == "forward" and summ.is_logits and draft_is_logits:
-        lo, hi = forward_kl_interval(summ.source, draft)  # [rows] each
+        lo, hi = interval if interval is not None else forward_kl_interval(summ.source, draft)  # [rows] each
     else:
         lo = torch.zeros(n, dtype=torch.float64, device=dev)
         hi = torch.full((n,), torch.inf, dtype=torch.float64, device=dev)

@@ -232,140 +232,132 @@ def forward_kl_upper(target_logits: torch.Tensor, draft_logits: torch.Tensor) ->
     return out
 
 
-# Two ulps of exp/log (docs/theory.md, section 7) and float64 underflow, as used below.
-_EXP_REL = 4 * U
-_HALF_TINY = 2.0**-1021
-
-
-def forward_kl_interval(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[lo, hi] enclosing the exact KL(softmax x || softmax y) per row, from one cheap pass.
-
-    x, y : [N, V] target and drafter logits (any float dtype: exact in float64).  With
-    a = fl(x - max x) <= 0, b = fl(y - max y) <= 0, e^a, d = fl(a - b) and M = |a| + |b|:
-
-        S_p = sum e^a,  S_q = sum e^b,  T = sum e^a d
-        KL  = T / S_p - log S_p + log S_q                       (computed: K)
-
-    Error model (docs/theory.md, section 7: a 2-ulp exp and log, gamma_n for sums in any
-    order; a, b are off by U|a|, U|b|): each e^a carries a relative error r = U(1.1|a| + 5)
-    (or an absolute 2^-1021 where it underflows), so S_p is within a relative
-        dS_p = (1.02 U (1.1 sum e^a |a| + 5 S_p) + V 2^-1021 + 1.01 gamma_V S_p) / S_p,
-    and each product e^a d, with d off by 2.1 U M, is within (r + 3.2 U) e^a M, so
-        |T - T*| <= eT = (1.02 gamma_V + 8.3 U) sum e^a M + 1.13 U sum e^a M^2 + V 2^-1020 max M.
-    Then T/S_p, log S_p, log S_q and the two additions add
-        e = |T/S_p| (dS_p/(1 - dS_p) + U) + eT / (S_p (1 - dS_p)) + dS_p/(1 - dS_p)
-            + dS_q/(1 - dS_q) + 4U (|log S_p| + |log S_q|) + 2U (|T/S_p| + |log S_p| + |log S_q|),
-    and the computed bound is 1.01 e (which covers the rounding of e's own sums).  So the
-    exact KL lies in [K - e, K + e] (rounded outward).  The cost is a dozen float64 passes
-    over each row (against ~100 for :func:`forward_kl_upper`) and e is ~V U (|KL| + |log S|):
-    about 1e-11 at V = 151,936.  Rows with a non-finite logit (a masked token) or with
-    dS >= 1e-3 get [0, inf]: undecided, for the caller's exact bound.
-    """
-    n, V = x.shape
-    dev = x.device
-    lo = torch.zeros(n, dtype=torch.float64, device=dev)
-    hi = torch.full((n,), torch.inf, dtype=torch.float64, device=dev)
-    step = _row_chunk(x)
-    # Float64 work buffers reused by every chunk: fresh (rows, V) temporaries per op cost
-    # more in allocation and page faults than the arithmetic.
-    A, B, E, F, G = (torch.empty(step, V, dtype=torch.float64, device=dev) for _ in range(5))
-    gV = gamma(V)
-    for i in range(0, n, step):
-        j = min(n, i + step)
-        a, b, ea, f, g = A[: j - i], B[: j - i], E[: j - i], F[: j - i], G[: j - i]
-        a.copy_(x[i:j])
-        b.copy_(y[i:j])
-        a.sub_(a.amax(1, keepdim=True))                      # a = fl(x - max x) <= 0   [rows, V]
-        b.sub_(b.amax(1, keepdim=True))
-        torch.exp(a, out=ea)
-        s_p = ea.sum(1)
-        h_p = -torch.mul(ea, a, out=g).sum(1)                 # sum e^a |a|
-        torch.exp(b, out=f)
-        s_q = f.sum(1)
-        h_q = -torch.mul(f, b, out=g).sum(1)
-        torch.sub(a, b, out=f)                                # d = a - b
-        t = torch.mul(ea, f, out=g).sum(1)                    # T = sum e^a d
-        m_max = -(a.amin(1) + b.amin(1))                      # max M (a, b <= 0)
-        torch.add(a, b, out=f).neg_()                         # M = |a| + |b|
-        w1 = torch.mul(ea, f, out=g).sum(1)                   # sum e^a M
-        w2 = g.mul_(f).sum(1)                                 # sum e^a M^2
-        ds_p = (1.02 * U * (1.1 * h_p + 5 * s_p) + V * _HALF_TINY + 1.01 * gV * s_p) / s_p
-        ds_q = (1.02 * U * (1.1 * h_q + 5 * s_q) + V * _HALF_TINY + 1.01 * gV * s_q) / s_q
-        e_t = (1.02 * gV + 8.3 * U) * w1 + 1.13 * U * w2 + V * 2 * _HALF_TINY * m_max
-        quot, log_sp, log_sq = t / s_p, torch.log(s_p), torch.log(s_q)
-        k = quot - log_sp + log_sq
-        e = 1.01 * (quot.abs() * (ds_p / (1 - ds_p) + U) + e_t / (s_p * (1 - ds_p)) + ds_p / (1 - ds_p)
-                    + ds_q / (1 - ds_q) + _EXP_REL * (log_sp.abs() + log_sq.abs())
-                    + 2 * U * (quot.abs() + log_sp.abs() + log_sq.abs()))
-        ok = torch.isfinite(k) & torch.isfinite(e) & (ds_p < 1e-3) & (ds_q < 1e-3)
-        up = (k + e) * (1 + 4 * U) + TINY
-        down = ((k - e) - 4 * U * (k - e).abs() - TINY).clamp_min(0)
-        hi[i:j] = torch.where(ok, up, hi[i:j])
-        lo[i:j] = torch.where(ok, down, lo[i:j])
-    return lo, hi
-
-
-# Rows per chunk of the row-wise float64 passes here (divergences_from_logits, forward_kl_interval): its four float64 buffers (CHUNK_ELEMENTS * 8
+# Rows per chunk of the row-wise float64 passes here: their float64 buffers (CHUNK_ELEMENTS * 8
 # bytes each, at least one row) then stay in the CPU's cache instead of streaming through
 # memory once per elementwise op (1 row at V = 49k and 152k; on (256, 49152) float32 logits,
 # 1 thread: 75 ms against 87 ms with 2 rows and 123 ms with 21).
 CHUNK_ELEMENTS = 1 << 16
 
+# Two ulps of exp/log (docs/theory.md, section 7) and float64 underflow, as used below.
+_EXP_REL = 4 * U
+_HALF_TINY = 2.0**-1021
 
-def divergences_from_logits(x: torch.Tensor, log_zp: torch.Tensor, y: torch.Tensor, log_zq: torch.Tensor):
-    """KL(p||q), KL(q||p), TV and the exact log-normaliser of q, for rows of target logits
-    x and drafter logits y, in float64.
 
-    log_zp, log_zq are provisional log-normalisers: ``Summary.log_norm`` (which for float32
-    logits carries the float32 summation error, ~1e-7), or just the row maximum.  Each row is renormalised
-    here in float64 so the result is exact for the given logits: with
-    p~ = exp(x - log_zp), S_p = sum p~ (and likewise q~, S_q), p = p~ / S_p and
-    d~ = (x - log_zp) - (y - log_zq),
-        KL(p||q) = sum p~ d~ / S_p - log S_p + log S_q
-        KL(q||p) = -sum q~ d~ / S_q - log S_q + log S_p
-        TV       = (1/2) sum |p~ / S_p - q~ / S_q|.
-    (x and y are float32/bfloat16 logits, exact in float64.)  The fast path assumes finite
-    logits; rows where it is not finite (a -inf, i.e. a masked token, gives inf - inf or
-    0 * inf) are recomputed with 0 log 0 = 0 made explicit, which gives +inf exactly when
-    the support condition fails.
+def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
+    """One chunked float64 pass over rows of target logits x and drafter logits y [N, V].
+
+    With a = fl(x - max x) <= 0, b = fl(y - max y) <= 0, d = fl(a - b), S_p = sum e^a,
+    S_q = sum e^b, T = sum e^a d (everything float64; float16/bfloat16/float32 logits are
+    exact in float64):
+
+        KL(p||q) = T / S_p - log S_p + log S_q               -> "kl" and its enclosure "lo", "hi"
+        KL(q||p) = -sum e^b d / S_q - log S_q + log S_p      -> "kl_reverse"      (full)
+        TV       = (1/2) sum |e^a / S_p - e^b / S_q|         -> "tv"              (full)
+        log Z_q  = max y + log S_q                           -> "log_zq"          (full)
+
+    The enclosure [lo, hi] of the exact forward KL (docs/theory.md, section 7, "One
+    decision"): each e^a carries a relative U(1.1|a| + 5) (the subtraction and a 2-ulp exp; an
+    absolute 2^-1021 where it underflows) and |a| <= m_a = -min a, so with M = m_a + m_b
+        dS_p = 1.02 U (1.1 m_a + 5) + 1.01 gamma_V + V 2^-1021 / S_p     (relative, S_p >= 1)
+        eT / S_p = (1.02 gamma_V + 8.3 U) M + 1.13 U M^2 + V 2^-1020 M / S_p
+    (each product e^a d is within (U(1.1|a| + 5) + 3.2 U) e^a (|a| + |b|); the mixed-sign sum
+    adds gamma_V sum e^a (|a| + |b|)), and the quotient, the two logs and the two additions add
+        e = 1.01 [|Q| (dS_p/(1 - dS_p) + U) + (eT/S_p)/(1 - dS_p) + dS_p/(1 - dS_p) + dS_q/(1 - dS_q)
+                  + 4U (|log S_p| + |log S_q|) + 2U (|Q| + |log S_p| + |log S_q|)],   Q = T / S_p
+    (1.01 covers the rounding of e itself).  Rows with a non-finite logit, or dS >= 1e-3, get
+    [0, inf]: undecided.  The interval's arithmetic is the same whether ``full`` or not, so
+    the profiler (full) and ``forward_kl_interval`` get the same bits.
     """
     n, V = x.shape
-    kl_f = torch.empty(n, dtype=torch.float64, device=x.device)
-    kl_r, tv, log_sq = torch.empty_like(kl_f), torch.empty_like(kl_f), torch.empty_like(kl_f)
-    step = min(n, max(1, CHUNK_ELEMENTS // V)) if x.device.type == "cpu" else n
-    # Four float64 work buffers reused by every chunk: fresh (rows, V) float64 temporaries
-    # per op cost more in allocation and first-touch page faults than the arithmetic.
-    P, Q, D, T = (torch.empty(step, V, dtype=torch.float64, device=x.device) for _ in range(4))
+    f64 = dict(dtype=torch.float64, device=x.device)
+    # Per row: the row reductions come from the chunked pass; the bound arithmetic on them runs
+    # once, vectorised, after it (per-chunk work on one-row tensors costs more than the pass).
+    s_p, s_q, t, m_a, m_b, max_y = (torch.empty(n, **f64) for _ in range(6))
+    if full:
+        t_q, tv = torch.empty(n, **f64), torch.empty(n, **f64)
+    step = _row_chunk(x)
+    # Float64 work buffers reused by every chunk: fresh (rows, V) temporaries per op cost
+    # more in allocation and page faults than the arithmetic.
+    A, B, D, G = (torch.empty(step, V, **f64) for _ in range(4))
     for i in range(0, n, step):
         j = min(n, i + step)
-        p, q, d, t = P[: j - i], Q[: j - i], D[: j - i], T[: j - i]
-        p.copy_(x[i:j]).sub_(log_zp[i:j, None])  # log p~ (float32 -> float64 is exact)
-        q.copy_(y[i:j]).sub_(log_zq[i:j, None])
-        torch.sub(p, q, out=d)  # d~
-        p.exp_(), q.exp_()
-        sp, sq = p.sum(1), q.sum(1)
-        log_sq[i:j] = sq.log()
-        ls = sp.log() - log_sq[i:j]
-        # sum p~ d~ and sum q~ d~ (as linalg.vecdot computes them, but the products go to a
-        # reused buffer instead of a fresh temporary)
-        kl_f[i:j] = torch.mul(p, d, out=t).sum(1) / sp - ls
-        kl_r[i:j] = ls - torch.mul(q, d, out=t).sum(1) / sq
-        # TV = (1/2) sum |p~ (S_q / S_p) - q~| / S_q: one multiply per element instead of
-        # two divisions (the extra rounding is one float64 ulp per term).
-        tv[i:j] = p.mul_((sq / sp)[:, None]).sub_(q).abs_().sum(1).div_(sq).mul_(0.5)
-    broken = ~(torch.isfinite(kl_f) & torch.isfinite(kl_r))
+        a, b, d, g = A[: j - i], B[: j - i], D[: j - i], G[: j - i]
+        # min and max are exact in any dtype (taken on the given values: half the bytes of
+        # float64 for float32 logits), and min fl(x - max x) = -fl(max x - min x) (monotone rounding)
+        mx, my = x[i:j].amax(1).double(), y[i:j].amax(1).double()
+        m_a[i:j] = mx - x[i:j].amin(1).double()               # max |a|
+        m_b[i:j] = my - y[i:j].amin(1).double()               # max |b|
+        max_y[i:j] = my
+        a.copy_(x[i:j]).sub_(mx[:, None])                     # a = fl(x - max x) <= 0   [rows, V]
+        b.copy_(y[i:j]).sub_(my[:, None])
+        torch.sub(a, b, out=d)                                # d = a - b
+        a.exp_(), b.exp_()                                    # e^a, e^b
+        s_p[i:j], s_q[i:j] = a.sum(1), b.sum(1)
+        t[i:j] = torch.mul(a, d, out=g).sum(1)                # T = sum e^a d
+        if full:
+            t_q[i:j] = torch.mul(b, d, out=g).sum(1)          # sum e^b d
+            # TV = (1/2) sum |e^a (S_q / S_p) - e^b| / S_q: one multiply per element instead of two divisions
+            tv[i:j] = a.mul_((s_q[i:j] / s_p[i:j])[:, None]).sub_(b).abs_().sum(1).div_(s_q[i:j]).mul_(0.5)
+    gV = gamma(V)
+    log_sp, log_sq = torch.log(s_p), torch.log(s_q)
+    quot = t / s_p
+    k = quot - log_sp + log_sq
+    big_m = m_a + m_b
+    ds_p = 1.02 * U * (1.1 * m_a + 5) + 1.01 * gV + V * _HALF_TINY / s_p
+    ds_q = 1.02 * U * (1.1 * m_b + 5) + 1.01 * gV + V * _HALF_TINY / s_q
+    e_t = (1.02 * gV + 8.3 * U) * big_m + 1.13 * U * big_m * big_m + V * 2 * _HALF_TINY * big_m / s_p  # eT / S_p
+    e = 1.01 * (quot.abs() * (ds_p / (1 - ds_p) + U) + e_t / (1 - ds_p) + ds_p / (1 - ds_p)
+                + ds_q / (1 - ds_q) + _EXP_REL * (log_sp.abs() + log_sq.abs())
+                + 2 * U * (quot.abs() + log_sp.abs() + log_sq.abs()))
+    ok = torch.isfinite(k) & torch.isfinite(e) & (ds_p < 1e-3) & (ds_q < 1e-3)
+    out = {
+        "kl": k,
+        "lo": torch.where(ok, ((k - e) - 4 * U * (k - e).abs() - TINY).clamp_min(0), torch.zeros_like(k)),
+        "hi": torch.where(ok, (k + e) * (1 + 4 * U) + TINY, torch.full_like(k, torch.inf)),
+    }
+    if full:
+        out.update(kl_reverse=log_sp - log_sq - t_q / s_q, tv=tv, log_zq=max_y + log_sq)
+    return out
+
+
+def forward_kl_interval(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[lo, hi] enclosing the exact KL(softmax x || softmax y) per row, from one cheap pass.
+
+    x, y : [N, V] target and drafter logits (any float dtype).  The error model is in
+    ``_logit_pair_pass``'s docstring and docs/theory.md, section 7: the width is ~V U times
+    the logits' range, about 1e-9 at V = 151,936; a dozen float64 passes per row against ~100
+    for :func:`forward_kl_upper`.  Rows with a non-finite logit (a masked token) get [0, inf].
+    """
+    r = _logit_pair_pass(x, y, full=False)
+    return r["lo"], r["hi"]
+
+
+def divergences_from_logits(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """KL(p||q), KL(q||p), TV, the exact log-normaliser of q and the certificate's enclosure of
+    KL(p||q), for rows of target logits x and drafter logits y [N, V], in float64, in one pass.
+
+    Returns {"kl", "kl_reverse", "tv", "log_zq", "lo", "hi"}, each [N]: ``lo``, ``hi`` are
+    bit for bit :func:`forward_kl_interval`'s (the profiler hands them to ``certify_rows``);
+    the others are float64 estimates accurate to ~V U.  Rows with a non-finite logit (a
+    masked token gives inf - inf or 0 * inf) are recomputed with 0 log 0 = 0 made explicit,
+    which gives +inf exactly when the support condition fails.
+    """
+    r = _logit_pair_pass(x, y, full=True)
+    broken = ~(torch.isfinite(r["kl"]) & torch.isfinite(r["kl_reverse"]))
     if bool(broken.any()):
         i = broken.nonzero().squeeze(1)
         lp = torch.log_softmax(x[i].double(), dim=1)
         lq = torch.log_softmax(y[i].double(), dim=1)
         p, q = lp.exp(), lq.exp()
         zero = torch.zeros((), dtype=torch.float64, device=x.device)
-        kl_f[i] = torch.where(p > 0, p * (lp - lq), zero).sum(1)
-        kl_r[i] = torch.where(q > 0, q * (lq - lp), zero).sum(1)
-        tv[i] = 0.5 * (p - q).abs().sum(1)
-        log_sq[i] = torch.logsumexp(y[i].double(), dim=1) - log_zq[i]
+        r["kl"][i] = torch.where(p > 0, p * (lp - lq), zero).sum(1)
+        r["kl_reverse"][i] = torch.where(q > 0, q * (lq - lp), zero).sum(1)
+        r["tv"][i] = 0.5 * (p - q).abs().sum(1)
+        r["log_zq"][i] = torch.logsumexp(y[i].double(), dim=1)
     # rounding can leave the KL of identical distributions at -1e-17: clamp to its true range
-    return kl_f.clamp_min(0), kl_r.clamp_min(0), tv, log_zq + log_sq
+    r["kl"] = r["kl"].clamp_min(0)
+    r["kl_reverse"] = r["kl_reverse"].clamp_min(0)
+    return r
 
 
 def divergence(

@@ -145,15 +145,15 @@ class StepCertifier:
         if draft_logits.dtype in (torch.float16, torch.bfloat16):
             draft_logits = draft_logits.float()
         # The drafter needs no entropy and no normaliser of its own: its top-k (values are
-        # logits, stable tie order) and its max as a provisional normaliser, which
-        # divergences_from_logits corrects to the exact float64 one.
+        # logits, stable tie order); divergences_from_logits gives its exact float64 normaliser.
         dvals, dids = draft_topk(draft_logits, TOPK_STORED)
         dbad = ~torch.isfinite(dvals[:, 0])  # NaN or +inf anywhere surfaces as the max; all -inf too
         y = draft_logits
         if bool(dbad.any()):
             y = torch.where(dbad[:, None], torch.zeros((), dtype=y.dtype, device=y.device), y)
             dvals, dids = draft_topk(y, TOPK_STORED)
-        kl_f, kl_r, tv, log_zq = divergences_from_logits(summ.source, summ.log_norm, y, dvals[:, 0].double())
+        div = divergences_from_logits(summ.source, y)  # one float64 pass: KL both ways, TV, log Z_q, [lo, hi]
+        kl_f, kl_r, tv, log_zq = div["kl"], div["kl_reverse"], div["tv"], div["log_zq"]
         bad = target_bad | dbad
         nan = torch.tensor(torch.nan, dtype=torch.float64, device=kl_f.device)
         kl_f = torch.where(bad, nan, kl_f)
@@ -184,7 +184,8 @@ class StepCertifier:
                 cols[accept_mask_column(c.spec)] = (keep.to(torch.int64) * bits).sum(1).to(torch.int32)
         # the library's certificate (certificates.certify_rows), bit for bit, for every rule
         # from one divergence bound per row; a broken step never certifies
-        cert = certify_rows(summ, y, torch.stack([radius[c.spec] for c in self.criteria], 1)).certified
+        cert = certify_rows(summ, y, torch.stack([radius[c.spec] for c in self.criteria], 1),
+                            interval=(div["lo"], div["hi"])).certified
         for i, c in enumerate(self.criteria):
             cols[certified_column(c.spec)] = cert[:, i] & ok
         return cols

@@ -12,12 +12,12 @@ greedy token for a chain, its top-w for a width-w tree node):
 
 Aggregate split (a partition of the events; eps = ``epsilon``, default 0.1 nats):
 
-* ``inside_radius``: D < r.  The certificate says this cannot be rejected: a soundness
-  violation (a bug), flagged loudly.
-* ``low_margin``: r <= D <= eps.  The drafter was within eps of p (as close as a good
+* ``inside_radius``: the trace certified the step (D < r, proven by ``certify_rows``), so it
+  cannot be rejected: a soundness violation (a bug), flagged loudly.
+* ``low_margin``: not certified and D <= eps.  The drafter was within eps of p (as close as a good
   drafter is) and still rejected: the radius is below eps, p is nearly tied here, and
   relaxing the rule (a larger radius) is what helps.
-* ``far_off``: D > eps and D >= r.  The drafter was further from p than eps (and than
+* ``far_off``: not certified and D > eps.  The drafter was further from p than eps (and than
   the radius): the drafter is what needs fixing.  ``kl / radius`` says by how much.
 * ``nonfinite``: the step's target or drafter logits were non-finite.
 * ``own_features``: a feature drafter's draft at depth >= 2, made from its own predicted
@@ -73,10 +73,12 @@ class Event:
         return dict(self.__dict__)
 
 
-def _category(kl: float, radius: float, eps: float) -> str:
+def _category(certified: bool, kl: float, radius: float, eps: float) -> str:
+    """Why a rejection happened.  ``certified`` is the trace's certificate of the step (the one
+    decision, ``certificates.certify_rows``): certified yet rejected is a soundness violation."""
     if not (math.isfinite(kl) and not math.isnan(radius)):
         return "nonfinite"
-    if kl < radius:
+    if certified:
         return "inside_radius"
     return "low_margin" if kl <= eps else "far_off"
 
@@ -142,7 +144,8 @@ def explain(res: ReplayResult, *, configs: dict[str, str] | None = None, k: int 
                     else:
                         hit = np.flatnonzero(pt.target_topk_ids[s] == toks[0])
                         rank = int(hit[0]) if hit.size else None
-                cat = "nonfinite" if pt.broken[s] else "own_features" if own else _category(kl, rad, epsilon)
+                cat = "nonfinite" if pt.broken[s] else "own_features" if own else _category(
+                    spec in pt.certified and bool(pt.certified[spec][s]), kl, rad, epsilon)
                 events.append(Event(
                     rule=spec, config=rep.shape.label, prompt=pid, position=s, depth=d, target_token=a,
                     drafter_tokens=toks, drafter_rank_under_p=rank, margin=float(pt.margin[s]), kl=kl, radius=rad,
@@ -211,7 +214,7 @@ def explain_json(ex: dict) -> dict:
     so an infinite surprise is written as null)."""
     return json_value({"epsilon": ex["epsilon"], "definitions": {
         "surprise": "log p(greedy) - max log p(drafter candidates), nats",
-        "inside_radius": "KL(p||q) < radius: impossible (soundness violation)",
+        "inside_radius": "certified (KL(p||q) < radius, proven) yet rejected: impossible (soundness violation)",
         "low_margin": "radius <= KL <= epsilon: a drafter within epsilon of p was rejected (p nearly tied)",
         "far_off": "KL > epsilon and KL >= radius: the drafter was further than epsilon from p",
         "nonfinite": "non-finite target or drafter logits"},
