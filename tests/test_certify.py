@@ -2,9 +2,10 @@
 
 Checks that the cheap forward-KL interval encloses the exact KL (mpmath) on adversarial rows in
 every dtype, that it is narrow enough to decide almost every row, that a certificate always
-implies an exact KL below the radius, and that the profiler's trace and the library's
-``certified`` give identical flags on the same rows, including rows inside the old 1e-6 / 1e-2
-bands around the radius that the profiler and the engine used to decide on their own.
+implies an exact KL below the radius, and that the profiler's trace, the engine's live
+certificates and the library's ``certified`` give identical flags on the same rows, including
+rows inside the old 1e-6 / 1e-2 bands around the radius that the profiler and the engine used
+to decide on their own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 import draftcert as dc
 from draftcert.certificates import certify_rows, radius_rows
 from draftcert.criteria import parse_criterion
+from draftcert.decode import DraftTree
+from draftcert.decode.engine import accept, certify
 from draftcert.divergences import forward_kl_interval, forward_kl_upper
 from draftcert.profile.trace import StepCertifier
 from draftcert.summary import summarize
@@ -116,8 +119,22 @@ def rows_at_the_radius(crit, V: int, n: int, seed: int, rel: float):
     return xs, torch.stack(ys)
 
 
+def engine_flags(rule, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The engine's live certificates (its accept and certify stages) on a chain round whose
+    expanded rows have target logits x and drafter logits y (each token the drafter's argmax)."""
+    draft = DraftTree()
+    for i, tok in enumerate(y.argmax(-1).tolist()):
+        draft.add(tok, i - 1)
+        draft.expanded.append(i - 1)
+        draft.widths.append(1)
+    draft.q = y
+    logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
+    certs = certify(rule, accept(rule, logits, draft, 16), draft)
+    return torch.tensor(certs.certified)
+
+
 @pytest.mark.parametrize("spec", ["strict", "additive:0.1", "topm:2", "entropy:0.09:0.3"])
-def test_profiler_and_library_give_identical_flags_inside_the_old_bands(spec):
+def test_profiler_engine_and_library_give_identical_flags_inside_the_old_bands(spec):
     crit = parse_criterion(spec)
     flags = []
     for rel in (1e-3, 1e-7, 1e-10):
@@ -128,6 +145,8 @@ def test_profiler_and_library_give_identical_flags_inside_the_old_bands(spec):
         cols = sc.rows([s], [bad], draft_logits=y)
         prof = cols[f"certified/{spec}"]
         assert torch.equal(prof, lib), (rel, prof, lib)
+        eng = engine_flags(crit, x, y)  # raises CertificateViolation on certified-but-rejected
+        assert torch.equal(eng, lib), (rel, eng, lib)
         flags.append(lib)
         # soundness: a certificate means the exact KL is below the (lower bound on the) radius
         r = radius_rows(crit, summarize(logits=x, k=16), "forward")
@@ -165,3 +184,17 @@ def test_certify_rows_other_divergences_and_probabilities_use_the_exact_bound():
         assert bool(pos.any())
         assert torch.equal(cert.divergence[pos], d[pos])
         assert torch.equal(cert.certified, (d < r) & pos)
+
+
+def test_several_rules_at_once_equal_one_at_a_time():
+    """A [rows, C] radius (the profiler's form) decides each column as a [rows] call would."""
+    specs = ["strict", "additive:0.1", "tree:2"]
+    x, y = rows_at_the_radius(parse_criterion("strict"), 64, 6, seed=4, rel=1e-9)
+    s = summarize(logits=x, k=16)
+    r = torch.stack([radius_rows(parse_criterion(c), s, "forward") for c in specs], 1)  # [rows, 3]
+    many = certify_rows(s, y, r)
+    assert many.certified.shape == r.shape
+    for i in range(len(specs)):
+        one = certify_rows(s, y, r[:, i])
+        assert torch.equal(one.certified, many.certified[:, i])
+    assert bool(many.certified.any()) and not bool(many.certified.all())
