@@ -18,11 +18,11 @@ import torch
 import draftcert as dc
 from draftcert.certificates import certify_rows, radius_rows
 from draftcert.criteria import parse_criterion
-from draftcert.decode import DraftTree
-from draftcert.decode.engine import accept, certify
 from draftcert.divergences import forward_kl_interval, forward_kl_upper
 from draftcert.profile.trace import StepCertifier
 from draftcert.summary import summarize
+
+from tests.chain_round import chain_certificates
 
 mpmath.mp.prec = 200
 # The oracle's own error at 200 bits: below 2^-190 times the largest |logit| (<= 1e4 here).
@@ -119,20 +119,6 @@ def rows_at_the_radius(crit, V: int, n: int, seed: int, rel: float):
     return xs, torch.stack(ys)
 
 
-def engine_flags(rule, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The engine's live certificates (its accept and certify stages) on a chain round whose
-    expanded rows have target logits x and drafter logits y (each token the drafter's argmax)."""
-    draft = DraftTree()
-    for i, tok in enumerate(y.argmax(-1).tolist()):
-        draft.add(tok, i - 1)
-        draft.expanded.append(i - 1)
-        draft.widths.append(1)
-    draft.q = y
-    logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
-    certs = certify(rule, accept(rule, logits, draft, 16), draft)
-    return torch.tensor(certs.certified)
-
-
 @pytest.mark.parametrize("spec", ["strict", "additive:0.1", "topm:2", "entropy:0.09:0.3"])
 def test_profiler_engine_and_library_give_identical_flags_inside_the_old_bands(spec):
     crit = parse_criterion(spec)
@@ -145,7 +131,7 @@ def test_profiler_engine_and_library_give_identical_flags_inside_the_old_bands(s
         cols = sc.rows([s], [bad], draft_logits=y)
         prof = cols[f"certified/{spec}"]
         assert torch.equal(prof, lib), (rel, prof, lib)
-        eng = engine_flags(crit, x, y)  # raises CertificateViolation on certified-but-rejected
+        eng = torch.tensor(chain_certificates(crit, x, y).certified)  # raises CertificateViolation if certified yet rejected
         assert torch.equal(eng, lib), (rel, eng, lib)
         flags.append(lib)
         # soundness: a certificate means the exact KL is below the (lower bound on the) radius

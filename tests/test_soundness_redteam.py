@@ -14,6 +14,8 @@ import torch
 
 import draftcert as dc
 
+from tests.chain_round import chain_certificates
+
 
 def _exact_strict_radius_fwd(row, is_logits):
     """Exact forward-KL radius of strict (== additive:0 == multiplicative:1) by brute force
@@ -164,29 +166,13 @@ def test_engine_acceptance_is_exact():
     assert (verdict.path == [0]) == truth
 
 
-def _engine_certificates(x: torch.Tensor, y: torch.Tensor):
-    """The engine's certify stage on a chain round whose expanded rows have target logits x and
-    drafter logits y (each draft token the drafter's argmax)."""
-    from draftcert.decode import DraftTree, engine as engine_mod
-
-    rule = dc.parse_criterion("strict")
-    t = DraftTree()
-    for i, tok in enumerate(y.argmax(-1).tolist()):
-        t.add(tok, i - 1)
-        t.expanded.append(i - 1)
-        t.widths.append(1)
-    t.q = y
-    logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
-    return engine_mod.certify(rule, engine_mod.accept(rule, logits, t, 16), t)
-
-
 def test_engine_kl_is_an_upper_bound():
     # float32 logits, drafter 1e-3 away: the old float32 fast path returned 0 (below the
     # exact KL ~3e-7), so kl < radius could certify a drafter the exact KL does not.
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(2, 2000, generator=g) * 4).float()
     y = x + 1e-3 * torch.randn(2, 2000, generator=g)
-    kl = _engine_certificates(x, y).divergence
+    kl = chain_certificates(dc.parse_criterion("strict"), x, y).divergence
     mpmath.mp.dps = 40
     for i in range(2):
         a = [mpmath.mpf(float(v)) for v in x[i]]
@@ -198,7 +184,7 @@ def test_engine_kl_is_an_upper_bound():
         # here 2000 * 1.1e-16 * ~60 ~ 1.3e-11: divergences.forward_kl_interval)
         assert float(kl[i]) >= ex and float(kl[i]) <= float(ex) * (1 + 1e-6) + 5e-11
     # far above the radius: not certified, and the reported bound is above it
-    certs = _engine_certificates(x, x + 2 * torch.randn(2, 2000, generator=g))
+    certs = chain_certificates(dc.parse_criterion("strict"), x, x + 2 * torch.randn(2, 2000, generator=g))
     assert not any(certs.certified) and all(k > r for k, r in zip(certs.divergence, certs.radius))
 
 

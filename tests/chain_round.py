@@ -1,0 +1,21 @@
+"""Test helper: the engine's accept and certify stages on one hand-built chain round."""
+
+from __future__ import annotations
+
+import torch
+
+from draftcert.decode import DraftTree
+from draftcert.decode.engine import RoundCertificates, accept, certify
+
+
+def chain_certificates(rule, x: torch.Tensor, y: torch.Tensor) -> RoundCertificates:
+    """The engine's live certificates on a chain round whose expanded rows have target logits
+    x [N, V] and drafter logits y [N, V] (each draft token the drafter's argmax)."""
+    draft = DraftTree()
+    for i, tok in enumerate(y.argmax(-1).tolist()):
+        draft.add(tok, i - 1)
+        draft.expanded.append(i - 1)
+        draft.widths.append(1)
+    draft.q = y
+    logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
+    return certify(rule, accept(rule, logits, draft, 16), draft)
