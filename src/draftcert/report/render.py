@@ -6,10 +6,11 @@ import base64
 import html
 import json
 import math
-import os
+import re
 from pathlib import Path
 
-from ..textfit import column_groups
+from ..textfit import column_groups, terminal_width
+from .figures import PAGE_WIDTH_PX
 from .summary import eps_key, stat_value
 
 HOW_TO_READ = (
@@ -134,22 +135,46 @@ def markdown_to_html(text: str) -> str:
     return MarkdownIt("commonmark", {"html": False}).render(text).strip()
 
 
+def inline_html(text: str) -> str:
+    """Plain text with markdown's inline code (as notes write a command: `draftcert profile`)
+    as HTML: escaped, each `code` span as <code>; nothing else is read as markdown (a path or a
+    command may hold * or _)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+# The page: at most PAGE_WIDTH_PX wide (figures wider are shrunk to it: report.figures keeps
+# theirs within it); a table cell never wraps (a number or a row of rates reads on one line),
+# a table wider than the page scrolls; header cells and the run's metadata wrap.
+STYLE = (
+    f"body{{font-family:system-ui,sans-serif;max-width:{PAGE_WIDTH_PX}px;margin:2em auto;padding:0 1em;color:#222}}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:14px;display:block;max-width:100%;overflow-x:auto}"
+    "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td{white-space:nowrap}"
+    "td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
+    ".meta td{text-align:left;white-space:normal}code{font-size:90%;background:#f3f3f3;padding:0 2px}"
+)
+
+
+def skipped_section(title: str, note: str, fix: str) -> tuple[str, str]:
+    """(markdown, HTML) of a section that could not be built: its heading, why, and the command
+    that fills it (a report never drops a section without saying so)."""
+    md = f"## {title}\n\n**Not built:** {note}\n\n{fix}\n"
+    page = f"<h2>{html.escape(title)}</h2><p><b>Not built:</b> {inline_html(note)}</p><p>{inline_html(fix)}</p>"
+    return md, page
+
+
 def render_html(summary: dict, run: dict, notes: list[str], figures: list[Path]) -> str:
     e = html.escape
     head, rows = table_rows(summary)
     out = [
         "<!doctype html><html><head><meta charset='utf-8'><title>draftcert report</title>",
-        "<style>body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
-        "table{border-collapse:collapse;margin:1em 0;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-        "td:first-child,th:first-child{text-align:left}th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}"
-        ".meta td{text-align:left}</style></head><body>",
+        f"<style>{STYLE}</style></head><body>",
         "<h1>draftcert report</h1><h2>Summary per criterion</h2><table><tr>",
         "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>",
     ]
     out += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
     out += ["</table><p>Radii and epsilons are forward KL(p||q) in nats.</p>", f"<h2>How to read this</h2>{markdown_to_html(HOW_TO_READ)}"]
     out += ["<h2>Run</h2><table class='meta'>"]
-    out += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in metadata_rows(summary, run, notes)]
+    out += [f"<tr><th>{e(k)}</th><td>{inline_html(v)}</td></tr>" for k, v in metadata_rows(summary, run, notes)]
     out += ["</table><h2>Figures</h2>"]
     for f in figures:
         data = base64.b64encode(f.read_bytes()).decode()
@@ -203,13 +228,12 @@ def terminal_tables(summary: dict, width: int) -> list:
 
 
 def print_terminal(summary: dict, paths: list[Path], notes: list[str], console=None) -> None:
-    """The summary table(s) on the terminal, at its width (``$COLUMNS``; 140 when piped)."""
+    """The summary table(s) at ``textfit.terminal_width()``: ``$COLUMNS``, else the terminal's
+    width, else 80 (piped or logged; rich alone would take the width of a terminal on stderr)."""
     from rich.console import Console  # optional: models extra
 
     if console is None:
-        console = Console()
-        if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console = Console(width=140)  # piped / logged and no width asked for: one wide table
+        console = Console(width=terminal_width())
     for t in terminal_tables(summary, console.width):
         console.print(t)
     for n in notes:
