@@ -13,11 +13,13 @@ import torch
 
 from ..fileio import write_json
 from ..models import load_drafter, load_target
+from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
-from ..replay.api import format_table, parse_ks, replay, write_replay
+from ..replay.api import calibration_shapes, format_table, parse_ks, replay, write_replay
 from ..replay.data import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..replay.speed import Costs, calibrate, forward_count_costs
+from .checks import set_threads
 
 _REPLAY_EXAMPLES = """examples:
   draftcert profile --drafter default --prompts mt-bench --limit 8 --out runs/r8
@@ -30,7 +32,10 @@ Strict rules (strict, tree:M) are replayed exactly: the accepted lengths are the
 exact until they accept a non-greedy token; later rounds are an estimate (column
 exact = fraction of rounds replayed exactly).  Writes DIR/replay.json and
 DIR/figures/replay_*.png; --calibrate also writes DIR/calibration.json, which later
-replays of DIR reuse.
+replays of DIR and `draftcert report DIR` reuse: it times the default shapes of every
+rule of the trace (whatever --rules says) and the shapes asked for.  A replay whose
+shapes the calibration lacks still prints every acceptance figure, with a note naming
+the shapes left without a predicted speed and the command that times them.
 """
 
 _EXPLAIN_EXAMPLES = """examples:
@@ -56,12 +61,15 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trees", default="2,4", help="widths m of the (m, depth) trees, depth = each k (default 2,4; '' for none)")
     p.add_argument("--static", default="4,2,1;3,2,2,1", help="static trees, ';'-separated width lists (default '4,2,1;3,2,2,1')")
     p.add_argument("--calibrate", action="store_true", help="time target and drafter forwards on this machine "
-                   "(loads the run's models) and predict tokens/s and speedup")
+                   "(loads the run's models) for every rule's default shapes and those asked for, and predict "
+                   "tokens/s and speedup")
     p.add_argument("--repeats", type=int, default=5, help="timing repeats per size with --calibrate (default 5)")
     p.add_argument("--drafter-cost", type=float, default=None, metavar="R",
                    help="without calibration: predict speedup with a drafter forward costing R target forwards")
     p.add_argument("--full", action="store_true", help="print every configuration (default: chains, best depth per tree width, static trees)")
     p.add_argument("--no-figures", action="store_true", help="do not write figures")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (for --calibrate's timings)")
+    p.add_argument("--no-progress", action="store_true", help="hide --calibrate's progress bars (model loading included)")
     p.set_defaults(func=run_replay)
 
     e = subparsers.add_parser(
@@ -112,7 +120,7 @@ def _widths(text: str):
 def _load_costs(args, trace, shapes_for_cal):
     cal = Path(args.dir) / "calibration.json"
     if args.calibrate:
-        costs = _calibrate_run(trace, shapes_for_cal, args.repeats)
+        costs = _calibrate_run(trace, shapes_for_cal, args.repeats, progress=not args.no_progress)
         write_json(cal, costs.as_dict())
         return costs
     if args.drafter_cost is not None:
@@ -125,7 +133,7 @@ def _load_costs(args, trace, shapes_for_cal):
     return None
 
 
-def _calibrate_run(trace, shapes, repeats: int):
+def _calibrate_run(trace, shapes, repeats: int, progress: bool = True):
     run = trace.run
     tspec, dspec = run.get("target"), run.get("drafter")
     if not dspec or str(tspec).startswith("object:") or str(dspec).startswith("object:"):
@@ -133,8 +141,9 @@ def _calibrate_run(trace, shapes, repeats: int):
                          "call draftcert.replay.speed.calibrate(target, drafter, shapes) and pass costs= to replay()")
     dtype = (run.get("settings") or {}).get("dtype")
     dtype = None if dtype in (None, "default") else dtype
-    target, tok = load_target(None if tspec == "embedded" else tspec, dtype=dtype)
-    drafter = load_drafter(dspec, target, tok, dtype=dtype)
+    with transformers_progress(progress):  # --no-progress: no "Loading weights" bar either
+        target, tok = load_target(None if tspec == "embedded" else tspec, dtype=dtype)
+        drafter = load_drafter(dspec, target, tok, dtype=dtype)
     plen = 64
     try:  # the mean prompt length of the run, when its prompts can be read again
         ps = load_prompts(run.get("prompts"), limit=run.get("limit"))
@@ -145,7 +154,23 @@ def _calibrate_run(trace, shapes, repeats: int):
     ctx = plen + trace.max_new_tokens // 2
     print(f"calibrating on this machine ({torch.get_num_threads()} threads): context {ctx}, prompt {plen} tokens, "
           f"{repeats} repeats ...", file=sys.stderr)
-    return calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=repeats)
+    from tqdm.auto import tqdm  # optional: the progress bar
+
+    with tqdm(unit="forward", desc="calibrate", file=sys.stderr, dynamic_ncols=True, disable=not progress) as bar:
+        def on_progress(done: int, total: int) -> None:  # every timed forward (each size, each repeat)
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=repeats,
+                         on_progress=on_progress)
+
+
+def _wrap(text: str) -> str:
+    """``text`` folded to 80 columns, a `quoted command` kept whole on one line (to copy and paste)."""
+    parts = text.split("`")
+    glued = "`".join(p.replace(" ", "\0") if i % 2 else p for i, p in enumerate(parts))
+    return textwrap.fill(glued, 80, subsequent_indent="  ", break_long_words=False,
+                         break_on_hyphens=False).replace("\0", " ")
 
 
 def run_replay(args) -> int:
@@ -153,15 +178,18 @@ def run_replay(args) -> int:
     tw, st = _widths(args.trees), _static(args.static)
     if args.repeats < 1:
         raise ValueError(f"--repeats: expected an integer >= 1, got {args.repeats}")
+    set_threads(args.threads)
     trace = load_replay_trace(args.dir)
     res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st)  # validates before any model work
-    shapes = sorted({s for reps in res.configs.values() for s in (c.shape for c in reps)}, key=lambda s: s.label)
+    # a calibration times every shape of every rule (the defaults) and those asked for, so that a later
+    # `replay DIR` with other options and the report's Replay section find their costs in calibration.json
+    shapes = calibration_shapes(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st) if args.calibrate else []
     costs = _load_costs(args, trace, shapes)
     if costs is not None:
         res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs)
     paths = write_replay(args.dir, res, figures=not args.no_figures)
     tr = res.trace
-    wrap = lambda text: textwrap.fill(text, 80, subsequent_indent="  ")  # noqa: E731
+    wrap = _wrap
     print(wrap(f"replay of {tr.steps} steps ({len(tr.prompts)} prompts x <= {tr.max_new_tokens} tokens), "
                f"drafter {tr.run.get('drafter')}"))
     print(format_table(res, full=args.full), end="")

@@ -16,16 +16,18 @@ Definitions (per configuration, over all prompts of the trace):
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..fileio import json_value, write_json
 from .data import ReplayTrace, load_replay_trace
 from .figures import write_figures
-from .speed import Costs, predict
+from .speed import Costs, missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
-__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "REPLAY_FORMAT"]
+__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes",
+           "missing_costs_note", "REPLAY_FORMAT"]
 
 REPLAY_FORMAT = "draftcert-replay/1"
 
@@ -38,6 +40,10 @@ class ReplayResult:
     rows: dict[str, list[dict]] = field(default_factory=dict)
     recommended: dict[str, dict | None] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # per rule: labels of the configurations whose speed the costs cannot price (a calibration
+    # made without their draft shapes); their acceptance figures are whole, "predicted" is None
+    missing_costs: dict[str, list[str]] = field(default_factory=dict)
+    calibrate_command: str | None = None  # what fills missing_costs
 
     def row(self, spec: str, label: str) -> dict:
         return next(r for r in self.rows[spec] if r["shape"]["label"] == label)
@@ -59,6 +65,7 @@ class ReplayResult:
             "costs": self.costs.as_dict() if self.costs else None,
             "rules": {s: {"exact": rule_kind(s)[0] in ("strict", "tree"), "configs": self.rows[s],
                           "recommended": self.recommended.get(s)} for s in self.rows},
+            "missing_costs": self.missing_costs,
             "notes": self.notes,
         })
 
@@ -70,29 +77,17 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
     rules: subset of the trace's criteria (default all); ks: chain lengths / tree depths;
     tree_widths: m of the (m, depth) trees; static: static trees (tuples of widths);
     shapes: explicit shapes instead (applied to every level-set rule; tree:M keeps the
-    shapes of width M); costs: ``speed.calibrate`` / ``Costs`` for predicted speed.
+    shapes of width M); costs: ``speed.calibrate`` / ``Costs`` for predicted speed.  A
+    configuration the costs cannot price (``speed.missing_costs``: a calibration made without
+    its draft shape) keeps its acceptance figures, gets ``predicted = None``, is listed in
+    ``missing_costs`` and named in one note with the command that times it.
     """
     tr = source if isinstance(source, ReplayTrace) else load_replay_trace(source)
     ks = _check_ks(ks)
-    specs = list(tr.specs) if rules is None else [r.strip() for r in (rules.split(",") if isinstance(rules, str) else rules) if r.strip()]
-    unknown = [s for s in specs if s not in tr.specs]
-    if unknown:
-        raise ValueError(f"rules: {', '.join(unknown)} not in the trace (it holds {', '.join(tr.specs)}); "
-                         "profile again with --criteria to add a rule")
-    if not specs:
-        raise ValueError("rules: pass at least one rule of the trace")
+    specs = _rule_specs(tr, rules)
     res = ReplayResult(tr, {}, costs, notes=list(tr.notes))
     baseline = sum(len(p) for p in tr.prompts)
-    for spec in specs:
-        kind, m = rule_kind(spec)
-        if shapes is not None:
-            cand = [s for s in shapes if (max(s.widths) == m if kind == "tree" else True)]
-        else:
-            cand = default_shapes(spec, ks, tree_widths, static)
-        if kind == "levelset" and not any(spec in p.accept_mask for p in tr.prompts):
-            dropped = [s for s in cand if max(s.widths) > 1]
-            if dropped:
-                cand = [s for s in cand if max(s.widths) == 1]
+    for spec, cand in _shapes_by_rule(tr, specs, ks, tree_widths, static, shapes).items():
         if not cand:
             res.notes.append(f"{spec}: none of the requested shapes applies (tree:M needs width M); skipped")
             continue
@@ -102,20 +97,126 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
             row = {"shape": c.shape.as_dict(), **c.totals()}
             row["drift"] = row["drift_tokens"] / row["emitted"] if row["emitted"] else 0.0
             row["estimated"] = row["exact_fraction"] < 1.0
-            row["predicted"] = predict(c, costs, baseline, len(tr.prompts)) if costs is not None else None
+            row["predicted"] = None
+            if costs is not None and missing_costs(c, costs):
+                res.missing_costs.setdefault(spec, []).append(c.shape.label)
+            elif costs is not None:
+                row["predicted"] = predict(c, costs, baseline, len(tr.prompts))
             rows.append(row)
         res.rows[spec] = rows
-        best = None
-        if costs is not None:
-            best = max(rows, key=lambda r: (r["predicted"]["speedup"] or 0.0))
+        priced = [r for r in rows if r["predicted"] is not None]
+        best = max(priced, key=lambda r: (r["predicted"]["speedup"] or 0.0)) if priced else None
         res.recommended[spec] = None if best is None else {
             "shape": best["shape"]["label"], "speedup": best["predicted"]["speedup"],
-            "tokens_per_forward": best["tokens_per_forward"], "estimated": best["estimated"]}
+            "tokens_per_forward": best["tokens_per_forward"], "estimated": best["estimated"],
+            "untimed": len(rows) - len(priced)}  # configurations left out of the choice (no costs)
     if costs is None:
         res.notes.append("no costs: predicted speed and recommendations need `--calibrate` (or --drafter-cost R)")
     elif costs.note:
         res.notes.append(costs.note)
+    if res.missing_costs:
+        res.calibrate_command = _calibrate_command(tr, res.configs, res.missing_costs, ks, tree_widths, static, shapes)
+        res.notes.append(missing_costs_note(res))
     return res
+
+
+def missing_costs_note(res: ReplayResult) -> str:
+    """One line: which configurations have no predicted speed, and the command that times them."""
+    labels = {lab for labs in res.missing_costs.values() for lab in labs}
+    shapes = [s for cs in res.configs.values() for s in (c.shape for c in cs) if s.label in labels]
+    return (f"the calibration has no drafting time for {_shape_names(shapes)}: no predicted speed there "
+            f"(the acceptance figures need none); `{res.calibrate_command}` times them")
+
+
+def _shape_names(shapes) -> str:
+    """Shapes named compactly: ``chain k=1-8, tree 3x(1-8), static [4,2,1]``."""
+    chains, trees, static = set(), {}, []
+    for s in shapes:
+        if s.kind == "chain":
+            chains.add(s.depth)
+        elif s.kind == "tree":
+            trees.setdefault(s.widths[0], set()).add(s.depth)
+        elif s.label not in static:
+            static.append(s.label)
+    out = [f"chain k={_ranges(chains)}"] if chains else []
+    for m, ds in sorted(trees.items()):
+        out.append(f"tree {m}x{_ranges(ds)}" if len(ds) == 1 else f"tree {m}x({_ranges(ds)})")
+    return ", ".join(out + static)
+
+
+def _ranges(xs) -> str:
+    """1,2,3,5 -> '1-3,5'."""
+    xs, out = sorted(xs), []
+    for x in xs:
+        if out and out[-1][1] == x - 1:
+            out[-1][1] = x
+        else:
+            out.append([x, x])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _calibrate_command(tr, configs, missing, ks, tree_widths, static, shapes) -> str:
+    """The command whose calibration times the missing shapes: ``replay DIR --calibrate`` times the
+    default shapes of every rule of the trace (``calibration_shapes``); other shapes need their options."""
+    d = shlex.quote(str(tr.out_dir)) if tr.out_dir else "DIR"
+    defaults = set(calibration_shapes(tr))
+    lacking = {c.shape for spec, cs in configs.items() for c in cs if c.shape.label in missing.get(spec, ())}
+    if lacking <= defaults:
+        return f"draftcert replay {d} --calibrate"
+    if shapes is not None:
+        return "draftcert.replay.calibrate(target, drafter, shapes) with these shapes, passed as costs= to replay()"
+    opts = []
+    if tuple(ks) != DEFAULT_KS:
+        contiguous = len(ks) > 1 and list(ks) == list(range(ks[0], ks[-1] + 1))
+        opts.append(f"-k {ks[0]}-{ks[-1]}" if contiguous else "-k " + ",".join(map(str, ks)))
+    if tuple(tree_widths) != DEFAULT_TREE_WIDTHS:
+        opts.append("--trees " + (",".join(map(str, tree_widths)) or "''"))
+    if tuple(map(tuple, static)) != DEFAULT_STATIC:
+        opts.append("--static " + shlex.quote(";".join(",".join(map(str, w)) for w in static)))
+    return " ".join([f"draftcert replay {d} --calibrate"] + opts)
+
+
+def calibration_shapes(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS,
+                       static=DEFAULT_STATIC, shapes: list[Shape] | None = None) -> list[Shape]:
+    """Every shape a calibration of this trace times: the default shapes of every rule of the trace
+    (all that ``draftcert replay DIR`` and the report's Replay section replay, whichever ``--rules``
+    the calibration was asked for) and the shapes of the replay asked for (rules, ks, trees, static)."""
+    tr = source if isinstance(source, ReplayTrace) else load_replay_trace(source)
+    out = set()
+    for cand in _shapes_by_rule(tr, list(tr.specs), DEFAULT_KS, DEFAULT_TREE_WIDTHS, DEFAULT_STATIC, None).values():
+        out.update(cand)
+    for cand in _shapes_by_rule(tr, _rule_specs(tr, rules), _check_ks(ks), tree_widths, static, shapes).values():
+        out.update(cand)
+    return sorted(out, key=lambda s: (s.kind, s.widths))
+
+
+def _rule_specs(tr: ReplayTrace, rules) -> list[str]:
+    if rules is None:
+        specs = list(tr.specs)
+    else:
+        specs = [r.strip() for r in (rules.split(",") if isinstance(rules, str) else rules) if r.strip()]
+    unknown = [s for s in specs if s not in tr.specs]
+    if unknown:
+        raise ValueError(f"rules: {', '.join(unknown)} not in the trace (it holds {', '.join(tr.specs)}); "
+                         "profile again with --criteria to add a rule")
+    if not specs:
+        raise ValueError("rules: pass at least one rule of the trace")
+    return specs
+
+
+def _shapes_by_rule(tr: ReplayTrace, specs, ks, tree_widths, static, shapes) -> dict[str, list[Shape]]:
+    """{rule: the shapes replayed for it} (a level-set rule of a trace without accept masks: chains only)."""
+    out = {}
+    for spec in specs:
+        kind, m = rule_kind(spec)
+        if shapes is not None:
+            cand = [s for s in shapes if (max(s.widths) == m if kind == "tree" else True)]
+        else:
+            cand = default_shapes(spec, ks, tree_widths, static)
+        if kind == "levelset" and not any(spec in p.accept_mask for p in tr.prompts):
+            cand = [s for s in cand if max(s.widths) == 1]
+        out[spec] = cand
+    return out
 
 
 def _check_ks(ks) -> tuple[int, ...]:
@@ -174,13 +275,17 @@ def format_table(res: ReplayResult, full: bool = False) -> str:
         rec = res.recommended.get(spec)
         if rec:
             lines.append(f"  best: {rec['shape']}, predicted speedup {rec['speedup']:.3f}"
-                         + (" (estimated)" if rec["estimated"] else ""))
+                         + (" (estimated)" if rec["estimated"] else "")
+                         + (f" ({rec['untimed']} untimed left out)" if rec.get("untimed") else ""))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
 def _pick(rows, by_speed: bool) -> list[dict]:
-    key = (lambda r: r["predicted"]["speedup"] or 0.0) if by_speed else (lambda r: r["tokens_per_forward"])
+    def key(r):  # by predicted speedup where priced (an untimed shape ranks below), else tokens per forward
+        p = r["predicted"] if by_speed else None
+        return (True, p["speedup"] or 0.0) if p else (False, r["tokens_per_forward"])
+
     out, fams = [], {}
     for r in rows:
         s = r["shape"]

@@ -9,13 +9,14 @@ from __future__ import annotations
 import base64
 import html
 import json
+import shlex
 from pathlib import Path
 
 from ..fileio import json_value
-from .api import replay
+from .api import missing_costs_note, replay
 from .data import trace_has_drafter
 from .explain import DEFAULT_EPSILON, explain
-from .figures import FIGURE_NAMES, write_figures
+from .figures import FIGURE_NAMES, MIN_TRIES, write_figures
 from .speed import Costs
 
 __all__ = ["replay_section", "section_for_report"]
@@ -34,21 +35,37 @@ HOW_TO_READ = (
 )
 
 
+def _rate(rate: float | None, tries: int) -> str:
+    """A position's acceptance rate, or its counts accepted/tries when fewer than MIN_TRIES."""
+    if rate is None:
+        return "-"
+    return f"{rate:.2f}" if tries >= MIN_TRIES else f"{round(rate * tries)}/{tries}"
+
+
 def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
-    """{"md": ..., "html": ..., "figures": [...], "summary": {...}} for a trace with a drafter
-    (ValueError for a trace without one)."""
+    """{"md": ..., "html": ..., "figures": [...], "summary": {...}, "notes": [...]} for a trace with a
+    drafter (ValueError for a trace without one).  What the section cannot show (predicted speed without
+    a calibration, or for shapes the calibration lacks) it says in its text, with the command that fills
+    it; "notes" repeats the problems (an unreadable or partial calibration) for the report's notes."""
     out_dir = Path(out_dir)
-    costs = None
+    costs, missing = None, []  # missing: what the section leaves out, each with the command that fills it
     cal = out_dir / "calibration.json"
+    calibrate = f"draftcert replay {shlex.quote(str(out_dir))} --calibrate"
     if cal.exists():
         try:
             costs = Costs.from_dict(json.loads(cal.read_text()))
-        except (ValueError, json.JSONDecodeError):
-            costs = None
+        except (ValueError, json.JSONDecodeError) as exc:
+            missing.append(f"predicted speed: {cal.name} is unreadable ({str(exc).split(';')[0]}); "
+                           f"`{calibrate}` rewrites it")
+    else:  # the usual state, said in the section only (not among the run's notes)
+        missing.append(f"predicted speed: no {cal.name} (the models were not timed here); `{calibrate}` times them")
     res = replay(out_dir, ks=tuple(range(1, 9)), tree_widths=(4,), static=(), costs=costs)
+    if res.missing_costs:
+        missing.append(missing_costs_note(res))
     ex = explain(res, k=4, epsilon=DEFAULT_EPSILON)
     figs = write_figures(res, fig_dir or out_dir / "figures")
-    head = ["rule"] + [f"tok/fwd k={k}" for k in _KS] + ["acceptance by position (k=8)", "zero-accept k=4",
+    head = ["rule"] + [f"tok/fwd k={k}" for k in _KS] + [f"acceptance by position (k=8; a/n: fewer than {MIN_TRIES} tries)",
+                                                          "zero-accept k=4",
                                                           "exact k=4", "rejections k=4: inside / low margin / far off"]
     if costs is not None:
         head.append("best (predicted speedup)")
@@ -61,29 +78,33 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
         k8 = by.get(lab(8)) or rs[-1]
         k4 = by.get(lab(4)) or rs[0]
         sp = ex["rules"][spec]["split"]
-        acc = " ".join("-" if a is None else f"{a:.2f}" for a in k8["acceptance_by_position"])
+        acc = " ".join(_rate(a, n) for a, n in zip(k8["acceptance_by_position"], k8["attempted_by_position"]))
         row = [spec] + ["-" if x is None else f"{x:.2f}" for x in tpf] + [
             acc, "-" if k4["zero_accept_fraction"] is None else f"{k4['zero_accept_fraction']:.3f}",
             f"{k4['exact_fraction']:.3f}", f"{sp['inside_radius']} / {sp['low_margin']} / {sp['far_off']}"]
         rec = res.recommended.get(spec)
-        if costs is not None:
-            row.append(f"{rec['shape']} ({rec['speedup']:.2f}x)" if rec else "-")
+        if costs is not None:  # a choice that left untimed shapes out says so
+            row.append("-" if not rec else f"{rec['shape']} ({rec['speedup']:.2f}x"
+                       + (f"; {rec['untimed']} untimed)" if rec.get("untimed") else ")"))
         rows.append(row)
         summ[spec] = {"tokens_per_forward": dict(zip([lab(k) for k in _KS], tpf)),
                       "acceptance_by_position_k8": k8["acceptance_by_position"],
+                      "attempted_by_position_k8": k8["attempted_by_position"],
                       "zero_accept_fraction_k4": k4["zero_accept_fraction"], "exact_fraction_k4": k4["exact_fraction"],
-                      "rejections_k4": sp, "recommended": rec}
+                      "rejections_k4": sp, "recommended": rec, "untimed": res.missing_costs.get(spec, [])}
     bad = sum(r["split"]["inside_radius"] for r in ex["rules"].values())
     md = ["## Replay", "", HOW_TO_READ + f" eps = {DEFAULT_EPSILON:g} nats.", ""]
     if bad:
         md += [f"**SOUNDNESS VIOLATION: {bad} rejection(s) inside the radius. This is a bug in draftcert.**", ""]
+    md += [f"**Not in this section:** {m}" for m in missing] + ([""] if missing else [])
     md += ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     md += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     md.append("")
     for f in figs:
         md += [f"### {FIGURE_NAMES.get(f.name, f.stem)}", "", f"![{f.stem}]({f.relative_to(out_dir).as_posix()})", ""]
     e = html.escape
-    h = [f"<h2>Replay</h2><p>{e(HOW_TO_READ)} eps = {DEFAULT_EPSILON:g} nats.</p>"]
+    h = [f"<h2>Replay</h2><p>{html_text(HOW_TO_READ)} eps = {DEFAULT_EPSILON:g} nats.</p>"]
+    h += [f"<p class='missing'><b>Not in this section:</b> {html_text(m)}</p>" for m in missing]
     if bad:
         h.append(f"<p style='color:#c00;font-weight:bold'>SOUNDNESS VIOLATION: {bad} rejection(s) inside the radius. "
                  "This is a bug in draftcert.</p>")
@@ -94,13 +115,21 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
         data = base64.b64encode(f.read_bytes()).decode()
         h.append(f"<h3>{e(FIGURE_NAMES.get(f.name, f.stem))}</h3><img alt='{e(f.stem)}' src='data:image/png;base64,{data}'>")
     return {"md": "\n".join(md), "html": "\n".join(h), "figures": figs,
-            "summary": json_value({"epsilon": DEFAULT_EPSILON, "soundness_violations": bad, "rules": summ})}
+            "notes": [f"replay section: {m}" for m in missing if cal.exists()],
+            "summary": json_value({"epsilon": DEFAULT_EPSILON, "soundness_violations": bad, "rules": summ,
+                                   "missing": missing})}
+
+
+def html_text(text: str) -> str:
+    """Plain text with `code` spans as HTML: escaped, each backticked span in <code>."""
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(text.split("`")))
 
 
 def section_for_report(out_dir) -> dict | None:
     """``replay_section(out_dir)`` as ``draftcert.report.write_report(out_dir, replay=...)`` takes it:
     None when there is no trace (the report says so itself) or it was recorded without a drafter,
-    and ``{"note": ...}`` when the section fails, so that the rest of the report is written anyway."""
+    and ``{"note": ..., "fix": ...}`` when the section fails, so that the rest of the report is written
+    anyway, with a Replay section that says why it is empty and which command shows the error."""
     try:
         if not trace_has_drafter(out_dir):
             return None
@@ -109,4 +138,7 @@ def section_for_report(out_dir) -> dict | None:
     try:
         return replay_section(out_dir)
     except Exception as exc:  # noqa: BLE001 - the report is written anyway, with a note
-        return {"note": f"replay section skipped: {type(exc).__name__}: {exc}"}
+        d = shlex.quote(str(out_dir))
+        return {"note": f"replay section skipped: {type(exc).__name__}: {exc}",
+                "fix": f"`draftcert replay {d}` shows the same error; once it runs, `draftcert report {d}` "
+                       "writes the section"}

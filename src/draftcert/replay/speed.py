@@ -30,6 +30,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from ..decode.tree import DraftTree, crop_cache, keep_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
-__all__ = ["Costs", "calibrate", "predict", "forward_count_costs"]
+__all__ = ["Costs", "calibrate", "predict", "missing_costs", "forward_count_costs", "round_key"]
 
 
 @dataclass
@@ -118,8 +119,22 @@ def forward_count_costs(drafter_ratio: float) -> Costs:
         "(no calibration; run `draftcert replay DIR --calibrate` to time the models)"))
 
 
+def missing_costs(rep: ConfigReplay, costs: Costs) -> list[str]:
+    """The draft shapes (``round_key``) whose drafting ``rep`` needs and ``costs`` lacks.
+
+    Only a feature drafter's costs can lack one: its drafting is timed whole per shape and budget,
+    which no other shape's time stands in for (every other table is interpolated by size).  Empty
+    when ``predict`` can price ``rep``."""
+    if not costs.drafter_round:
+        return []
+    sh = rep.shape
+    need = {round_key(sh.widths[: r.budget], sh.expand_all) for rs in rep.rounds.values() for r in rs if r.budget > 0}
+    return sorted(need - set(costs.drafter_round))
+
+
 def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: int) -> dict:
-    """Predicted seconds, tokens/s and speedup of one replayed configuration."""
+    """Predicted seconds, tokens/s and speedup of one replayed configuration
+    (ValueError when ``missing_costs(rep, costs)`` is not empty)."""
     tv, dv = rep.work()
     tree = rep.shape.kind != "chain"
     t_spec = sum(c * (costs.t(n, tree and n > 1) + costs.o(n)) for n, c in tv.items())
@@ -152,7 +167,8 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
 def _round_cost(costs: Costs, widths, expand_all: bool) -> float:
     key = round_key(widths, expand_all)
     if key not in costs.drafter_round:
-        raise ValueError(f"calibration: no drafting time for draft shape {key}; rerun --calibrate with this shape")
+        raise ValueError(f"calibration: no drafting time for draft shape {key}; `draftcert replay DIR --calibrate` "
+                         "times every shape the replay and the report need")
     return costs.drafter_round[key]
 
 
@@ -199,12 +215,14 @@ def _round_work(rule, logits, draft, summary_k, stats) -> None:
 
 @torch.inference_mode()
 def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, prompt_length: int = 64,
-              repeats: int = 5, vocab: int | None = None, seed: int = 0) -> Costs:
+              repeats: int = 5, vocab: int | None = None, seed: int = 0,
+              on_progress: Callable[[int, int], None] | None = None) -> Costs:
     """Time target and drafter forwards on this machine for every size the shapes need.
 
     The target's cache holds ``context`` tokens; each timed forward appends n tokens and
     is cropped back.  Sizes are interleaved round-robin ``repeats`` times (load on a shared
-    machine then hits every size alike) and the median is kept.
+    machine then hits every size alike) and the median is kept.  ``on_progress(done, total)``
+    hears of every timed forward (a progress bar).
     """
     if repeats < 1 or context < 1 or prompt_length < 1:
         raise ValueError("calibrate: repeats, context and prompt_length must be >= 1")
@@ -285,6 +303,8 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 src.propose(seq, [1])
                 src.accept([])
             times[(kind, n)].append(dt)
+            if on_progress is not None:
+                on_progress(sum(map(len, times.values())), (repeats + 1) * len(jobs))
     med = {j: statistics.median(v[1:]) for j, v in times.items()}
     return Costs(
         "calibrated",

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..fileio import atomic_write, json_value, write_json
 from ..tracefile import load_run, run_epsilons, run_shards
 from .figures import write_figures
-from .render import print_terminal, render_html, render_markdown
+from .render import print_terminal, render_html, render_markdown, skipped_section
 from .summary import read_trace, run_notes, summarize_trace
 
 __all__ = ["write_report"]
@@ -31,8 +31,10 @@ def write_report(out_dir, *, replay: dict | None = None, verbose: bool = True) -
     ``replay``: the "Replay" section, appended last, or None for none.  It is the dict of
     ``draftcert.replay.report.section_for_report(out_dir)`` (None there too when the trace has
     no drafter): ``{"md": str, "html": str, "figures": [Path], "summary": dict}`` (the summary
-    goes to ``summary.json["replay"]``), or ``{"note": str}`` when the section could not be
-    built (the note is listed with the report's notes).
+    goes to ``summary.json["replay"]``; an optional ``"notes": [str]`` joins the report's notes), or
+    ``{"note": str, "fix": str}`` when the section could not be built: the note is listed with the
+    report's notes and the Replay section says it, with ``fix`` (the command that fills it), in
+    report.md and report.html (``summary.json["replay"] = {"skipped": note}``).
 
     Returns the summary dict exactly as written to ``summary.json`` (the JSON rule:
     non-finite numbers as null; ``report.summary.stat_value`` reads a null radius back as
@@ -43,9 +45,12 @@ def write_report(out_dir, *, replay: dict | None = None, verbose: bool = True) -
     shards = run_shards(out_dir)
     run = load_run(out_dir)
     notes = run_notes(out_dir, run)
-    if replay is not None and "note" in replay:
+    if replay is not None and "note" in replay:  # the section failed: it says so, in place
         notes.append(replay["note"])
-        replay = None
+        md_part, html_part = skipped_section("Replay", replay["note"], replay.get("fix", ""))
+        replay = {"md": md_part, "html": html_part, "figures": [], "summary": {"skipped": replay["note"]}}
+    elif replay is not None:
+        notes += replay.get("notes", [])
     epsilons = run_epsilons(run)
     trace = read_trace(shards)
     summary, plot = summarize_trace(trace, run, epsilons)
