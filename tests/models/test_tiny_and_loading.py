@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from draftcert.models import load_target, tiny_qwen3, tiny_tokenizer
+from draftcert.models import ModelUnavailable, load_target, tiny_qwen3, tiny_tokenizer
 from draftcert.prompts import encode_prompt
 
 
@@ -79,5 +79,5 @@ def test_load_target_unreachable_hub_id_fails_fast(monkeypatch):
     # HF_HUB_OFFLINE makes the failure deterministic whether or not this machine has network;
     # the id is not in the local HF cache, so the loader must say how to proceed.
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(RuntimeError, match="pass a local path|Pass a local path"):
+    with pytest.raises(ModelUnavailable, match="pass a local path|Pass a local path"):  # a ValueError: one CLI line
         load_target("draftcert-test/no-such-model-xyz")

@@ -138,7 +138,7 @@ def test_raising_limit_extends_the_run(batch, tiny_dir, prompt_file, tmp_path, c
     # a smaller limit would drop prompts: refused, with what to do
     capsys.readouterr()
     assert main([*base, "--limit", "3", "--out", str(ext)]) == 2
-    line = _one_error_line(capsys.readouterr().err, "out:")
+    line = _one_error_line(capsys.readouterr().err, "--out:")  # the library's `out:`, named as the option
     assert "4 prompts" in line and "--limit 4 or more" in line
 
 
@@ -155,7 +155,7 @@ def test_extending_needs_the_same_first_prompts(tiny_dir, prompt_file, tmp_path,
     moved.write_text(other.read_text())
     capsys.readouterr()
     assert main([*base, "--prompts", str(moved), "--limit", "3"]) == 2
-    assert "not the first 2 prompts" in _one_error_line(capsys.readouterr().err, "out:")
+    assert "not the first 2 prompts" in _one_error_line(capsys.readouterr().err, "--out:")
 
 
 def test_profile_table_fits_80_columns(tiny_dir, prompt_file, tmp_path, capsys, monkeypatch):

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from .. import __version__
 from ..criteria import SPEC_HELP
 from . import decode, demo, profile, replay, report, train
 
@@ -28,10 +29,24 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=f"Criterion specs: {SPEC_HELP}.  Run `draftcert COMMAND --help` for details.",
     )
+    parser.add_argument("--version", action="version", version=f"draftcert {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in _COMMANDS:
         mod.add_parser(sub)
     return parser
+
+
+_POSITIONALS = ("command", "func", "dir")  # parsed values that are no option
+
+
+def name_option(message: str, args: argparse.Namespace) -> str:
+    """An error message as the command line says it: the library names a Python argument
+    (``limit: expected an integer >= 1``), the command line names the option the user typed
+    (``--limit: ...``, ``-k: ...``).  Only a prefix that is one of this command's options changes."""
+    name, sep, rest = message.partition(": ")
+    if not sep or name in _POSITIONALS or name not in vars(args):
+        return message
+    return f"{'-' if len(name) == 1 else '--'}{name.replace('_', '-')}: {rest}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     except ValueError as exc:
-        print(f"draftcert: error: {exc}", file=sys.stderr)
+        print(f"draftcert: error: {name_option(str(exc), args)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (`draftcert demo | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

