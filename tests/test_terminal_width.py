@@ -143,3 +143,80 @@ def test_a_note_naming_a_long_path_is_not_folded_inside_it(summary):
     buf = io.StringIO()
     print_terminal(summary, [], [note], console=Console(width=60, file=buf, color_system=None))
     assert f"note: {note}" in buf.getvalue().splitlines()
+
+
+# --------------------------------------------------------------------------- output to a file
+
+
+def test_a_logged_report_table_is_80_columns(summary, capsys, monkeypatch):
+    """No terminal (stdout captured, as in a log) and no $COLUMNS: 80 columns, not one wide table
+    (it was 140, 118 characters in a log); $COLUMNS still sets the width."""
+    from draftcert.report.render import print_terminal
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    print_terminal(summary, [], [])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(map(len, lines)) <= 80
+    monkeypatch.setenv("COLUMNS", "120")
+    print_terminal(summary, [], [])
+    assert 80 < max(map(len, capsys.readouterr().out.splitlines())) <= 120
+
+
+_WIDTH_PROBE = """
+import fcntl, os, pty, struct, subprocess, sys, termios
+master, slave = pty.openpty()
+fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 118, 0, 0))  # a 118-column terminal
+probe = [sys.executable, "-c", sys.argv[2], sys.argv[3]]
+with open(sys.argv[1], "w") as log:  # stdout to a file; stdin and stderr stay on the terminal
+    subprocess.run(probe, stdin=slave, stdout=log, stderr=slave, check=True)
+subprocess.run(probe, stdin=slave, stdout=slave, stderr=slave, check=True)  # stdout on the terminal itself
+print(os.read(master, 100).decode().split()[0])
+"""
+# textfit.py alone (it imports only the standard library): no torch import in each subprocess
+_TEXTFIT = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("textfit", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+print(mod.terminal_width())
+"""
+
+
+def test_terminal_width_with_stdout_redirected(tmp_path):
+    """stdout to a file: $COLUMNS or 80, even while stdin and stderr are a 118-column terminal;
+    stdout on that terminal: 118."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("pty")
+    from draftcert import textfit
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    log = tmp_path / "log.txt"
+    argv = [sys.executable, "-c", _WIDTH_PROBE, str(log), _TEXTFIT, textfit.__file__]
+    on_tty = subprocess.run(argv, env=env, capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert log.read_text().strip() == "80" and on_tty == "118"
+    subprocess.run(argv, env={**env, "COLUMNS": "100"}, check=True, capture_output=True, timeout=60)
+    assert log.read_text().strip() == "100"
+
+
+class _FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+    def fileno(self):
+        raise OSError("no real terminal behind it")
+
+
+def test_terminal_width_never_fails(monkeypatch):
+    from draftcert.textfit import terminal_width
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert terminal_width() == 80 and terminal_width(72) == 72  # captured stdout: no terminal
+    assert terminal_width(stream=_FakeTTY()) == 80  # claims a terminal, has no descriptor
+    for bad in ("", "0", "-3", "wide"):
+        monkeypatch.setenv("COLUMNS", bad)
+        assert terminal_width() == 80
+    monkeypatch.setenv("COLUMNS", " 132 ")
+    assert terminal_width() == 132

@@ -10,18 +10,29 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
+import sys
 from typing import Sequence
 
 __all__ = ["terminal_width", "column_groups", "markdown_tables", "compact_number"]
 
 
-def terminal_width(default: int = 80) -> int:
-    """$COLUMNS, else the terminal's width, else ``default``."""
-    cols = os.environ.get("COLUMNS", "")
+def terminal_width(default: int = 80, stream=None) -> int:
+    """The width tables are printed at: ``$COLUMNS`` when set, else the width of the terminal
+    ``stream`` (default ``sys.stdout``) is, else ``default``.
+
+    Only ``stream`` itself counts: with stdout redirected to a file or a pipe the answer is
+    ``$COLUMNS`` or 80 even while stderr or stdin is still a terminal (a log file has no width).
+    """
+    cols = os.environ.get("COLUMNS", "").strip()
     if cols.isdigit() and int(cols) > 0:
         return int(cols)
-    return shutil.get_terminal_size((default, 24)).columns
+    stream = sys.stdout if stream is None else stream
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns or default
+    except (AttributeError, ValueError, OSError):  # no fileno (captured), closed, or not a terminal after all
+        pass
+    return default
 
 
 def compact_number(x, sig: int = 3) -> str:

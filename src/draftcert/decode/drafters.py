@@ -17,9 +17,11 @@ trees with ``propose.grow_tree``: one loop, one tie rule (lower token id first a
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from ..models import load_drafter
+from ..models import load_drafter, parse_drafter_spec
 from ..models.eagle import EagleDrafter
 from ..models.hf import model_forward, new_cache
 from .feature import FeatureDrafter
@@ -147,25 +149,30 @@ class PromptLookupDrafter:
 
 
 def make_drafter(drafter, target=None, tokenizer=None):
-    """Wrap whatever the caller passed as a drafter object.
+    """A drafter object from whatever the caller passed.
 
-    A transformers model -> ModelDrafter; "prompt-lookup" / "pld" (optionally
-    ":MAX_NGRAM") -> PromptLookupDrafter; another string -> models.load_drafter
-    (``self:skip=N``, ``self:quant=4``, hub id or path); an object with
-    ``propose`` is used as-is.
+    A spec string (or path) is resolved by ``models.parse_drafter_spec``, exactly as the CLI's
+    ``--drafter``: ``default`` (the shipped feature drafter of the embedded target),
+    ``prompt-lookup`` / ``pld`` (optionally ``:MAX_NGRAM``) -> PromptLookupDrafter; ``self:skip=N``,
+    ``self:quant=4``, ``eagle:NAME``, a drafter file, a hub id or a path -> ``models.load_drafter``.
+    A transformers model -> ModelDrafter; a feature drafter model -> FeatureDrafter (bound to
+    ``target``); an object with ``start``/``propose`` is used as-is.
     """
     if hasattr(drafter, "propose") and hasattr(drafter, "start"):
         return drafter
-    if isinstance(drafter, str):
-        name, _, arg = drafter.partition(":")
-        if name in ("prompt-lookup", "pld"):
-            return PromptLookupDrafter(max_ngram=int(arg)) if arg else PromptLookupDrafter()
-        return _wrap_model(load_drafter(drafter, target, tokenizer), target)
+    if isinstance(drafter, (str, os.PathLike)):
+        spec = parse_drafter_spec(drafter)
+        if spec.kind == "prompt-lookup":
+            return PromptLookupDrafter() if spec.max_ngram is None else PromptLookupDrafter(max_ngram=spec.max_ngram)
+        if target is None:
+            raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
+        return _wrap_model(load_drafter(spec.spec, target, tokenizer), target)
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
     raise ValueError(
-        "drafter: expected a transformers causal LM, a spec string (self:skip=N, self:quant=4, prompt-lookup) "
-        f"or a drafter object with start/propose/accept; got {type(drafter).__name__}"
+        "drafter: expected a spec string (default, self:skip=N, self:quant=4, prompt-lookup, eagle:NAME, a path or "
+        "hub id), a transformers causal LM or a drafter object with start/propose/accept; "
+        f"got {type(drafter).__name__}"
     )
 
 

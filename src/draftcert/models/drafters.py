@@ -24,12 +24,18 @@ Combos ``self:skip=15,quant=4`` apply the skip first, then the requantisation.
 
 Anything else is a separate model (hub id or local path, via ``load_target``) and must pass
 ``check_compatible`` with the target before it is used.
+
+Drafter spec strings are the same everywhere (``--drafter`` of every subcommand, ``load_drafter``,
+``decode.make_drafter``, ``speculative_generate``): ``parse_drafter_spec`` is the one resolver.
+``default`` is ``DEFAULT_DRAFTER``; ``prompt-lookup[:N]`` (alias ``pld``) is the n-gram drafter,
+which has no model (``decode.drafters`` builds it).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -58,6 +64,56 @@ from .loading import load_target
 # the target per drafted token, where self:skip=5 costs 29/30 of it.
 SKIP_DRAFTER = "self:skip=5"
 DEFAULT_DRAFTER = "eagle:smollm2-135m-instruct"
+
+
+PROMPT_LOOKUP = "prompt-lookup"
+_PROMPT_LOOKUP_NAMES = (PROMPT_LOOKUP, "pld")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A resolved drafter spec string.
+
+    ``spec`` is canonical (``default`` -> ``DEFAULT_DRAFTER``, ``pld`` -> ``prompt-lookup``, a
+    path as a string); ``kind`` is ``"self"`` (derived from the target), ``"feature"`` (an
+    EAGLE-style drafter file, ``eagle:NAME``), ``"prompt-lookup"`` (no model; ``max_ngram`` is
+    its N, None for the default) or ``"model"`` (a hub id or checkpoint directory).
+    """
+
+    spec: str
+    kind: str
+    max_ngram: int | None = None
+
+
+def parse_drafter_spec(spec) -> DrafterSpec:
+    """Resolve what a user wrote as a drafter (a string or a path) before any model loads.
+
+    Raises ValueError on a malformed ``self:`` or ``prompt-lookup:`` spec, an unknown
+    ``eagle:NAME`` and an empty spec; a hub id or path is only checked when it is loaded.
+    """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("drafter spec must be 'default', 'self:...', 'prompt-lookup', 'eagle:NAME', a local path "
+                         f"or a hub id, got {spec!r}")
+    spec = spec.strip()
+    if spec == "default":
+        spec = DEFAULT_DRAFTER
+    name, sep, arg = spec.partition(":")
+    if name in _PROMPT_LOOKUP_NAMES:
+        if not sep:
+            return DrafterSpec(PROMPT_LOOKUP, "prompt-lookup")
+        if not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"drafter spec {spec!r}: prompt-lookup:N takes the longest n-gram N >= 1, got {arg!r}")
+        return DrafterSpec(f"{PROMPT_LOOKUP}:{int(arg)}", "prompt-lookup", int(arg))
+    if spec == "self":
+        raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
+    if name == "self":
+        parse_self_spec(spec)  # a malformed spec fails here, before the target loads
+        return DrafterSpec(spec, "self")
+    if resolve_spec(spec) is not None:  # eagle:NAME (ValueError if unknown), a .safetensors file or its directory
+        return DrafterSpec(spec, "feature")
+    return DrafterSpec(spec, "model")
 
 
 @dataclass(frozen=True)
@@ -241,25 +297,27 @@ def check_compatible(target_model, target_tok, drafter_model, drafter_tok=None) 
         )
 
 
-def load_drafter(spec: str, target, tokenizer, *, device="cpu", dtype=None):
-    """The drafter model for ``spec`` ("self:..." derived from ``target``, or a hub id / path).
+def load_drafter(spec, target, tokenizer, *, device="cpu", dtype=None):
+    """The drafter model for ``spec`` (``default``, ``self:...`` derived from ``target``,
+    ``eagle:NAME`` or a feature-drafter file, or a hub id / path; see ``parse_drafter_spec``).
 
     A separately loaded drafter is checked with ``check_compatible`` against ``target`` and
-    ``tokenizer`` and rejected (ValueError) before it is used.
+    ``tokenizer`` and rejected (ValueError) before it is used.  ``prompt-lookup`` has no model:
+    pass that spec to ``decode.speculative_generate`` or ``decode.make_drafter`` instead.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"drafter spec must be 'self:...', a local path or a hub id, got {spec!r}")
+    parsed = parse_drafter_spec(spec)
     torch_dtype = parse_dtype(dtype)
-    if spec.startswith("self:"):
-        drafter = derive_drafter(target, spec)
+    if parsed.kind == "prompt-lookup":
+        raise ValueError(f"drafter spec {parsed.spec!r} is the n-gram drafter and has no model to load; pass the "
+                         "string to draftcert.decode.speculative_generate (or decode.make_drafter) instead")
+    if parsed.kind == "self":
+        drafter = derive_drafter(target, parsed.spec)
         if torch_dtype is not None:
             drafter.to(torch_dtype)
         return drafter.to(device)
-    if spec == "self":
-        raise ValueError("drafter spec 'self' needs options, e.g. 'self:skip=15' or 'self:quant=4'")
-    if resolve_spec(spec) is not None:  # a feature drafter: eagle:NAME, a .safetensors file or its directory
+    if parsed.kind == "feature":
         head_dtype = target.get_output_embeddings().weight.dtype
-        return load_eagle(spec, target, dtype=head_dtype if torch_dtype is None else torch_dtype).to(device)
-    drafter, dtok = load_target(spec, device=device, dtype=dtype, role="drafter")
+        return load_eagle(parsed.spec, target, dtype=head_dtype if torch_dtype is None else torch_dtype).to(device)
+    drafter, dtok = load_target(parsed.spec, device=device, dtype=dtype, role="drafter")
     check_compatible(target, tokenizer, drafter, dtok)
     return drafter
