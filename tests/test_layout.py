@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # ``tests`` package), src/ (pyproject's pythonpath), tests/ (rootdir-less import modes) and
 # benchmarks/ (``python benchmarks/x.py`` puts its own folder first).
 CANDIDATES = [ROOT, ROOT / "src", ROOT / "tests", ROOT / "benchmarks"]
-OURS = {"draftcert", "tests", "benchmarks", "src", "docs"}
+OURS = {"draftcert", "draftcert_launcher", "tests", "benchmarks", "src", "docs"}
 
 
 def _top_level_names(folder: Path) -> set[str]:

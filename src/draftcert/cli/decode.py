@@ -7,16 +7,16 @@ import os
 import sys
 import time
 
-import torch
-
 from .. import models
-from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table
+from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timing_footnote
 from ..decode.drafters import make_drafter
-from ..decode.engine import speculative_generate
+from ..decode.engine import resolve_criterion, speculative_generate
+from ..decode.timing import SPREAD_LIMIT
 from ..fileio import dumps_json
+from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
 from ..textfit import terminal_width
-from .checks import check_specs
+from .checks import check_drafter, check_specs, set_threads
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
@@ -37,6 +37,11 @@ Timing: before the timed decode, one warm-up round on the same prompt (first
 forward passes page the weights in and set up kernels) runs untimed, so
 tokens/s measure steady-state decoding; its time is reported separately
 ("warmup_seconds" in --json). --no-warmup times the first round cold.
+--repeats N (default 3 with --baseline) times the decode and the target alone
+N times each, in turns (decode, target, target, decode, ...), so that a busy
+neighbour slows both alike; tokens/s and the speedup are medians, and when the
+repeats disagree by more than 20% the speedup is marked UNRELIABLE
+("timing_reliable": false and "timing_spread" in --json).
 """
 
 _BENCH_EXAMPLES = """examples:
@@ -44,7 +49,10 @@ _BENCH_EXAMPLES = """examples:
   draftcert bench --prompt "Tell me a story." --prompt "What is 2+2?" -k 6
   draftcert bench --criteria strict,additive:0.1,tree:4 --max-new-tokens 32 --json
 
-A progress bar on stderr counts the (criterion, prompt) decodes. One untimed
+A progress bar on stderr counts the (criterion, prompt) decodes. --repeats N
+times every row N times, the criteria taking turns, so that a busy neighbour
+slows every row alike: tokens/s are medians, marked * when the repeats
+disagree by more than 20% ("timing_reliable": false in --json). One untimed
 warm-up round runs first, so the first criterion's tokens/s are not charged
 with one-time start-up costs. --json prints JSON Lines: one row object per
 line. The table is markdown; when it is wider than the terminal, its columns
@@ -69,7 +77,10 @@ def add_parser(subparsers) -> None:
                    help="print JSON Lines on stdout (one object per line: each round, then the summary); "
                         "a null radius means +inf (never rejected)")
     p.add_argument("--baseline", action="store_true", help="also time the target alone (speedup) and check strict identity")
+    p.add_argument("--repeats", type=int, default=None, help="time the decode (and the baseline) N times, in turns; figures are "
+                   "medians, flagged unreliable when the repeats disagree by > 20%% (default 3 with --baseline, else 1)")
     p.add_argument("--no-color", action="store_true", help="never colour the output")
+    p.add_argument("--no-progress", action="store_true", help="hide the model-loading progress bars")
     p.add_argument("--no-warmup", action="store_true", help="do not run the untimed warm-up round (tokens/s then include it)")
     p.set_defaults(func=run_decode)
 
@@ -86,7 +97,9 @@ def add_parser(subparsers) -> None:
     b.add_argument("--limit", type=int, default=3, help="number of prompts from --prompts (default 3)")
     b.add_argument("--criteria", default=",".join(DEFAULT_BENCH_SPECS), help="comma-separated criteria; tree:M rows use a width-M tree of depth k")
     b.add_argument("--json", action="store_true", help="print rows as JSON Lines (one object per line) instead of a markdown table")
-    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    b.add_argument("--repeats", type=int, default=1, help="time every row N times, the criteria in turns; tokens/s are "
+                   "medians, marked * (unreliable) when the repeats disagree by > 20%% (default 1)")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bars (model loading included)")
     b.set_defaults(func=run_bench)
 
 
@@ -106,17 +119,22 @@ def _load(args):
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     embedded = args.target in (None, "embedded")
     drafter = args.drafter
-    if drafter == "default":
-        drafter = models.DEFAULT_DRAFTER
     if drafter is None:
         if not embedded:
             raise ValueError("--drafter: required with a non-embedded --target (e.g. self:skip=N, self:quant=4, prompt-lookup)")
         drafter = models.DEFAULT_DRAFTER
-    target, tok = models.load_target(args.target)  # looked up at call time: tests stub it out
+    try:
+        drafter = models.parse_drafter_spec(drafter).spec  # the API's resolver: 'default', 'pld', bad self: specs
+    except ValueError as exc:
+        raise ValueError(f"--drafter: {exc}") from None
+    try:
+        with transformers_progress(not args.no_progress):  # --no-progress: no "Loading weights" bar either
+            target, tok = models.load_target(args.target)  # looked up at call time: tests stub it out
+    except models.ModelUnavailable as exc:  # unreachable hub, no such path: one error line, exit 2
+        raise ValueError(f"--target: {exc}") from exc
     return target, tok, drafter
 
 
@@ -130,12 +148,11 @@ def _default_k(args, drafter) -> None:
         args.k = FEATURE_K if getattr(drafter, "needs_target_hidden", False) else MODEL_K
 
 
-def _drafter_obj(spec, target, tok):
+def _drafter_obj(spec, target, tok, progress: bool = True):
     try:
-        return make_drafter(spec, target, tok)
-    except ValueError:
-        raise
-    except (OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
+        with transformers_progress(progress):
+            return make_drafter(spec, target, tok)
+    except (models.ModelUnavailable, OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
         raise ValueError(f"--drafter: {exc}") from exc
 
 
@@ -153,9 +170,12 @@ def run_decode(args) -> int:
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt: the prompt is empty")
     check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
+    args.repeats = _repeats(args.repeats, 3 if args.baseline else 1)
+    check_drafter(args.drafter)
+    _check_tree(args)
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
-    drafter = _drafter_obj(dspec, target, tok)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress)
     _default_k(args, drafter)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
@@ -178,7 +198,7 @@ def run_decode(args) -> int:
 
     res = speculative_generate(
         target, drafter, ids, args.criterion, k=args.k, tree=args.tree, max_new_tokens=args.max_new_tokens,
-        baseline=args.baseline, tokenizer=tok, on_round=on_round,
+        baseline=args.baseline, repeats=args.repeats, tokenizer=tok, on_round=on_round,
     )
     s = res.stats.summary()
     s["warmup_seconds"] = warm
@@ -195,9 +215,45 @@ def run_decode(args) -> int:
            + "; acceptance by position " + " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
            + "; accepted-length histogram " + " ".join(map(str, s["accepted_length_histogram"])))
     if args.baseline:
-        msg += f", speedup {s['speedup']:.2f}x vs target alone" + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})")
+        flag = " (UNRELIABLE: see the timing line)" if s["timing_reliable"] is False else ""
+        msg += (f", speedup {s['speedup']:.2f}x vs target alone{flag}"
+                + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})"))
     print(msg, file=sys.stderr)
+    if args.baseline or args.repeats > 1:  # a plain decode's tokens/s is one figure among others
+        print(timing_note(s, args.baseline), file=sys.stderr)
     return 0
+
+
+def _check_tree(args) -> None:
+    """--tree against --criterion, the way decoding will resolve them, before any model loads."""
+    if args.tree is None:
+        return
+    try:
+        resolve_criterion(args.criterion, max(args.k or 1, 1), args.tree)  # k only shapes a tree:M without --tree
+    except ValueError as exc:
+        raise ValueError(f"--tree: {str(exc).removeprefix('tree: ')}") from None
+
+
+def _repeats(n, default: int) -> int:
+    if n is None:
+        return default
+    if n < 1:
+        raise ValueError(f"--repeats: expected an integer >= 1, got {n}")
+    return n
+
+
+def timing_note(s: dict, baseline: bool) -> str:
+    """One line saying how far the timing above can be trusted (``decode/timing.py``): the
+    median of how many interleaved repeats, and a warning when they disagree."""
+    n, spread = s["repeats"], s["timing_spread"]
+    what = "speedup" if baseline else "tokens/s"
+    if n < 2 or spread is None:
+        return f"timing: one run; {what} unchecked (--repeats 3 times it three times, in turns, and checks they agree)"
+    how = f"median of {n} runs" + (", decode and target alone in turns" if baseline else "")
+    if s["timing_reliable"]:
+        return f"timing: {how}; the repeats agree (spread {spread:.0%})"
+    return (f"timing: {how}; UNRELIABLE {what}: the repeats disagree (spread {spread:.0%} > {SPREAD_LIMIT:.0%}); "
+            "the machine is probably busy: rerun when it is idle, or with more --repeats")
 
 
 def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer) -> float:
@@ -212,6 +268,8 @@ def _warmup(target, drafter, ids, criterion, k, tree, max_new_tokens, tokenizer)
 
 def run_bench(args) -> int:
     specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
+    args.repeats = _repeats(args.repeats, 1)
+    check_drafter(args.drafter)
     target, tok, dspec = _load(args)
     if args.prompt:
         if any(not p.strip() for p in args.prompt):
@@ -222,11 +280,11 @@ def run_bench(args) -> int:
             raise ValueError(f"--limit: expected an integer >= 1, got {args.limit}")
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
     ids = [encode_prompt(tok, t) for t in texts]
-    drafter = _drafter_obj(dspec, target, tok)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress)
     _default_k(args, drafter)
     from tqdm.auto import tqdm  # optional: the progress bar
 
-    bar = tqdm(total=len(specs) * len(ids) + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
+    bar = tqdm(total=len(specs) * len(ids) * args.repeats + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
                disable=args.no_progress)
     try:
         bar.set_postfix_str("warm-up")
@@ -237,7 +295,7 @@ def run_bench(args) -> int:
             bar.set_postfix_str(spec)
             bar.update(1)
 
-        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run)
+        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats)
     finally:
         bar.close()
     if args.json:
@@ -247,6 +305,7 @@ def run_bench(args) -> int:
         print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
               "(tokens/s measured after an untimed warm-up round)\n")
         print(format_table(rows, width=terminal_width()))
+        print(timing_footnote(rows, width=terminal_width()))
         print()
         print(format_positions(rows))
     return 0

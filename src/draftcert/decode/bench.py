@@ -7,33 +7,55 @@ forward = all emitted tokens / all target forwards, and so on (``stats.py``).
 
 from __future__ import annotations
 
+import textwrap
 from functools import reduce
 
 from ..criteria import DEFAULT_CRITERIA, TreeCoverage, parse_criterion
 from ..textfit import markdown_tables
 from .engine import speculative_generate
 from .stats import DecodeStats
+from .timing import SPREAD_LIMIT, interleave
 
-__all__ = ["DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions"]
+__all__ = ["DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions", "timing_footnote"]
 
 # tree:8 drafts 8 children per level: too slow for a quick table
 DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]
 
 
-def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None) -> list[dict]:
+def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None,
+               repeats: int = 1) -> list[dict]:
     """One row per criterion spec over the given prompts (``tree:M`` -> a width-M tree of depth k).
+
+    Each criterion's decodes of all the prompts are timed ``repeats`` times, the criteria taking
+    turns (A B C, C B A, ...: ``timing.interleave``), so that a busy spell of a shared machine
+    slows every row alike; a row's tokens/s is the median over the repeats, and its
+    ``timing_reliable`` is False when they disagree by more than 20 %.  The counters come
+    from the first repeat (greedy decoding: every repeat emits the same tokens).
     ``on_run(spec)`` is called after each decode (progress)."""
-    rows = []
-    for spec in specs:
+    first: dict[str, DecodeStats] = {}
+
+    def run_of(spec):
         crit = parse_criterion(spec)
         tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
-        runs = []
-        for ids in prompts_ids:
-            runs.append(speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens,
-                                             tokenizer=tokenizer).stats)
-            if on_run is not None:
-                on_run(spec)
-        rows.append(bench_row(reduce(DecodeStats.merge, runs), f"chain k={k}" if tree is None else f"tree m={tree[0]}, depth={k}"))
+
+        def run() -> float:  # all the prompts under one criterion: the summed decode seconds
+            runs = []
+            for ids in prompts_ids:
+                runs.append(speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens,
+                                                 tokenizer=tokenizer).stats)
+                if on_run is not None:
+                    on_run(spec)
+            st = reduce(DecodeStats.merge, runs)
+            first.setdefault(spec, st)
+            return st.seconds
+        return run
+
+    times = interleave([run_of(spec) for spec in specs], repeats)
+    rows = []
+    for spec, seconds in zip(specs, times):
+        st = first[spec]
+        st.repeat_seconds = seconds
+        rows.append(bench_row(st, f"chain k={k}" if st.tree is None else f"tree m={st.tree[0]}, depth={k}"))
     return rows
 
 
@@ -46,7 +68,10 @@ def bench_row(st: DecodeStats, draft: str) -> dict:
         "mean_accepted": st.mean_accepted_length,
         "drift": st.drift,
         "certified": st.certified_fraction,
-        "tokens_per_second": st.tokens_per_second,
+        "tokens_per_second": st.tokens_per_second,  # the median over the repeats
+        "repeats": len(st.repeat_seconds),
+        "timing_spread": st.timing_spread,  # (max - min) / median of the repeats' tokens/s; null: one timing
+        "timing_reliable": st.timing_reliable,  # false: the repeats disagree by > 20 %; null: one timing
         "acceptance_by_position": st.acceptance_rate_by_depth,  # conditional: accepted / attempted
         "accepted_length_histogram": list(st.accepted_length_histogram),
         **st.vllm_metrics(),
@@ -69,7 +94,22 @@ _BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc", "drift", "cert
 def _bench_cells(r) -> list[str]:
     cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
     return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}",
-            f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}"]
+            f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}" + ("*" if r.get("timing_reliable") is False else "")]
+
+
+def timing_footnote(rows, width: int | None = None) -> str:
+    """The lines under the table saying how the tokens/s were timed and which ones to distrust,
+    folded to ``width`` columns (default 80)."""
+    n = max((r.get("repeats", 1) for r in rows), default=1)
+    if n < 2:
+        line = "tokens/s: one timing each (--repeats 3: medians of runs in turns, checked to agree)"
+    else:
+        bad = [r["criterion"] for r in rows if r.get("timing_reliable") is False]
+        line = f"tokens/s: median of {n} repeats, the criteria timed in turns"
+        if bad:
+            line += (f"; * UNRELIABLE ({', '.join(bad)}): the repeats disagree by more than {SPREAD_LIMIT:.0%} "
+                     "(a busy machine?); rerun when it is idle, or with more --repeats")
+    return textwrap.fill(line, width or 80, break_on_hyphens=False, break_long_words=False)
 
 
 def format_table(rows, width: int | None = None) -> str:

@@ -37,6 +37,10 @@ Ours, next to them (all per run):
   target's greedy token at that prefix;
 * mean forward KL = mean of the proven upper bound on KL(p_target || q_drafter) over
   accepted draft positions;
+* timings (``timing.py``): tokens/s = emitted / the median of the repeated timings; with a
+  baseline, speedup = the median per-repeat ratio of the two tokens/s, each repeat timing the
+  decode and the target alone next to each other; ``timing_reliable`` is False when the repeats'
+  spread exceeds 20 % (None for a single timing);
 * certificates: at every expanded node whose drafter distribution is known,
   certified = KL(p || q) < radius (for a width-m tree node radius = max(radius(criterion),
   radius(tree:m))).  Certified and rejected never happens (the engine raises
@@ -47,6 +51,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from typing import Sequence
+
+from .timing import median_or_none, reliable, spread
 
 
 class CertificateViolation(RuntimeError):
@@ -111,8 +117,10 @@ class DecodeStats:
     kl_count: int = 0
     certified_positions: int = 0
     checked_positions: int = 0  # positions with a drafter distribution (certificate computed)
-    seconds: float = 0.0
-    baseline_seconds: float | None = None
+    seconds: float = 0.0  # the timed decode's wall time: the median of ``repeat_seconds`` when timed repeatedly
+    baseline_seconds: float | None = None  # likewise for the target alone
+    repeat_seconds: list[float] = field(default_factory=list)  # [repeat] wall time of each timed decode
+    baseline_repeat_seconds: list[float] = field(default_factory=list)  # [repeat] the target alone, interleaved
     baseline_tokens: int | None = None
     baseline_match: bool | None = None  # strict: emitted tokens identical to plain greedy decoding
     rounds: list[RoundLog] = field(default_factory=list)
@@ -232,18 +240,47 @@ class DecodeStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.emitted / self.seconds if self.seconds > 0 else 0.0
+        """Emitted tokens / the median timed decode (``timing.py``; merged runs: per-repeat totals)."""
+        sec = median_or_none(self.repeat_seconds) or self.seconds
+        return self.emitted / sec if sec > 0 else 0.0
 
     @property
     def baseline_tokens_per_second(self) -> float | None:
-        if self.baseline_seconds is None or not self.baseline_seconds > 0:
+        sec = median_or_none(self.baseline_repeat_seconds) or self.baseline_seconds
+        if sec is None or not sec > 0 or self.baseline_tokens is None:
             return None
-        return self.baseline_tokens / self.baseline_seconds
+        return self.baseline_tokens / sec
+
+    def _speedups(self) -> list[float]:
+        """Per repeat: speculative tokens/s over the target alone's, timed next to each other."""
+        if not self.baseline_tokens:
+            return []
+        pairs = zip(self.repeat_seconds, self.baseline_repeat_seconds)
+        return [(self.emitted / s) / (self.baseline_tokens / b) for s, b in pairs if s > 0 and b > 0]
+
+    def _per_repeat(self) -> list[float]:
+        """The figure the repeats are judged by: the speedup with a baseline, else tokens/s."""
+        return self._speedups() or [self.emitted / s for s in self.repeat_seconds if s > 0]
 
     @property
     def speedup(self) -> float | None:
+        """The median per-repeat speedup (one repeat: that one; ``timing.py``)."""
+        per = self._speedups()
+        if per:
+            return median_or_none(per)
         b = self.baseline_tokens_per_second
         return self.tokens_per_second / b if b else None
+
+    @property
+    def timing_spread(self) -> float | None:
+        """How much the repeats disagree: (max - min) / median of the per-repeat speedup (with a
+        baseline) or tokens/s (without); None for a single timing."""
+        return spread(self._per_repeat())
+
+    @property
+    def timing_reliable(self) -> bool | None:
+        """False when the repeats disagree by more than ``timing.SPREAD_LIMIT``; None for one timing."""
+        return reliable(self._per_repeat())
 
     def vllm_metrics(self) -> dict:
         """vLLM's counters and derived figures (JSON-ready)."""
@@ -283,6 +320,11 @@ class DecodeStats:
             "tokens_per_second": self.tokens_per_second,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
             "speedup": self.speedup,
+            "repeats": len(self.repeat_seconds),
+            "repeat_seconds": list(self.repeat_seconds),
+            "baseline_repeat_seconds": list(self.baseline_repeat_seconds),
+            "timing_spread": self.timing_spread,  # (max - min) / median over the repeats; null: one timing
+            "timing_reliable": self.timing_reliable,  # false: the repeats disagree by > 20 %; null: one timing
             "baseline_match": self.baseline_match,
             **self.vllm_metrics(),
         }

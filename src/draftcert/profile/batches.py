@@ -107,8 +107,14 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
     pad = pad_token_id(ctx.tokenizer, ctx.model)
     specs = ctx.specs
     n_done_mine = n_mine - sum(len(c) for c in chunks)  # chunks hold only the prompts still to do
-    bar = tqdm(total=n_mine, initial=n_done_mine, unit="prompt", desc=f"profile[{info.rank}]" if info.world_size > 1 else "profile",
+    # The bar counts decode steps (one token of one prompt), at most max_new_tokens per prompt: a
+    # batch takes minutes, so a bar of prompts or batches would sit still and then jump.  A prompt
+    # that ends early (EOS) is topped up to its full share when its batch is written.
+    per_prompt = ctx.max_new_tokens
+    bar = tqdm(total=n_mine * per_prompt, initial=n_done_mine * per_prompt, unit="tok",
+               desc=f"profile[{info.rank}]" if info.world_size > 1 else "profile",
                disable=not (ctx.progress and info.is_main), dynamic_ncols=True, file=sys.stderr)
+    bar.set_postfix_str(f"prompts {n_done_mine}/{n_mine}")
     new_prompts = new_steps = 0
     t0 = time.perf_counter()
     try:
@@ -117,8 +123,10 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
             pids = [prompts[i].id for i in chunk]
             batch = BatchTrace(pids, schema)
             gen = GreedyRun(ctx.model, ids, ctx.max_new_tokens, eos, pad_id=pad, timer=timer)
-            pending = _decode(ctx, batch, gen)
+            start = bar.n
+            pending = _decode(ctx, batch, gen, bar)
             if draft is not None:
+                bar.set_postfix_str(f"prompts {n_done_mine + new_prompts}/{n_mine}, scoring the drafter")
                 _certify_drafter(ctx, batch, pending, ids, gen.continuations, pad)
             del pending
             with timer.section("trace"):
@@ -132,9 +140,9 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
                     viol = _violations(table, specs) if draft is not None else {}
             new_prompts += len(chunk)
             new_steps += table.num_rows
-            bar.update(len(chunk))
+            bar.update(start + len(chunk) * per_prompt - bar.n)  # the steps its EOS-ended prompts did not take
             el = time.perf_counter() - t0
-            bar.set_postfix(tokens=new_steps, tok_s=f"{new_steps / el:.1f}" if el > 0 else "-")
+            bar.set_postfix_str(f"prompts {n_done_mine + new_prompts}/{n_mine}, {new_steps / el:.1f} tok/s" if el > 0 else "")
             if ctx.on_batch is not None:
                 ctx.on_batch({"shard": out / "trace" / name, "prompt_ids": pids, "steps": table.num_rows,
                               "violations": viol})
@@ -148,13 +156,14 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
     return BatchTotals(new_prompts, new_steps, stats)
 
 
-def _decode(ctx: BatchContext, batch: BatchTrace, gen: GreedyRun) -> list[PendingStep]:
+def _decode(ctx: BatchContext, batch: BatchTrace, gen: GreedyRun, bar) -> list[PendingStep]:
     """Decode the batch, summarising every step.  Without a drafter the radii need the target
     alone: steps are certified into ``batch`` as they pile up and nothing is returned; with
     one, the steps are returned pending, for the drafter's pass over the continuations."""
     timer, certifier = ctx.timer, ctx.certifier
     pending: list[PendingStep] = []
     for t, logits, rows, tokens in gen.steps():
+        bar.update(int(rows.shape[0]))  # one token for each still-active prompt
         with timer.section("certificate"), timer.section("certificate.target"):
             summ, bad = certifier.summarize_step(logits)
             pending.append(PendingStep(rows, t, tokens, summ, bad))

@@ -46,8 +46,9 @@ from typing import Callable, Sequence
 
 from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
-from ..models import check_compatible, load_drafter, load_target
+from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
 from ..models.hf import parse_dtype
+from ..models.loading import transformers_progress
 from ..prompts import encode_prompt
 from ..tracefile import list_shards
 from . import distributed as dist_mod
@@ -122,10 +123,8 @@ def _load_target(target, device, dtype):
     if target is None or isinstance(target, (str, os.PathLike)):
         try:
             return load_target(None if target is None else str(target), device=device, dtype=dtype)
-        except ValueError:
-            raise
-        except (OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
-            raise ValueError(f"--target {str(target)!r}: {exc}") from exc
+        except (ModelUnavailable, OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
+            raise ValueError(f"--target: {exc}") from exc
     if isinstance(target, (tuple, list)) and len(target) == 2:
         model, tok = target
     else:
@@ -139,9 +138,7 @@ def _load_drafter(drafter, spec, model, tok, device, dtype):
     if isinstance(drafter, (str, os.PathLike)):
         try:
             return load_drafter(spec, model, tok, device=device, dtype=dtype)
-        except ValueError:
-            raise
-        except (OSError, RuntimeError) as exc:
+        except (ModelUnavailable, OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
             raise ValueError(f"--drafter: {exc}") from exc
     d = drafter.to(device=device, dtype=dtype) if dtype is not None else drafter.to(device)
     check_compatible(model, tok, d)  # a drafter object must share the target's vocabulary (before any compute)
@@ -228,9 +225,10 @@ def profile(
         settings["shard_sha256"] = sorted(shas)
         done = done_prompts(out, shas, plist)
 
-        model, tok = _load_target(target, dev, torch_dtype)
-        model.eval()
-        draft = _load_drafter(drafter, settings["drafter"], model, tok, dev, torch_dtype)
+        with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
+            model, tok = _load_target(target, dev, torch_dtype)
+            model.eval()
+            draft = _load_drafter(drafter, settings["drafter"], model, tok, dev, torch_dtype)
         if draft is not None:
             draft.eval()
 

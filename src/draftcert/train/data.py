@@ -23,6 +23,7 @@ target), ``token_batches`` groups examples by length, ``collate`` stacks one gro
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import torch
@@ -82,12 +83,13 @@ def heldout_texts() -> list[str]:
 
 @torch.inference_mode()
 def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: bool, temperature=1.0, top_p=0.95,
-                      gen=None, features: bool = False):
+                      gen=None, features: bool = False, on_step=None):
     """Batched left-padded generation with a KV cache (greedy or sampled).
 
     Returns the new tokens per row, and with ``features=True`` also each row's final hidden
     states (float32, one per position of prompt + new tokens except the last token, whose
     successor is never predicted) -- collected from the very passes that generated the tokens.
+    ``on_step(n)`` hears of each step: n = the rows that produced a token (a progress bar).
     """
     dev = model.device
     ids, mask, pos = left_pad(seqs, pad, dev)
@@ -119,6 +121,8 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
             nxt = idx.gather(1, choice).squeeze(1)
         else:
             nxt = logits.argmax(-1)
+        if on_step is not None:
+            on_step(done.count(False))
         for i, t in enumerate(nxt.tolist()):
             if not done[i]:
                 out[i].append(t)
@@ -136,11 +140,16 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
 
 def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_new_tokens: int = 128,
                       batch: int = 32, seed: int = 0, heldout: HeldOut | None = None, temperature: float = 1.0,
-                      top_p: float = 0.95, log=print):
+                      top_p: float = 0.95, log=print, progress: bool = False):
     """``n`` self-generated examples: dicts with prompt text, token ids, response length, features.
 
     Prompts are drawn in batches until ``n`` distinct, non-empty, non-held-out ones exist.
+    ``progress``: a bar per stage on stderr ("writing prompts", "writing answers"), counting
+    generated tokens: a batch takes minutes, so a bar of prompts would sit still and then jump.
+    A row that ends early (EOS) is topped up to its full share when its batch ends.
     """
+    from tqdm.auto import tqdm  # optional: models extra
+
     if n < 1:
         raise ValueError(f"train-drafter: need at least 1 example, got {n}")
     gen = torch.Generator().manual_seed(seed)
@@ -150,12 +159,18 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
     prompts, seen, dropped = [], set(), {"heldout": 0, "empty": 0, "duplicate": 0, "truncated (kept)": 0}
     t0 = time.perf_counter()
     tries = 0
+    per_try = batch * max_prompt_tokens  # tokens of one batch of prompts, at most
+    bar = tqdm(total=-(-n // batch) * per_try, unit="tok", desc="writing prompts", disable=not progress,
+               dynamic_ncols=True, file=sys.stderr)
     while len(prompts) < n:
         tries += 1
         if tries > 50:
+            bar.close()
             raise RuntimeError(f"train-drafter: could not sample {n} usable prompts (got {len(prompts)}; dropped {dropped})")
+        bar.total = max(bar.total, tries * per_try)  # dropped prompts cost another batch
         outs = _batched_generate(target, [prefix] * batch, max_prompt_tokens, eos, pad, sample=True,
-                                 temperature=temperature, top_p=top_p, gen=gen)
+                                 temperature=temperature, top_p=top_p, gen=gen, on_step=bar.update)
+        bar.update(tries * per_try - bar.n)
         for o in outs:
             text = tok.decode([t for t in o if t not in eos], skip_special_tokens=True).strip()
             if not o or o[-1] not in eos:
@@ -171,21 +186,30 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
                 continue
             seen.add(text)
             prompts.append(text)
+        bar.set_postfix_str(f"prompts {min(len(prompts), n)}/{n}")
         log(f"prompts: {min(len(prompts), n)}/{n} ({time.perf_counter() - t0:.0f} s)")
+    bar.total = bar.n
+    bar.close()
     prompts = prompts[:n]
     enc = [list(encode_prompt(tok, p)) for p in prompts]
     examples = []
     # Every sequence starts with the same template prefix (system prompt, user header): not worth training on.
     n_skip = max(len(prefix) - 1, 0)
     order = sorted(range(n), key=lambda i: -len(enc[i]))
+    bar = tqdm(total=n * max_new_tokens, unit="tok", desc="writing answers", disable=not progress, dynamic_ncols=True,
+               file=sys.stderr)
     for j in range(0, n, batch):
         idx = order[j : j + batch]
-        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False, features=True)
+        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False, features=True,
+                                        on_step=bar.update)
+        bar.update((j + len(idx)) * max_new_tokens - bar.n)  # the tokens its EOS-ended answers did not take
+        bar.set_postfix_str(f"answers {j + len(idx)}/{n}")
         for i, r, f in zip(idx, resp, feats):
             # The generating passes saw every token but the last one: keep the positions with a feature.
             ids = (enc[i] + r)[: f.shape[0]]
             examples.append({"prompt": prompts[i], "ids": ids, "n_prompt": len(enc[i]), "n_skip": n_skip, "features": f})
         log(f"responses: {len(examples)}/{n} ({time.perf_counter() - t0:.0f} s)")
+    bar.close()
     log(f"features: {n} sequences, {sum(len(e['ids']) for e in examples)} tokens ({time.perf_counter() - t0:.0f} s)")
     return examples, {"dropped": dropped, "seconds": time.perf_counter() - t0}
 
@@ -213,12 +237,15 @@ def draft_vocabulary(examples, size: int, vocab_size: int, always=()) -> torch.T
 # ----------------------------------------------------------------------------- training batches
 
 
-def radii_of(target, examples, criterion, log) -> None:
+def radii_of(target, examples, criterion, log, progress: bool = False) -> None:
     """In place: each example's radius r_t = radius(criterion, p_t) at every position ([T], float32) and
-    ``mass``, the target's expected token counts over its positions ([V]); skips examples that have them."""
+    ``mass``, the target's expected token counts over its positions ([V]); skips examples that have them.
+    ``progress``: a bar on stderr counting the examples."""
+    from tqdm.auto import tqdm  # optional: models extra
+
     W = target.get_output_embeddings().weight
     t0 = time.perf_counter()
-    for e in examples:
+    for e in tqdm(examples, unit="example", desc="radii", disable=not progress, dynamic_ncols=True, file=sys.stderr):
         if "radius" in e:
             continue
         f = e["features"].to(W.dtype)

@@ -24,6 +24,7 @@ from ..fileio import atomic_path, write_json
 from ..models import load_target
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids
+from ..models.loading import transformers_progress
 from .data import HeldOut, collate, draft_vocabulary, generate_examples, heldout_texts, radii_of, token_batches
 from .objective import OBJECTIVES, batch_loss, evaluate
 
@@ -66,7 +67,7 @@ class _Log:
             print(line, file=sys.stderr, flush=True)
 
 
-def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=None):
+def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=None, progress: bool = False):
     """The run's examples: ``cfg.data`` or ``out/data.pt`` when it exists, else generated and written there."""
     path = Path(cfg.data) if cfg.data else out / "data.pt"
     if path.is_file():
@@ -78,7 +79,8 @@ def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=Non
     held = HeldOut(heldout_texts() if heldout is None else heldout)
     n = cfg.examples + cfg.heldout_examples
     examples, info = generate_examples(target, tok, n, max_prompt_tokens=cfg.max_prompt_tokens,
-                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, heldout=held, log=log)
+                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, heldout=held, log=log,
+                                       progress=progress)
     data = {"examples": examples, "info": info, "config": {"examples": cfg.examples, "heldout_examples": cfg.heldout_examples,
             "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}}
     with atomic_path(path) as tmp:
@@ -102,12 +104,13 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     if cfg.ttt < 1 or cfg.draft_vocab < 1 or cfg.epochs <= 0 or cfg.batch_tokens < 2:
         raise ValueError("train-drafter: ttt, draft vocabulary, epochs and batch tokens must be positive")
     parse_criterion(cfg.criterion)  # ValueError for an unknown rule
+    t_start = time.perf_counter()
+    if target is None:  # before anything is written: an unloadable target leaves no empty run directory
+        with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
+            target, tokenizer = load_target(cfg.target)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     log = _Log(out / "train.log", quiet)
-    t_start = time.perf_counter()
-    if target is None:
-        target, tokenizer = load_target(cfg.target)
     cfg_path = out / "config.json"
     cfg_dict = dataclasses.asdict(cfg)
     if cfg_path.is_file():
@@ -116,13 +119,13 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
             raise ValueError(f"{out} holds a run with other settings ({cfg_path}); use a new --out or the same settings")
     write_json(cfg_path, cfg_dict)
 
-    data = load_or_make_data(cfg, target, tokenizer, out, log, heldout)
+    data = load_or_make_data(cfg, target, tokenizer, out, log, heldout, progress=progress)
     examples = data["examples"]
     if len(examples) < 2:
         raise ValueError("train-drafter: need at least 2 examples (train + held-out)")
     n_held = min(cfg.heldout_examples, len(examples) - 1)
     train_ex, held_ex = examples[: len(examples) - n_held], examples[len(examples) - n_held :]
-    radii_of(target, examples, cfg.criterion, log)
+    radii_of(target, examples, cfg.criterion, log, progress=progress)
 
     V = int(target.get_output_embeddings().weight.shape[0])
     vocab_ids = draft_vocabulary(train_ex, cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tokenizer)))

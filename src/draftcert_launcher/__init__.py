@@ -1,0 +1,49 @@
+"""The ``draftcert`` console command: bound the OpenMP threads' spinning, then run the CLI.
+
+torch runs its CPU kernels on OpenMP threads (GNU libgomp).  Between two parallel regions an
+idle libgomp thread *spins* for GOMP_SPINCOUNT iterations (default 300,000) before it sleeps.
+Decoding one token at a time is thousands of tiny parallel regions, so next to a busy process
+the spinning threads take the CPU the working thread needs: decodes measured next to a busy
+process ran ten times slower, burning 94 s of CPU for 16 s of work (issue 23).  A short spin
+keeps most of the speed of spinning on a quiet machine and lets a busy neighbour slow decoding
+only in proportion to the CPU it takes; ``OMP_WAIT_POLICY=PASSIVE`` (no spin at all) is immune
+to the neighbour but much slower alone.  Measured on 2 cores, greedy decoding with the embedded
+target, 2 threads, tokens/s alone -> next to a ``while True: pass`` process:
+
+    GOMP_SPINCOUNT  300,000 (default)  ~28 -> 0.3-3     (spinning threads starve the working one)
+                    100,000            28.5 -> 3.4
+                     10,000            27.8 -> 8.9
+                      3,000            23.6 -> 12.9     (chosen: a neighbour costs ~half, in proportion)
+                      1,000            18.6 -> 14.1
+    OMP_WAIT_POLICY=PASSIVE (0)        16.7 -> 15.8
+
+libgomp reads these variables once, when it is loaded, i.e. when torch is first imported, and
+``import draftcert`` imports torch.  So this module lives outside the ``draftcert`` package
+(importing anything inside it would import torch first) and sets the variable only for the
+command's own process (and its children), never when draftcert is imported as a library, and
+never when the user chose a policy: with ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the
+environment nothing is set (``OMP_WAIT_POLICY=ACTIVE draftcert ...`` spins as asked).
+"""
+
+from __future__ import annotations
+
+import os
+
+SPIN_COUNT = "3000"  # iterations an idle OpenMP thread spins before it sleeps (see the table above)
+USER_KNOBS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # either one set by the user: leave both alone
+
+
+def set_wait_policy(environ=None) -> dict[str, str]:
+    """Set ``GOMP_SPINCOUNT`` unless the environment already chooses a wait policy; returns what was set."""
+    env = os.environ if environ is None else environ
+    if any(k in env for k in USER_KNOBS):
+        return {}
+    env["GOMP_SPINCOUNT"] = SPIN_COUNT
+    return {"GOMP_SPINCOUNT": SPIN_COUNT}
+
+
+def main() -> int:
+    set_wait_policy()
+    from draftcert.cli import main as cli_main  # after the environment: it imports torch (and libgomp)
+
+    return cli_main()
