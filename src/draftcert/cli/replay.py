@@ -43,10 +43,10 @@ _EXPLAIN_EXAMPLES = """examples:
   draftcert explain runs/r8 --rules strict --top 20 --epsilon 0.05
 
 Categories (a partition of the rejections; D = KL(p||q), r = the rule's radius):
-  inside radius  D < r: impossible, a soundness violation (a bug), flagged loudly
-  low margin     r <= D <= eps: a drafter within eps of p was rejected, so r < eps:
-                 p is nearly tied here (relax the rule)
-  far off        D > eps and D >= r: the drafter was further than eps from p
+  inside radius  certified (D < r, proven) yet rejected: a soundness violation (a bug)
+  low margin     not certified and D <= eps: a drafter within eps of p was rejected,
+                 so r < eps: p is nearly tied here (relax the rule)
+  far off        not certified and D > eps: the drafter was further than eps from p
                  (fix the drafter)
 Surprise = log p(greedy) - max log p(drafter's candidates), nats.  Writes DIR/explain.json.
 """
