@@ -27,7 +27,7 @@ def test_histogram_and_positions_count_the_rounds(tiny, prompts, spec, tree):
     assert st.acceptance_rate_per_pos == [a / len(drafted) for a in acc]  # vLLM's: not conditional
     s = st.summary()
     assert s["accepted_length_histogram"] == hist and s["attempted_by_depth"] == st.attempted_by_depth
-    assert s["accepted_by_depth"] == s["num_accepted_tokens_per_pos"] == acc
+    assert s["num_accepted_tokens_per_pos"] == acc and "accepted_by_depth" not in s  # one name: vLLM's
     assert s["mean_acceptance_length"] == pytest.approx(1 + sum(acc) / len(drafted))
 
 

@@ -308,7 +308,6 @@ class DecodeStats:
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,  # conditional, by draft position 1..k
             "attempted_by_depth": list(self.attempted_by_depth),
-            "accepted_by_depth": list(self.num_accepted_tokens_per_pos),  # = num_accepted_tokens_per_pos
             "accepted_length_histogram": list(self.accepted_length_histogram),
             "drift": self.drift,
             "divergence_spent_nats": self.divergence_spent,
