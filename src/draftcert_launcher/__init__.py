@@ -7,15 +7,12 @@ the spinning threads take the CPU the working thread needs: decodes measured nex
 process ran ten times slower, burning 94 s of CPU for 16 s of work (issue 23).  A short spin
 keeps most of the speed of spinning on a quiet machine and lets a busy neighbour slow decoding
 only in proportion to the CPU it takes; ``OMP_WAIT_POLICY=PASSIVE`` (no spin at all) is immune
-to the neighbour but much slower alone.  Measured on 2 cores, greedy decoding with the embedded
-target, 2 threads, tokens/s alone -> next to a ``while True: pass`` process:
+to the neighbour but much slower alone.  ``python benchmarks/bench_spin.py`` on 2 cores (embedded
+target, greedy, 2 threads), tokens/s alone -> next to a ``while True: pass`` process:
 
-    GOMP_SPINCOUNT  300,000 (default)  ~28 -> 0.3-3     (spinning threads starve the working one)
-                    100,000            28.5 -> 3.4
-                     10,000            27.8 -> 8.9
-                      3,000            23.6 -> 12.9     (chosen: a neighbour costs ~half, in proportion)
-                      1,000            18.6 -> 14.1
-    OMP_WAIT_POLICY=PASSIVE (0)        16.7 -> 15.8
+    GOMP_SPINCOUNT  300,000 (default)  30.3 -> 2.3     (spinning threads starve the working one)
+                     10,000            29.5 -> 8.8
+                      3,000            24.9 -> 13.4    (chosen: a neighbour costs ~half, in proportion)
 
 libgomp reads these variables once, when it is loaded, i.e. when torch is first imported, and
 ``import draftcert`` imports torch.  So this module lives outside the ``draftcert`` package
