@@ -190,7 +190,8 @@ def test_written_files_get_the_ordinary_mode(umask, tmp_path):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == want, name
 
 
-@pytest.mark.parametrize("command", ["profile", "reproduce-paper", "train-drafter"])
+@pytest.mark.parametrize("command", ["demo", "profile", "reproduce-paper", "report", "decode", "bench", "train-drafter",
+                                     "replay", "explain"])
 def test_help_fits_80_columns(command, monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit):

@@ -20,7 +20,7 @@ from .checks import check_drafter, check_specs, set_threads
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
-  draftcert decode --prompt "Write a haiku about rain." --criterion additive:0.1 -k 6
+  draftcert decode --prompt "Write a haiku." --criterion additive:0.1 -k 6
   draftcert decode --prompt "List three prime numbers." --tree 4,3
   draftcert decode --prompt "Repeat: a b c a b c" --drafter prompt-lookup --json
 
@@ -45,9 +45,9 @@ repeats disagree by more than 20% the speedup is marked UNRELIABLE
 """
 
 _BENCH_EXAMPLES = """examples:
-  draftcert bench                                   # 3 MT-Bench prompts, every criterion
+  draftcert bench                       # 3 MT-Bench prompts, every criterion
   draftcert bench --prompt "Tell me a story." --prompt "What is 2+2?" -k 6
-  draftcert bench --criteria strict,additive:0.1,tree:4 --max-new-tokens 32 --json
+  draftcert bench --criteria strict,additive:0.1,tree:4 --max-new-tokens 32
 
 A progress bar on stderr counts the (criterion, prompt) decodes. --repeats N
 times every row N times, the criteria taking turns, so that a busy neighbour
@@ -87,7 +87,7 @@ def add_parser(subparsers) -> None:
     b = subparsers.add_parser(
         "bench",
         help="compare acceptance criteria and trees on a few prompts (markdown table)",
-        description="Tokens per target forward, mean accepted length, drift and tokens/s for several criteria.",
+        description="Tokens per target forward, mean accepted length, drift and tokens/s for\nseveral criteria.",
         epilog=_BENCH_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

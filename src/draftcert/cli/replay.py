@@ -23,39 +23,41 @@ from .checks import set_threads
 
 _REPLAY_EXAMPLES = """examples:
   draftcert profile --drafter default --prompts mt-bench --limit 8 --out runs/r8
-  draftcert replay runs/r8                      # every rule x chain k=1..8, trees, static trees
-  draftcert replay runs/r8 --calibrate          # + time the models here: tokens/s, speedup, best config
-  draftcert replay runs/r8 --rules strict,tree:4 -k 1-6 --trees 2,4,8 --static 4,2,1 --full
+  draftcert replay runs/r8              # every rule, chain k=1..8, tree shape
+  draftcert replay runs/r8 --calibrate  # + timings: tokens/s, speedup, best
+  draftcert replay runs/r8 --rules strict,tree:4 -k 1-6 --trees 2,4,8 --full
 
-Strict rules (strict, tree:M) are replayed exactly: the accepted lengths are the ones
-`draftcert decode` measures on the same prompts, round by round.  Relaxed rules are
-exact until they accept a non-greedy token; later rounds are an estimate (column
-exact = fraction of rounds replayed exactly).  Writes DIR/replay.json and
-DIR/figures/replay_*.png; --calibrate also writes DIR/calibration.json, which later
-replays of DIR and `draftcert report DIR` reuse: it times the default shapes of every
-rule of the trace (whatever --rules says) and the shapes asked for.  A replay whose
-shapes the calibration lacks still prints every acceptance figure, with a note naming
-the shapes left without a predicted speed and the command that times them.
+Strict rules (strict, tree:M) are replayed exactly: the accepted lengths are
+the ones `draftcert decode` measures on the same prompts, round by round.
+Relaxed rules are exact until they accept a non-greedy token; later rounds are
+an estimate (column exact = fraction of rounds replayed exactly). Writes
+DIR/replay.json and DIR/figures/replay_*.png; --calibrate also writes
+DIR/calibration.json, which later replays of DIR and `draftcert report DIR`
+reuse: it times the default shapes of every rule of the trace (whatever
+--rules says) and the shapes asked for. A replay whose shapes the calibration
+lacks still prints every acceptance figure, with a note naming the shapes left
+without a predicted speed and the command that times them.
 """
 
 _EXPLAIN_EXAMPLES = """examples:
-  draftcert explain runs/r8                     # chain k=4 (tree Mx4 for tree:M), top 5 per rule
+  draftcert explain runs/r8             # chain k=4 (tree Mx4 for tree:M), top 5
   draftcert explain runs/r8 --rules strict --top 20 --epsilon 0.05
 
 Categories (a partition of the rejections; D = KL(p||q), r = the rule's radius):
-  inside radius  certified (D < r, proven) yet rejected: a soundness violation (a bug)
-  low margin     not certified and D <= eps: a drafter within eps of p was rejected,
-                 so r < eps: p is nearly tied here (relax the rule)
-  far off        not certified and D > eps: the drafter was further than eps from p
-                 (fix the drafter)
-Surprise = log p(greedy) - max log p(drafter's candidates), nats.  Writes DIR/explain.json.
+  inside radius  certified (D < r, proven) yet rejected: a soundness violation
+  low margin     not certified and D <= eps: a drafter within eps of p was
+                 rejected, so r < eps: p is nearly tied here (relax the rule)
+  far off        not certified and D > eps: the drafter was further than eps
+                 from p (fix the drafter)
+Surprise = log p(greedy) - max log p(drafter's candidates), nats.
+Writes DIR/explain.json.
 """
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "replay", help="replay a profile trace under every rule, draft length and tree; predicted speed",
-        description="Replay a profile trace (recorded with --drafter) under every rule, chain length and tree shape.",
+        description="Replay a profile trace (recorded with --drafter) under every rule,\nchain length and tree shape.",
         epilog=_REPLAY_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(p)
     p.add_argument("--trees", default="2,4", help="widths m of the (m, depth) trees, depth = each k (default 2,4; '' for none)")
@@ -74,7 +76,7 @@ def add_parser(subparsers) -> None:
 
     e = subparsers.add_parser(
         "explain", help="rank the replay's rejections by surprise and say why each happened",
-        description="Rejection events of a replay, ranked by surprise, with the inside-radius / low-margin / far-off split.",
+        description="Rejection events of a replay, ranked by surprise, with the\ninside-radius / low-margin / far-off split.",
         epilog=_EXPLAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("dir", help="output directory of `draftcert profile --drafter ...`")
     e.add_argument("--rules", default=None, help="comma-separated rules of the trace (default all)")
