@@ -208,7 +208,14 @@ def divergence_upper(lp: torch.Tensor, lq: torch.Tensor, ep: torch.Tensor, eq: t
     return total * torch.exp(ep) * (1 + 8 * U) + TINY
 
 
-def _row_chunk(x: torch.Tensor) -> int:
+# Rows per chunk of the row-wise float64 passes here: their float64 buffers (CHUNK_ELEMENTS * 8
+# bytes each, at least one row) then stay in the CPU's cache instead of streaming through
+# memory once per elementwise op (1 row at V = 49k and 152k; on (256, 49152) float32 logits,
+# 1 thread: 75 ms against 87 ms with 2 rows and 123 ms with 21).
+CHUNK_ELEMENTS = 1 << 16
+
+
+def row_chunk(x: torch.Tensor) -> int:
     """Rows per chunk for row-wise float64 work on (N, V) input: on the CPU a few rows at a
     time, so the float64 temporaries stay in cache instead of streaming through memory
     once per elementwise op; elsewhere all rows at once.  Every op is row-wise (a row's
@@ -217,26 +224,6 @@ def _row_chunk(x: torch.Tensor) -> int:
         return max(1, x.shape[0])
     return max(1, min(x.shape[0], CHUNK_ELEMENTS // max(1, x.shape[-1])))
 
-
-def forward_kl_upper(target_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
-    """(N, V) x (N, V) logits -> (N,) proven upper bound on the exact KL(softmax x || softmax y):
-    float64 log-probabilities with their error bounds (:func:`log_probs`), then
-    :func:`divergence_upper`, a chunk of rows at a time (the same values as all rows at once)."""
-    n = target_logits.shape[0]
-    out = torch.empty(n, dtype=torch.float64, device=target_logits.device)
-    step = _row_chunk(target_logits)
-    for i in range(0, n, step):
-        lp, ep, _, _ = log_probs(target_logits[i:i + step], True, "target logits")
-        lq, eq, _, _ = log_probs(draft_logits[i:i + step], True, "draft logits")
-        out[i:i + step] = divergence_upper(lp, lq, ep, eq, "forward")
-    return out
-
-
-# Rows per chunk of the row-wise float64 passes here: their float64 buffers (CHUNK_ELEMENTS * 8
-# bytes each, at least one row) then stay in the CPU's cache instead of streaming through
-# memory once per elementwise op (1 row at V = 49k and 152k; on (256, 49152) float32 logits,
-# 1 thread: 75 ms against 87 ms with 2 rows and 123 ms with 21).
-CHUNK_ELEMENTS = 1 << 16
 
 # Two ulps of exp/log (docs/theory.md, section 7) and float64 underflow, as used below.
 _EXP_REL = 4 * U
@@ -275,7 +262,7 @@ def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, 
     s_p, s_q, t, m_a, m_b, max_y = (torch.empty(n, **f64) for _ in range(6))
     if full:
         t_q, tv = torch.empty(n, **f64), torch.empty(n, **f64)
-    step = _row_chunk(x)
+    step = row_chunk(x)
     # Float64 work buffers reused by every chunk: fresh (rows, V) temporaries per op cost
     # more in allocation and page faults than the arithmetic.
     A, B, D, G = (torch.empty(step, V, **f64) for _ in range(4))
@@ -326,7 +313,7 @@ def forward_kl_interval(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor,
     x, y : [N, V] target and drafter logits (any float dtype).  The error model is in
     ``_logit_pair_pass``'s docstring and docs/theory.md, section 7: the width is ~V U times
     the logits' range, about 1e-9 at V = 151,936; a dozen float64 passes per row against ~100
-    for :func:`forward_kl_upper`.  Rows with a non-finite logit (a masked token) get [0, inf].
+    for :func:`divergence_upper`.  Rows with a non-finite logit (a masked token) get [0, inf].
     """
     r = _logit_pair_pass(x, y, full=False)
     return r["lo"], r["hi"]

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_write", "atomic_path", "json_value", "dumps_json", "write_json"]
+__all__ = ["atomic_write", "atomic_path", "remove_stale_temporaries", "json_value", "dumps_json", "write_json"]
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -54,6 +54,16 @@ def atomic_path(path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def remove_stale_temporaries(folder, name_glob: str = "*") -> int:
+    """Remove the temporary siblings that a killed process left behind for files named like
+    ``name_glob`` in ``folder`` (they hold nothing: a file takes its name only when complete).
+    Returns how many were removed."""
+    stale = list(Path(folder).glob(f".{name_glob}.*.tmp"))
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
 
 
 def atomic_write(path, data: bytes | str) -> Path:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from ..fileio import remove_stale_temporaries
 from ..models.hf import eos_token_ids, pad_token_id
 from ..prompts import Prompt
 from ..summary import Summary
@@ -99,9 +100,8 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
 
     out, info, timer, draft = ctx.out, ctx.info, ctx.timer, ctx.drafter
     # A killed run can leave a half-written temporary shard (never a half-written shard:
-    # they appear by os.replace).  Remove this rank's leftovers; they hold nothing.
-    for stale in (out / "trace").glob(f".rank{info.rank}-*.tmp"):
-        stale.unlink(missing_ok=True)
+    # fileio writes atomically).  Remove this rank's leftovers.
+    remove_stale_temporaries(out / "trace", f"rank{info.rank}-*")
     schema = trace_schema(ctx.certifier.criteria, ctx.certifier.divergences, draft is not None, ctx.rollout)
     eos = eos_token_ids(ctx.model, ctx.tokenizer)
     pad = pad_token_id(ctx.tokenizer, ctx.model)

@@ -34,7 +34,7 @@ import torch
 
 from ..certificates import accepts_from_topk, certify_rows, radius_rows
 from ..criteria import Criterion
-from ..divergences import CHUNK_ELEMENTS, divergences_from_logits
+from ..divergences import divergences_from_logits, row_chunk
 from ..summary import Summary, summarize, topk_lowest_ids
 from ..tracefile import (
     ROLLOUT_MASK_WIDTH,
@@ -194,7 +194,7 @@ class StepCertifier:
 def _rank_under(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """#{y : x[n, y] > x[n, ids[n]]} per row (x: logits; a few rows at a time, no (N, V) bool temporary)."""
     out = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    step = max(1, CHUNK_ELEMENTS // max(1, x.shape[1])) if x.device.type == "cpu" else x.shape[0]
+    step = row_chunk(x)
     for i in range(0, x.shape[0], step):
         j = min(x.shape[0], i + step)
         v = x[i:j].gather(-1, ids[i:j, None])
