@@ -14,10 +14,11 @@ seconds over all prompts, each prompt timed ``--repeats`` times per
 implementation (interleaved, alternating who goes first) keeping the fastest,
 since the machine may be shared.
 
-Part 2: a markdown table (tokens per target forward, mean accepted draft
-length, drift = fraction of emitted tokens differing from the target's greedy
-token, certified fraction of draft positions, tokens/s) for strict, each
-relaxed criterion, and trees of width 2 and 4.
+Part 2: ``draftcert bench``'s markdown table (tokens per target forward, mean
+acceptance length = 1 + accepted / drafts as vLLM defines it, drift = fraction
+of emitted tokens differing from the target's greedy token, certified fraction
+of draft positions, tokens/s; docs/metrics.md) for strict, each relaxed
+criterion, and trees of width 2 and 4.
 
 The last two lines are ``tokens_per_forward_ratio=X`` and
 ``walltime_ratio=Y`` (ours over transformers').

@@ -57,13 +57,13 @@ def main(argv=None) -> int:
                 a["sec"][i] = min(a["sec"][i], sec)
                 if r == 0:
                     st = res.stats
-                    a["att"] += sum(st.attempted_by_depth)
+                    a["att"] += sum(st.num_attempted_per_pos)
                     a["acc"] += sum(st.num_accepted_tokens_per_pos)
                     a["cert"] += st.certified_positions
                     a["chk"] += st.checked_positions
-                    rounds = [rl for rl in st.rounds if rl.drafted]  # the prefill round drafts nothing
+                    rounds = [rl for rl in st.rounds if rl.num_draft_tokens]  # the prefill round drafts nothing
                     a["rounds"] += len(rounds)
-                    a["accepted"] += sum(rl.accepted for rl in rounds)
+                    a["accepted"] += sum(rl.num_accepted_tokens for rl in rounds)
                     a["emitted"] += st.emitted
                     a["fwd"] += st.target_forwards
     print(f"{len(enc)} held-out prompts ({args.mt_bench} MT-Bench + {args.humaneval} HumanEval) x {args.max_new_tokens} tokens, "

@@ -5,16 +5,18 @@ Protocol (teacher forced, one forward pass per sequence and model):
    T tokens greedily (KV cache, stops early at EOS).
 2. Every model (target and each drafter) runs one forward pass over prompt + continuation; at
    each continuation position t we compare argmax q_t (drafter) with argmax p_t (target), both
-   conditioned on the same target-generated prefix.  agreement = matches / positions.
-   This is the per-token acceptance rate of greedy speculative decoding (strict criterion).
+   conditioned on the same target-generated prefix.  accept_rate = matches / positions: the
+   strict rule's teacher-forced acceptance rate, the profile report's ``accept_rate`` for strict
+   (docs/metrics.md; vLLM has no name for it: its rates count drafts of a decode, not every
+   position of the greedy path).
 3. rel_time = the drafter's forward time / the target's on the same batch (CPU, 1 thread by
    default): a rough per-token cost ratio, only meaningful on an otherwise idle machine (on a
    shared one it mostly measures the neighbours).  The structural cost of a skip drafter is
    (layers kept) / (layers) of the decoder; a quant drafter runs dequantised weights (ratio 1).
 
 Drafters measured: skip of each single middle layer, the best k single layers skipped together
-(k = 2, 4, 6, ranked by single-skip agreement), self:quant=4 and =3 per output channel and with group=32, and DEFAULT_DRAFTER.
-Prints one line per drafter and ``default_drafter_agreement=X`` last.
+(k = 2, 4, 6, ranked by single-skip accept_rate), self:quant=4 and =3 per output channel and with group=32, and DEFAULT_DRAFTER.
+Prints one line per drafter and ``default_drafter_accept_rate=X`` last.
 
     PYTHONPATH=src python benchmarks/bench_drafters.py [--prompts 20] [--tokens 32] [--threads 1]
 """
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
         gc.collect()
         agree = (got == ref).double().mean().item()
         results[spec] = (agree, secs / t_target)
-        print(f"drafter={spec} agreement={agree:.4f} rel_time={secs / t_target:.2f}", flush=True)
+        print(f"drafter={spec} accept_rate={agree:.4f} rel_time={secs / t_target:.2f}", flush=True)
         return agree
 
     if args.layers:
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
     single = {j: measure(f"self:skip={j}") for j in range(a, b + 1)}
     ranked = sorted(single, key=lambda j: (-single[j], j))
     best = ranked[0]
-    print(f"best_single_skip=self:skip={best} agreement={single[best]:.4f}", flush=True)
+    print(f"best_single_skip=self:skip={best} accept_rate={single[best]:.4f}", flush=True)
     if args.scan_only:
         return 0
     for k in (2, 4, 6):
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
         measure(f"self:quant={bits},group=32")  # the Q4_1 block size the target was stored in
     measure(DEFAULT_DRAFTER)
     print(f"default_drafter={DEFAULT_DRAFTER}")
-    print(f"default_drafter_agreement={results[DEFAULT_DRAFTER][0]:.4f}")
+    print(f"default_drafter_accept_rate={results[DEFAULT_DRAFTER][0]:.4f}")
     return 0
 
 

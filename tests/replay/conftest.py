@@ -47,7 +47,7 @@ def exact_prefix_matches(pair, rep, spec, shape):
     Returns each prompt's replayed rounds after that point (for further checks)."""
     rest = {}
     for pid, text in PROMPTS:
-        real = [r.accepted for r in run_engine(pair, spec, shape, text).rounds]
+        real = [r.num_accepted_tokens for r in run_engine(pair, spec, shape, text).rounds]
         rounds = rep.rounds[pid]
         n_exact = next((i for i, r in enumerate(rounds) if not r.exact), len(rounds))
         assert real[:n_exact] == [r.accepted for r in rounds[:n_exact]], (pid, shape.label)

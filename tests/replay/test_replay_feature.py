@@ -76,10 +76,10 @@ def test_strict_replay_equals_engine_with_a_feature_drafter(fpair, ftrace, spec,
     deep = 0
     for pid, text in PROMPTS:
         st = run_engine(fpair, spec, shape, text)
-        assert [r.accepted for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
-        assert [r.drafted for r in st.rounds][0] == 0 and rep.rounds[pid][0].budget == 0  # the prefill round
+        assert [r.num_accepted_tokens for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
+        assert [r.num_draft_tokens for r in st.rounds][0] == 0 and rep.rounds[pid][0].budget == 0  # the prefill round
         assert all(r.exact for r in rep.rounds[pid])
-        deep += sum(r.accepted >= 2 for r in st.rounds)
+        deep += sum(r.num_accepted_tokens >= 2 for r in st.rounds)
     if shape.depth >= 3:
         assert deep > 0, "no round accepted depth 2: the test would not exercise the rollouts"
 

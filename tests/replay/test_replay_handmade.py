@@ -45,13 +45,14 @@ def test_strict_chain_hand_computed(run_dir):
     # B: t=0: 0,1,2 ok -> 3 (+bonus 3); t=4: step 4 is the recorded EOS, accepted: output ends, no bonus.
     assert got == {"A": [2, 3, 0, 1], "B": [3, 1]}
     tot = rep.totals()
-    assert tot["emitted"] == 10 + 5 and tot["rounds"] == 6
+    assert tot["emitted"] == 10 + 5 and tot["target_forwards"] == 6 and tot["num_drafts"] == 6
     assert tot["tokens_per_forward"] == pytest.approx(15 / 6)
     # depth 1 attempted in all 6 rounds, accepted in 5; depth 2: A r1, A r2, B r1, accepted in all;
     # depth 3: A r1 (rejected), A r2, B r1
-    assert tot["attempted_by_position"] == [6, 3, 3] and tot["accepted_by_position"] == [5, 3, 2]
-    assert tot["zero_accept_fraction"] == pytest.approx(1 / 6)
-    assert tot["accepted_length_histogram"] == [1, 2, 1, 2]  # lengths 0: A r3; 1: A r4, B r2; 2: A r1; 3: A r2, B r1
+    assert tot["num_attempted_per_pos"] == [6, 3, 3] and tot["num_accepted_tokens_per_pos"] == [5, 3, 2]
+    assert tot["acceptance_rate_per_pos"] == pytest.approx([5 / 6, 3 / 6, 2 / 6])  # vLLM's: / drafts
+    assert tot["conditional_acceptance_rate_per_pos"] == pytest.approx([5 / 6, 1, 2 / 3])  # / attempted
+    assert tot["accepted_tokens_histogram"] == [1, 2, 1, 2]  # lengths 0: A r3; 1: A r4, B r2; 2: A r1; 3: A r2, B r1
     assert tot["exact_fraction"] == 1.0
 
 
@@ -155,7 +156,7 @@ def test_cli_replay_writes_json_and_fits_80_columns(run_dir, capsys):
     rj = json.loads((run_dir / "replay.json").read_text())
     assert rj["format"] == "draftcert-replay/1" and set(rj["rules"]) == {"strict", "additive:0.5"}
     strict = {c["shape"]["label"]: c for c in rj["rules"]["strict"]["configs"]}
-    assert strict["chain k=3"]["mean_accepted"] == pytest.approx((2 + 3 + 0 + 1 + 3 + 1) / 6)
+    assert strict["chain k=3"]["mean_acceptance_length"] == pytest.approx(1 + (2 + 3 + 0 + 1 + 3 + 1) / 6)
     # forward-count model: a chain-3 round costs 1 + 3 * 0.25 (k drafter forwards); a budget-b round 1 + b/4
     c3 = strict["chain k=3"]
     budgets = 3 + 3 + 2 + 1 + 3 + 3  # A: 3,3,2,1; B: 3,3

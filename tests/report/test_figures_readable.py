@@ -180,7 +180,7 @@ def test_acceptance_by_position_leaves_out_rates_of_few_tries(drawn, tmp_path):
                   key=lambda r: len(r["shape"]["widths"]))
         line = lines[f"{spec} ({row['shape']['label']})"]
         shown = set(np.asarray(line.get_xdata(), int).tolist())
-        for d, n in enumerate(row["attempted_by_position"], 1):
+        for d, n in enumerate(row["num_attempted_per_pos"], 1):
             assert (d in shown) == (n >= replay_figures.MIN_TRIES), (spec, d, n)
             few += 0 < n < replay_figures.MIN_TRIES
     assert few  # the trace has such positions

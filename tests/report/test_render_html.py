@@ -63,7 +63,7 @@ def test_table_cells_do_not_wrap_and_rates_of_few_tries_show_their_counts(with_r
     for spec, rule in summary["replay"]["rules"].items():
         cells = re.findall(r"<td>([^<]*)</td>", rows[spec])
         want = []
-        for rate, n in zip(rule["acceptance_by_position_k8"], rule["attempted_by_position_k8"]):
+        for rate, n in zip(rule["conditional_acceptance_rate_per_pos_k8"], rule["num_attempted_per_pos_k8"]):
             if rate is None:
                 want.append("-")
             elif n < MIN_TRIES:

@@ -2,7 +2,8 @@
 
 A row is the ``DecodeStats`` of every prompt's decode merged (``DecodeStats.merge``), so
 its figures are totals over the prompts, not means of per-prompt figures: tokens per
-forward = all emitted tokens / all target forwards, and so on (``stats.py``).
+forward = all emitted tokens / all target forwards, and so on (``stats.py``; every name and
+definition: docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -60,40 +61,49 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
 
 
 def bench_row(st: DecodeStats, draft: str) -> dict:
-    """The figures of one bench row (JSON-ready), ``draft`` naming the draft shape."""
+    """The figures of one bench row (JSON-ready; the names of ``decode --json``, docs/metrics.md),
+    ``draft`` naming the draft shape."""
     return {
         "criterion": st.criterion,
         "draft": draft,
-        "tokens_per_forward": st.tokens_per_forward,
-        "mean_accepted": st.mean_accepted_length,
-        "drift": st.drift,
-        "certified": st.certified_fraction,
+        **st.acceptance_metrics(),
+        "certified_fraction": st.certified_fraction,
         "tokens_per_second": st.tokens_per_second,  # the median over the repeats
         "repeats": len(st.repeat_seconds),
         "timing_spread": st.timing_spread,  # (max - min) / median of the repeats' tokens/s; null: one timing
         "timing_reliable": st.timing_reliable,  # false: the repeats disagree by > 20 %; null: one timing
-        "acceptance_by_position": st.acceptance_rate_by_depth,  # conditional: accepted / attempted
-        "accepted_length_histogram": list(st.accepted_length_histogram),
-        **st.vllm_metrics(),
     }
 
 
+def _rates(rates) -> str:
+    return " ".join("-" if a is None else f"{a:.2f}" for a in rates)
+
+
 def format_positions(rows) -> str:
-    """Per criterion: acceptance rate at draft positions 1..k and the accepted-length histogram."""
-    lines = ["acceptance by draft position 1..k | rounds accepting 0, 1, ..., k drafts:"]
-    for r in rows:
-        acc = " ".join("-" if a is None else f"{a:.2f}" for a in r["acceptance_by_position"])
-        lines.append(f"  {r['criterion']}: {acc} | {' '.join(map(str, r['accepted_length_histogram']))}")
+    """Per criterion: vLLM's acceptance rate per position 1..k (accepted there / drafts), the
+    conditional one (accepted / attempted there) and the accepted-tokens histogram, one block each
+    (short lines: a terminal of 80 columns)."""
+    blocks = [("acceptance_rate_per_pos 1..k (accepted at the position / drafts):",
+               lambda r: _rates(r["acceptance_rate_per_pos"])),
+              ("conditional_acceptance_rate_per_pos 1..k (accepted / attempted there):",
+               lambda r: _rates(r["conditional_acceptance_rate_per_pos"])),
+              ("accepted_tokens_histogram (drafts accepting 0, 1, ..., k tokens):",
+               lambda r: " ".join(map(str, r["accepted_tokens_histogram"])))]
+    lines = []
+    for head, cells in blocks:
+        lines.append(head)
+        lines += [f"  {r['criterion']}: {cells(r)}" for r in rows]
     return "\n".join(lines)
 
 
-_BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean accepted", "drift", "certified", "tokens/s"]
-_BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc", "drift", "certified", "tok/s"]
+_BENCH_HEAD = ["criterion", "draft", "tokens/forward", "mean acceptance length", "drift", "certified", "tokens/s"]
+_BENCH_HEAD_SHORT = ["criterion", "draft", "tok/fwd", "mean acc len", "drift", "certified", "tok/s"]
 
 
 def _bench_cells(r) -> list[str]:
-    cert = "n/a" if r["certified"] is None else f"{r['certified']:.3f}"
-    return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}",
+    cert = "n/a" if r["certified_fraction"] is None else f"{r['certified_fraction']:.3f}"
+    mal = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+    return [r["criterion"], r["draft"], f"{r['tokens_per_forward']:.2f}", mal,
             f"{r['drift']:.3f}", cert, f"{r['tokens_per_second']:.2f}" + ("*" if r.get("timing_reliable") is False else "")]
 
 

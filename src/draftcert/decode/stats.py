@@ -3,36 +3,39 @@
 ``DecodeStats`` holds counters only (``merge`` adds two of them); every figure is
 derived from the counters.  ``draftcert decode`` fills one per prompt, ``bench``
 merges one per prompt into a row, and the replay counts its replayed rounds into one.
+Every figure has one name, the same in ``decode --json``, ``bench --json``, ``replay.json``
+and the report; docs/metrics.md maps each to vLLM's and SGLang's.
 
-Counters, in vLLM's vocabulary (``vllm/v1/spec_decode/metrics.py``):
+A round is one target forward (the prompt's prefill shares the first one); a draft is a
+round that proposed at least one token (a feature drafter's first round, prompt lookup
+without a match and a round the length limit leaves no room in propose none).
+
+vLLM's counters and figures, with its names and definitions (``vllm/v1/spec_decode/metrics.py``:
+``SpecDecodingStats.observe_draft``, ``SpecDecodingLogging.log``):
 
 * ``num_drafts``: rounds that proposed at least one draft token;
 * ``num_draft_tokens``: draft tokens proposed (every node of a tree);
 * ``num_accepted_tokens``: draft tokens accepted;
-* ``num_accepted_tokens_per_pos[i]``: rounds whose draft token at position (depth) i + 1
-  was accepted.
-
-Derived, as vLLM defines them:
-
-* mean acceptance length = 1 + num_accepted_tokens / num_drafts (the round's own
-  target token, correction or bonus, included);
+* ``num_accepted_tokens_per_pos[i]``: drafts whose token at position (depth) i + 1 was accepted;
+* mean acceptance length = 1 + num_accepted_tokens / num_drafts (the round's own target
+  token, correction or bonus, included; SGLang's ``avg_spec_accept_length`` is the same
+  quantity, so it has no second name here);
 * draft acceptance rate = num_accepted_tokens / num_draft_tokens;
-* acceptance rate at position i = num_accepted_tokens_per_pos[i] / num_drafts (not
+* acceptance rate per position i = num_accepted_tokens_per_pos[i] / num_drafts (not
   conditional on the earlier positions).
 
-Ours, next to them (all per run):
+Ours, for which vLLM has no name (all per run):
 
-* tokens per target forward = emitted tokens / target forward passes (the prompt's
-  prefill shares the first verification pass, so a run with R rounds makes exactly R
-  target forwards);
-* mean accepted length = num_accepted_tokens / rounds (rounds without a draft included;
-  the round's target token not counted);
-* conditional acceptance rate at depth d = accepted / attempted drafts at depth d, where
-  a depth is attempted when every shallower draft of that round was accepted;
-* accepted-length histogram: entry n = rounds that drafted at least one token and
-  accepted exactly n of them (rounds the length limit left without a draft are not counted);
-* drift = fraction of emitted tokens that differ from the target's greedy token at the
-  same (emitted) prefix; 0 under ``strict``;
+* tokens per target forward = emitted / target forwards.  It equals the mean acceptance
+  length only when every round drafts and no token is cut by the length limit or an EOS:
+  a round without a draft counts here (1 token) and not there;
+* conditional acceptance rate per position d = num_accepted_tokens_per_pos[d] /
+  num_attempted_per_pos[d], where a depth is attempted when every shallower draft of the
+  round was accepted and the node reached has drafted children (the drafter's quality at
+  that depth, which vLLM's unconditional rate mixes with the depths before it);
+* accepted-tokens histogram: entry n = drafts that accepted exactly n tokens;
+* drift = drift_tokens / emitted, drift_tokens = emitted tokens that differ from the target's
+  greedy token at the same (emitted) prefix; 0 under ``strict``;
 * divergence spent (nats) = sum over emitted tokens x of log p(a) - log p(x), a = the
   target's greedy token at that prefix;
 * mean forward KL = mean of the proven upper bound on KL(p_target || q_drafter) over
@@ -43,8 +46,8 @@ Ours, next to them (all per run):
   spread exceeds 20 % (None for a single timing);
 * certificates: at every expanded node whose drafter distribution is known,
   certified = KL(p || q) < radius (for a width-m tree node radius = max(radius(criterion),
-  radius(tree:m))).  Certified and rejected never happens (the engine raises
-  ``CertificateViolation``).
+  radius(tree:m))); certified fraction = certified_positions / checked_positions.  Certified
+  and rejected never happens (the engine raises ``CertificateViolation``).
 """
 
 from __future__ import annotations
@@ -61,10 +64,13 @@ class CertificateViolation(RuntimeError):
 
 @dataclass
 class RoundLog:
-    """One verification round, as the engine records it (``decode --json`` prints one per line)."""
+    """One verification round, as the engine records it (``decode --json`` prints one per line).
 
-    drafted: int  # tree nodes proposed
-    accepted: int  # draft tokens accepted
+    Its counts use the run's names: a round adds ``num_draft_tokens``, ``num_accepted_tokens``
+    and ``drift_tokens`` to the ``DecodeStats`` counters of the same names."""
+
+    num_draft_tokens: int  # tree nodes proposed (0: no draft this round)
+    num_accepted_tokens: int  # draft tokens accepted
     emitted: list[int]  # tokens emitted this round (accepted drafts + correction/bonus, after truncation)
     from_draft: list[bool]  # per emitted token: an accepted draft (True) or the target's token (False)
     depths: list[int] = field(default_factory=list)  # reached depths with drafted children (1-based)
@@ -72,7 +78,7 @@ class RoundLog:
     certified: list[bool | None] = field(default_factory=list)  # per reached depth (None: no drafter q)
     kl: list[float | None] = field(default_factory=list)  # per reached depth: upper bound on KL(p || q)
     radius: list[float | None] = field(default_factory=list)
-    drift: int = 0  # accepted tokens that are not the target's greedy token
+    drift_tokens: int = 0  # accepted tokens that are not the target's greedy token
     divergence_spent: float = 0.0  # nats: sum over them of log p(greedy) - log p(token)
     checked_positions: int = 0  # expanded nodes with a certificate (reached or not)
     certified_positions: int = 0
@@ -109,8 +115,8 @@ class DecodeStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)  # [depth]
-    attempted_by_depth: list[int] = field(default_factory=list)  # [depth]
-    accepted_length_histogram: list[int] = field(default_factory=list)  # [depth + 1]
+    num_attempted_per_pos: list[int] = field(default_factory=list)  # [depth]
+    accepted_tokens_histogram: list[int] = field(default_factory=list)  # [depth + 1]
     drift_tokens: int = 0
     divergence_spent: float = 0.0  # nats
     kl_sum: float = 0.0
@@ -126,7 +132,7 @@ class DecodeStats:
     rounds: list[RoundLog] = field(default_factory=list)
 
     def __post_init__(self):
-        _grow(self.accepted_length_histogram, self.depth + 1)
+        _grow(self.accepted_tokens_histogram, self.depth + 1)
 
     @property
     def depth(self) -> int:
@@ -135,31 +141,32 @@ class DecodeStats:
 
     # ------------------------------------------------------------------ counting
 
-    def count_round(self, drafted: int, accepted: int, emitted: int, depth_accepted: Sequence[bool],
-                    drift: int = 0, divergence_spent: float = 0.0) -> None:
-        """Count one round: ``drafted`` nodes proposed, ``accepted`` of them accepted, ``emitted``
-        tokens out; ``depth_accepted[d]`` says whether depth d + 1 (attempted) was accepted."""
+    def count_round(self, num_draft_tokens: int, num_accepted_tokens: int, emitted: int,
+                    depth_accepted: Sequence[bool], drift_tokens: int = 0, divergence_spent: float = 0.0) -> None:
+        """Count one round: ``num_draft_tokens`` nodes proposed, ``num_accepted_tokens`` of them
+        accepted, ``emitted`` tokens out; ``depth_accepted[d]`` says whether depth d + 1
+        (attempted) was accepted."""
         self.num_rounds += 1
         self.emitted += emitted
-        self.num_accepted_tokens += accepted
-        self.drift_tokens += drift
+        self.num_accepted_tokens += num_accepted_tokens
+        self.drift_tokens += drift_tokens
         self.divergence_spent += divergence_spent
-        if drafted:
+        if num_draft_tokens:  # a draft, as vLLM counts one
             self.num_drafts += 1
-            self.num_draft_tokens += drafted
-            _grow(self.accepted_length_histogram, accepted + 1)
-            self.accepted_length_histogram[accepted] += 1
-        _grow(self.attempted_by_depth, len(depth_accepted))
+            self.num_draft_tokens += num_draft_tokens
+            _grow(self.accepted_tokens_histogram, num_accepted_tokens + 1)
+            self.accepted_tokens_histogram[num_accepted_tokens] += 1
+        _grow(self.num_attempted_per_pos, len(depth_accepted))
         _grow(self.num_accepted_tokens_per_pos, len(depth_accepted))
         for d, ok in enumerate(depth_accepted):
-            self.attempted_by_depth[d] += 1
+            self.num_attempted_per_pos[d] += 1
             self.num_accepted_tokens_per_pos[d] += int(ok)
 
     def add_round(self, log: RoundLog) -> None:
         """Count one engine round from its log (and keep the log)."""
         self.rounds.append(log)
-        self.count_round(log.drafted, log.accepted, len(log.emitted), log.depth_accepted, log.drift,
-                         log.divergence_spent)
+        self.count_round(log.num_draft_tokens, log.num_accepted_tokens, len(log.emitted), log.depth_accepted,
+                         log.drift_tokens, log.divergence_spent)
         for ok, kl in zip(log.depth_accepted, log.kl):
             if ok and kl is not None:
                 self.kl_sum += kl
@@ -192,14 +199,17 @@ class DecodeStats:
 
     @property
     def mean_acceptance_length(self) -> float | None:
+        """1 + num_accepted_tokens / num_drafts (vLLM's; SGLang's avg_spec_accept_length); None: no draft."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
     @property
     def draft_acceptance_rate(self) -> float | None:
+        """num_accepted_tokens / num_draft_tokens (vLLM's); None: no draft."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
 
     @property
     def acceptance_rate_per_pos(self) -> list[float | None]:
+        """num_accepted_tokens_per_pos[i] / num_drafts (vLLM's: not conditional on positions < i)."""
         return [a / self.num_drafts if self.num_drafts else None for a in self.num_accepted_tokens_per_pos]
 
     # ------------------------------------------------------------------ ours
@@ -211,20 +221,13 @@ class DecodeStats:
 
     @property
     def tokens_per_forward(self) -> float:
+        """Emitted tokens / target forwards (rounds without a draft included)."""
         return self.emitted / self.num_rounds if self.num_rounds else 0.0
 
     @property
-    def mean_accepted_length(self) -> float:
-        return self.num_accepted_tokens / self.num_rounds if self.num_rounds else 0.0
-
-    @property
-    def acceptance_rate_by_depth(self) -> list[float | None]:
-        """Conditional rates: accepted / attempted at each depth (None where never attempted)."""
-        return [a / n if n else None for a, n in zip(self.num_accepted_tokens_per_pos, self.attempted_by_depth)]
-
-    @property
-    def zero_accept_fraction(self) -> float | None:
-        return self.accepted_length_histogram[0] / self.num_drafts if self.num_drafts else None
+    def conditional_acceptance_rate_per_pos(self) -> list[float | None]:
+        """num_accepted_tokens_per_pos[d] / num_attempted_per_pos[d] (None where never attempted)."""
+        return [a / n if n else None for a, n in zip(self.num_accepted_tokens_per_pos, self.num_attempted_per_pos)]
 
     @property
     def drift(self) -> float:
@@ -283,7 +286,7 @@ class DecodeStats:
         return reliable(self._per_repeat())
 
     def vllm_metrics(self) -> dict:
-        """vLLM's counters and derived figures (JSON-ready)."""
+        """vLLM's counters and derived figures under vLLM's names (JSON-ready)."""
         return {
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
@@ -294,23 +297,30 @@ class DecodeStats:
             "acceptance_rate_per_pos": self.acceptance_rate_per_pos,
         }
 
+    def acceptance_metrics(self) -> dict:
+        """The acceptance figures every output shares (``decode --json``, bench rows, ``replay.json``):
+        vLLM's, then ours that vLLM has no name for (JSON-ready; docs/metrics.md)."""
+        return {
+            **self.vllm_metrics(),
+            "emitted": self.emitted,
+            "target_forwards": self.target_forwards,
+            "tokens_per_forward": self.tokens_per_forward,
+            "num_attempted_per_pos": list(self.num_attempted_per_pos),
+            "conditional_acceptance_rate_per_pos": self.conditional_acceptance_rate_per_pos,
+            "accepted_tokens_histogram": list(self.accepted_tokens_histogram),
+            "drift_tokens": self.drift_tokens,
+            "drift": self.drift,
+        }
+
     def summary(self) -> dict:
         """Headline numbers of a decode (``decode --json``'s summary; JSON-ready)."""
         return {
             "criterion": self.criterion,
             "k": self.k,
             "tree": self.tree,
-            "emitted": self.emitted,
-            "rounds": self.num_rounds,
-            "target_forwards": self.target_forwards,
+            **self.acceptance_metrics(),
             "drafter_forwards": self.drafter_forwards,
-            "tokens_per_forward": self.tokens_per_forward,
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,  # conditional, by draft position 1..k
-            "attempted_by_depth": list(self.attempted_by_depth),
-            "accepted_length_histogram": list(self.accepted_length_histogram),
-            "drift": self.drift,
-            "divergence_spent_nats": self.divergence_spent,
+            "divergence_spent": self.divergence_spent,  # nats
             "mean_forward_kl_accepted": self.mean_kl,
             "certified_fraction": self.certified_fraction,
             "certified_positions": self.certified_positions,
@@ -325,5 +335,4 @@ class DecodeStats:
             "timing_spread": self.timing_spread,  # (max - min) / median over the repeats; null: one timing
             "timing_reliable": self.timing_reliable,  # false: the repeats disagree by > 20 %; null: one timing
             "baseline_match": self.baseline_match,
-            **self.vllm_metrics(),
         }

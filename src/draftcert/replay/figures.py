@@ -1,5 +1,6 @@
 """Replay figures: tokens per forward and predicted speedup against k per rule (chains),
-and acceptance by draft position (longest chain), written atomically as PNG."""
+and the conditional acceptance rate by draft position (longest chain; accepted / attempted there,
+``conditional_acceptance_rate_per_pos`` of docs/metrics.md), written atomically as PNG."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ __all__ = ["write_figures", "save_png", "FIGURE_NAMES", "MIN_TRIES"]
 FIGURE_NAMES = {
     "replay_tokens_per_forward.png": "Replay: tokens per target forward against k (chains)",
     "replay_speedup.png": "Replay: predicted speedup against k (chains)",
-    "replay_acceptance_by_position.png": "Replay: acceptance rate by draft position (longest chain)",
+    "replay_acceptance_by_position.png": "Replay: conditional acceptance rate by draft position (longest chain)",
 }
 
 # A rate at a draft position rests on the rounds that attempted it, few at deep positions:
@@ -88,12 +89,12 @@ def _write_figures(plt, res, fig_dir: Path) -> list[Path]:
         out.append(fig_dir / name)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
     for s, rows in chains.items():
-        acc, tries = rows[-1]["acceptance_by_position"], rows[-1]["attempted_by_position"]
+        acc, tries = rows[-1]["conditional_acceptance_rate_per_pos"], rows[-1]["num_attempted_per_pos"]
         xs = [i + 1 for i, (a, n) in enumerate(zip(acc, tries)) if a is not None and n >= MIN_TRIES]
         ax.plot(xs, [acc[x - 1] for x in xs], marker="o", ms=3, label=f"{s} ({rows[-1]['shape']['label']})")
     ax.set_xlabel(f"draft position within a round\n(positions tried fewer than {MIN_TRIES} times are left out;"
                   " the report's table gives their counts)")
-    ax.set_ylabel("acceptance rate (accepted / attempted)")
+    ax.set_ylabel("conditional acceptance rate (accepted / attempted)")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     _legend(fig, ax)

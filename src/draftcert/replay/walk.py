@@ -175,30 +175,21 @@ class ConfigReplay:
         a round drafts the shape's nodes up to its budget; one target forward per round."""
         sh = self.shape
         st = DecodeStats(self.spec, sh.depth, None if sh.kind == "chain" else list(sh.widths),
-                         num_accepted_tokens_per_pos=[0] * sh.depth, attempted_by_depth=[0] * sh.depth)
+                         num_accepted_tokens_per_pos=[0] * sh.depth, num_attempted_per_pos=[0] * sh.depth)
         for r in self._all():
             st.count_round(sh.nodes(r.budget), r.accepted, r.emitted, r.depth_accepted, r.drift)
         return st
 
     def totals(self) -> dict:
-        """Figures of the replayed configuration (``replay.json``'s rows), from ``stats()``."""
+        """Figures of the replayed configuration (``replay.json``'s rows), from ``stats()``: the
+        acceptance figures of ``decode --json`` under the same names (docs/metrics.md), and the
+        replay's own exact rounds."""
         st = self.stats()
         exact = sum(r.exact for r in self._all())
         return {
-            "rounds": st.num_rounds,
-            "emitted": st.emitted,
-            "target_forwards": st.target_forwards,
-            "tokens_per_forward": st.tokens_per_forward,
-            "mean_accepted": st.mean_accepted_length,
-            "acceptance_by_position": st.acceptance_rate_by_depth,  # conditional: accepted / attempted
-            "attempted_by_position": list(st.attempted_by_depth),
-            "accepted_by_position": list(st.num_accepted_tokens_per_pos),
-            "zero_accept_fraction": st.zero_accept_fraction,
-            "accepted_length_histogram": list(st.accepted_length_histogram),
-            "drift_tokens": st.drift_tokens,
+            **st.acceptance_metrics(),
             "exact_rounds": exact,
             "exact_fraction": exact / st.num_rounds if st.num_rounds else 1.0,
-            **st.vllm_metrics(),
         }
 
     def work(self) -> tuple[dict[int, int], dict[int, int]]:
