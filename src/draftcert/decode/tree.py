@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DraftTree", "parse_tree", "tree_attention_mask", "tree_position_ids", "crop_cache", "keep_cache"]
+__all__ = ["DraftTree", "parse_tree", "tree_allowed", "tree_attention_mask", "additive_mask", "tree_position_ids",
+           "crop_cache", "keep_cache"]
 
 
 @dataclass
@@ -126,15 +127,14 @@ def _check_int(name: str, v) -> None:
         raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
 
 
-def tree_attention_mask(
+def tree_allowed(
     n_prefix: int,
     n_pending: int,
     anc: torch.Tensor,
     kv_nodes: torch.Tensor,
     q_nodes: torch.Tensor,
-    dtype: torch.dtype,
 ) -> torch.Tensor:
-    """Additive 4-D mask (1, 1, P + len(q_nodes), S + P + len(kv_nodes)); see the module docstring.
+    """Bool (P + len(q_nodes), S + P + len(kv_nodes)): query row i may attend key column j (module docstring).
 
     The key layout after the cache is ``[pending] + kv_nodes``; the query
     layout is ``[pending] + q_nodes`` (every query node must be in kv_nodes).
@@ -146,9 +146,26 @@ def tree_attention_mask(
     allowed[:n_pending, n_prefix : n_prefix + n_pending] = torch.ones(n_pending, n_pending, dtype=torch.bool, device=device).tril()
     allowed[n_pending:, n_prefix : n_prefix + n_pending] = True
     allowed[n_pending:, n_prefix + n_pending :] = anc[q_nodes][:, kv_nodes]
-    mask = torch.zeros(n_q, n_kv, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return allowed
+
+
+def tree_attention_mask(
+    n_prefix: int,
+    n_pending: int,
+    anc: torch.Tensor,
+    kv_nodes: torch.Tensor,
+    q_nodes: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Additive 4-D mask (1, 1, P + len(q_nodes), S + P + len(kv_nodes)) of ``tree_allowed``."""
+    allowed = tree_allowed(n_prefix, n_pending, anc, kv_nodes, q_nodes)
+    return additive_mask(allowed, dtype)[None, None]
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive form of a bool mask (same shape): 0 where allowed, ``finfo(dtype).min`` where blocked."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def tree_position_ids(n_prefix: int, n_pending: int, depths: torch.Tensor) -> torch.Tensor:
