@@ -1,0 +1,1 @@
+"""Tests of draftcert inside transformers' generate (custom_generate)."""
