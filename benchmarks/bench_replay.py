@@ -16,7 +16,7 @@
    paired baseline runs (load on the shared machine then hits both alike).
 
 Figures:
-* ``strict_round_match``: rounds whose accepted length equals the replayed one (rounds
+* ``strict_round_match``: rounds whose num_accepted_tokens equals the replayed one (rounds
   aligned by their start position) / all rounds of the strict runs.  Every mismatch is
   attributed to a near tie: the smallest top-2 gap of p or q (from the trace) at the first
   differing step of its prompt is printed; a later round of that prompt runs on another
@@ -55,7 +55,8 @@ from draftcert.profile import profile
 from draftcert.prompts import encode_prompt, load_prompts
 from draftcert.replay import Shape, load_replay_trace
 from draftcert.replay.api import replay
-from draftcert.replay.speed import Costs, calibrate
+from draftcert.decode.costs import Costs
+from draftcert.replay.speed import calibrate
 
 
 def main() -> None:
@@ -138,7 +139,7 @@ def main() -> None:
             m["tok"] += st.emitted
             m["fwd"] += st.target_forwards
             m["sec"] += st.seconds
-            m["rounds"][p.id] = [x.accepted for x in st.rounds]
+            m["rounds"][p.id] = [x.num_accepted_tokens for x in st.rounds]
             m["lens"][p.id] = [len(x.emitted) for x in st.rounds]
             m["tokens"][p.id] = [t for x in st.rounds for t in x.emitted]
         b0 = time.perf_counter()

@@ -13,12 +13,15 @@ its total tokens over the sum, over prompts, of its fastest repeat):
     the assisted configuration available on this pair (there is no smaller model with the target's
     tokenizer; a ``self:skip`` assistant costs 29/30 of the target).  The best N is (b).
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the shipped drafter (``--drafter``), live
-    certificates on, as a chain (``k=K``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
+    certificates on, as a chain (``k=K``), a tree (``treeMxD``: top-M children along the greedy path,
+    depth D) or ``auto`` (what ``draftcert decode``'s default ``-k auto`` picks on this machine:
+    ``draftcert.decode.shape.choose`` on the cached cost curve, printed with its reason).
 
-Then the cost breakdown that limits the speed-up: a target forward of n tokens after the first
-prompt's cache (verification cost by tree size; with and without ``draftcert.models.fastlinear``'s
-column-major weight copies, interleaved), one drafter step, the certificate work per round
-(``--costs-only`` prints just that).
+Then the machine's cost curve, at 1 and 2 threads (``draftcert.decode.costs.measure``, the engine's
+own timing: a verification of n = 1..9 rows after a 128-token cache (``--cost-context``), with the kernels
+``draftcert.models.fastlinear`` measured for this machine and with the plain layers, alternated;
+one drafter round of k=1; the certificate work per round), relative to one row, and the kernel
+chosen per weight shape (``--costs-only`` prints just that).
 
 Last lines: ``speedup_strict=`` (best strict dc tokens/s / target), ``speedup_best=`` (best dc /
 target), ``ratio_vs_hf_best=`` (best strict dc / best hf-pld).
@@ -33,14 +36,16 @@ import torch
 
 DEFAULT_METHODS = [
     "target", "hf-pld:3", "hf-pld:10",
-    "dc:strict:k2", "dc:strict:k3", "dc:strict:k4", "dc:strict:tree2x3",
+    "dc:strict:auto", "dc:strict:k1", "dc:strict:k2", "dc:strict:k3", "dc:strict:k4", "dc:strict:tree2x3",
     "dc:topm:2:k3", "dc:entropy:0.09:0.3:k3",
 ]
 
 
-def parse_dc(spec: str):
+def parse_dc(spec: str, auto=None):
     body = spec[len("dc:"):]
     rule, _, shape = body.rpartition(":")
+    if shape == "auto":
+        return rule, dict(auto)
     if shape.startswith("tree"):
         m, d = shape[4:].split("x")
         return rule, {"k": int(d), "tree": (int(m), int(d))}
@@ -49,7 +54,7 @@ def parse_dc(spec: str):
     raise ValueError(f"method {spec!r}: shape must be kN or treeMxD")
 
 
-def run_method(method, target, tok, drafter, ids, n_new, eos):
+def run_method(method, target, tok, drafter, ids, n_new, eos, auto=None):
     from draftcert.decode import speculative_generate
 
     x = torch.tensor([ids])
@@ -64,77 +69,74 @@ def run_method(method, target, tok, drafter, ids, n_new, eos):
                                   prompt_lookup_num_tokens=int(method.split(":")[1]))
             toks, st = out[0, len(ids):].tolist(), None
         else:
-            rule, kw = parse_dc(method)
+            rule, kw = parse_dc(method, auto)
             res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, **kw)
             toks, st = res.tokens, res.stats
     return toks, time.perf_counter() - t0, st
 
 
-def cost_breakdown(target, drafter, ids, reps=5):
-    """Median seconds: target forward of n tokens after the prompt cache; one drafter step."""
-    from draftcert.decode.feature import FeatureDrafter
-    from draftcert.models.hf import forward_with_hidden, model_forward, new_cache
-    from draftcert.decode.tree import crop_cache
-    from draftcert.summary import summarize
-    from draftcert.certificates import radius_rows
-    from draftcert.criteria import Strict
-
+def cost_curve(target, drafter, threads: int, reps: int = 5, context: int = 128) -> dict:
+    """The engine's cost curve at ``threads`` threads: median seconds of a verification of n = 1..9 rows
+    with the measured kernels (``t``) and the plain layers (``plain``), alternated ``reps`` times; one
+    drafter round of k=1 (``drafter``); the certificate work of a round verifying n rows (``cert``)."""
+    from draftcert.decode.costs import measure
+    from draftcert.decode.drafters import make_drafter
     from draftcert.models import fastlinear
 
-    out = {}
-    dual = fastlinear.is_enabled(target)
-    with torch.inference_mode():
-        cache = new_cache(target)
-        _, h = forward_with_hidden(target, cache, ids, 1)
-        S = len(ids)
-        ns = (1, 2, 3, 4, 5, 7, 9)
-        ts = {(n, lay): [] for n in ns for lay in ("dual", "plain")}
-        for _ in range(reps):  # both layouts interleaved, so that load changes hit them alike
-            for n in ns:
-                for lay in (("dual", "plain") if dual else ("plain",)):
-                    saved = fastlinear.MIN_ROWS
-                    if lay == "plain":
-                        fastlinear.MIN_ROWS = 1 << 62  # every pass on the row-major weights
-                    try:
-                        t0 = time.perf_counter()
-                        logits, _ = forward_with_hidden(target, cache, ids[-1:] * n, n)
-                        ts[(n, lay)].append(time.perf_counter() - t0)
-                    finally:
-                        fastlinear.MIN_ROWS = saved
-                    crop_cache(cache, S)
-        for n in ns:
-            out[f"target_forward_{n}"] = sorted(ts[(n, "dual" if dual else "plain")])[reps // 2]
-        if dual:
-            for n in ns[1:]:
-                out[f"plain_layout_forward_{n}"] = sorted(ts[(n, "plain")])[reps // 2]
-        fd = FeatureDrafter(drafter)
-        fd.start(ids)
-        fd.observe(h[:-1])
-        fd.propose(ids, [1])
-        fd.accept([])
-        ts = []
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fastlinear.disable(target)
+        fastlinear.enable(target)  # this thread count's kernel choice (measured once, then cached)
+        plan = fastlinear.plan_of(target)
+        src = make_drafter(drafter, target)
+        runs = {"t": [], "plain": []}
         for _ in range(reps):
-            t0 = time.perf_counter()
-            fd._step([ids[-1]], h[-1:], torch.tensor([[S]]), None)
-            ts.append(time.perf_counter() - t0)
-            crop_cache(fd.cache, fd.n_valid)
-        out["drafter_step"] = sorted(ts)[reps // 2]
-        lg = logits.float()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            s = summarize(logits=torch.cat([lg] * 1)[:5] if lg.shape[0] >= 5 else lg, k=16)
-            radius_rows(Strict(), s, "forward")
-            ts.append(time.perf_counter() - t0)
-        out["certificate_5_rows"] = sorted(ts)[reps // 2]
-    return out
+            runs["t"].append(measure(target, src.fork(), [((1,), False)], max_rows=9, repeats=1, context=context))
+            with fastlinear.plain_kernels(target):
+                runs["plain"].append(measure(target, src.fork(), [((1,), False)], max_rows=9, repeats=1,
+                                             context=context))
+    finally:
+        torch.set_num_threads(saved)
+        fastlinear.disable(target)
+        fastlinear.enable(target)  # back to the decoding thread count's choice
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {
+        "threads": threads, "plan": plan,
+        "t": {n: med([c.target[n] for c in runs["t"]]) for n in range(1, 10)},
+        "plain": {n: med([c.target[n] for c in runs["plain"]]) for n in range(1, 10)},
+        "drafter": med([c.drafter_round["1"] for c in runs["t"]]),
+        "cert": {n: med([c.overhead[n] for c in runs["t"]]) for n in range(1, 10)},
+    }
 
 
-def _print_costs(costs, threads) -> None:
-    print(f"cost breakdown (median seconds, {threads} thread(s); plain_layout_* = the same passes without "
-          "fastlinear's column-major copies): " + ", ".join(f"{k}={v * 1e3:.1f}ms" for k, v in costs.items()))
-    f1 = costs["target_forward_1"]
-    print("relative to one target token: " + ", ".join(f"{k}={v / f1:.3f}" for k, v in costs.items()))
+def _print_curve(c: dict) -> None:
+    t1 = c["t"][1]
+    print(f"cost curve, {c['threads']} thread(s) (median of alternated runs; one row = {t1 * 1e3:.1f} ms):")
+    print("| rows | " + " | ".join(str(n) for n in range(1, 10)) + " |")
+    print("|---" * 10 + "|")
+    print("| measured kernels, vs 1 row | " + " | ".join(f"{c['t'][n] / t1:.2f}" for n in range(1, 10)) + " |")
+    print("| plain layers, vs 1 row | " + " | ".join(f"{c['plain'][n] / c['plain'][1]:.2f}" for n in range(1, 10)) + " |")
+    print("| certificate work, vs 1 row | " + " | ".join(f"{c['cert'][n] / t1:.3f}" for n in range(1, 10)) + " |")
+    print(f"drafter round (k=1): {c['drafter'] * 1e3:.1f} ms = {c['drafter'] / t1:.3f} of one row; plain 1 row "
+          f"{c['plain'][1] * 1e3:.1f} ms")
+    print("kernels chosen (rows 1..9): " + "; ".join(f"{shape} " + ",".join(k[:3] for k in ks) for shape, ks in c["plan"].items()))
+
+
+def _print_costs(target, drafter, reps: int, context: int) -> None:
+    for threads in (1, 2):
+        _print_curve(cost_curve(target, drafter, threads, reps, context))
+        print()
+
+
+def _auto_shape(target, drafter, dspec: str) -> dict:
+    """What `draftcert decode -k auto` picks on this machine (printed with its reason)."""
+    from draftcert.decode.drafters import make_drafter
+    from draftcert.decode.shape import auto_shape
+
+    choice, source = auto_shape(target, make_drafter(drafter, target), dspec, on_note=lambda m: print(m, flush=True))
+    print(f"dc:*:auto = {choice.why()}; {source}", flush=True)
+    return choice.best.engine_args()
 
 
 def main(argv=None) -> int:
@@ -148,8 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts x 32 tokens, 1 repeat")
     ap.add_argument("--costs-only", action="store_true", help="only the cost breakdown (forward cost by token count, "
-                    "with and without fastlinear's column-major copies, interleaved; drafter step; certificates)")
-    ap.add_argument("--cost-repeats", type=int, default=5, help="repeats per cost measurement (median; default 5)")
+                    "at 1 and 2 threads, measured and plain kernels alternated; drafter step; certificates)")
+    ap.add_argument("--cost-repeats", type=int, default=5, help="alternated runs per cost curve (median; default 5)")
+    ap.add_argument("--cost-context", type=int, default=128, help="tokens in the target's cache while the cost curve "
+                    "is timed (default 128)")
     args = ap.parse_args(argv)
     if args.quick:
         args.mt_bench, args.humaneval, args.max_new_tokens, args.repeats = 1, 1, 32, 1
@@ -167,14 +171,15 @@ def main(argv=None) -> int:
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else [0]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if args.costs_only:
-        _print_costs(cost_breakdown(target, drafter, enc[0], args.cost_repeats), args.threads)
+        _print_costs(target, drafter, args.cost_repeats, args.cost_context)
         return 0
+    auto = _auto_shape(target, drafter, dspec) if any(m.endswith(":auto") for m in methods) else None
     print(f"target: embedded SmolLM2-135M-Instruct; drafter: {dspec}; {len(prompts)} prompts x {args.max_new_tokens} tokens, "
           f"{args.repeats} repeats, {args.threads} thread(s)")
 
     # warm-up (first-call allocations, lazy imports) on a short run of every method
     for m in methods:
-        run_method(m, target, tok, drafter, enc[0], 8, eos)
+        run_method(m, target, tok, drafter, enc[0], 8, eos, auto)
 
     best = {m: [float("inf")] * len(enc) for m in methods}
     ntok = {m: [0] * len(enc) for m in methods}
@@ -184,7 +189,7 @@ def main(argv=None) -> int:
         for i, ids in enumerate(enc):
             order = methods[(i + r) % len(methods):] + methods[: (i + r) % len(methods)]
             for m in order:
-                toks, sec, st = run_method(m, target, tok, drafter, ids, args.max_new_tokens, eos)
+                toks, sec, st = run_method(m, target, tok, drafter, ids, args.max_new_tokens, eos, auto)
                 if m == "target":
                     ref[i] = toks
                 if sec < best[m][i]:
@@ -203,11 +208,11 @@ def main(argv=None) -> int:
         row["identical"] = same
         sts = [s for s in stats[m] if s is not None]
         if sts:
-            rounds = sum(len(s.rounds) for s in sts)
+            rounds = sum(s.num_rounds for s in sts)
             emitted = sum(s.emitted for s in sts)
             row["tokens_per_forward"] = emitted / sum(s.target_forwards for s in sts)
-            row["mean_accepted"] = sum(sum(rl.accepted for rl in s.rounds) for s in sts) / rounds
-            att = sum(sum(s.attempted_by_depth) for s in sts)
+            row["mean_accepted"] = sum(s.num_accepted_tokens for s in sts) / max(rounds, 1)
+            att = sum(sum(s.num_attempted_per_pos) for s in sts)
             row["accept_rate"] = sum(sum(s.num_accepted_tokens_per_pos) for s in sts) / max(att, 1)
             row["certified"] = sum(s.certified_positions for s in sts) / max(sum(s.checked_positions for s in sts), 1)
             row["drift"] = sum(s.drift_tokens for s in sts) / max(emitted, 1)
@@ -223,7 +228,7 @@ def main(argv=None) -> int:
               f"{f('mean_accepted', '{:.2f}')} | {f('accept_rate')} | {f('certified')} | {f('drift')} | {r['identical']} |")
 
     print()
-    _print_costs(cost_breakdown(target, drafter, enc[0], args.cost_repeats), args.threads)
+    _print_costs(target, drafter, args.cost_repeats, args.cost_context)
 
     strict = [r for r in rows if r["method"].startswith("dc:strict:")]
     dcs = [r for r in rows if r["method"].startswith("dc:")]

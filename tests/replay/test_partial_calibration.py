@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from draftcert.cli import main
-from draftcert.replay import Costs, Shape, load_replay_trace, replay
+from draftcert.decode.costs import Costs
+from draftcert.replay import Shape, load_replay_trace, replay
 from draftcert.replay import report as replay_report
 from draftcert.replay.api import calibration_shapes
 
@@ -103,7 +104,8 @@ def test_replay_with_a_partial_calibration_prints_its_exact_figures_and_one_note
     exact = replay(load_replay_trace(run))  # no costs: the acceptance figures alone
     for spec in CRITERIA.split(","):
         for row, ref in zip(rj["rules"][spec]["configs"], exact.rows[spec]):
-            for key in ("tokens_per_forward", "acceptance_by_position", "mean_accepted", "zero_accept_fraction"):
+            for key in ("tokens_per_forward", "conditional_acceptance_rate_per_pos", "mean_acceptance_length",
+                        "acceptance_rate_per_pos"):
                 assert row[key] == ref[key], (spec, row["shape"]["label"], key)
     tree3 = rj["rules"]["tree:3"]
     assert all((c["predicted"] is None) == (c["shape"]["kind"] == "tree") for c in tree3["configs"])

@@ -37,22 +37,22 @@ def test_strict_replay_equals_engine_round_by_round(pair, trace, spec, shape):
     runs = []
     for pid, text in PROMPTS:
         st = run_engine(pair, spec, shape, text)
-        assert [r.accepted for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
+        assert [r.num_accepted_tokens for r in st.rounds] == rep.accepted_lengths(pid), (pid, shape.label)
         assert [r.emitted for r in st.rounds] == [x.tolist() for x in _emitted(trace, pid, rep)]  # the recorded path
         assert all(r.exact for r in rep.rounds[pid])
-        for d, (a, n) in enumerate(zip(st.num_accepted_tokens_per_pos, st.attempted_by_depth)):
+        for d, (a, n) in enumerate(zip(st.num_accepted_tokens_per_pos, st.num_attempted_per_pos)):
             acc[d] += a
             att[d] += n
         emitted += st.emitted
         fwd += st.target_forwards
         runs.append(st)
-    assert tot["attempted_by_position"] == att and tot["accepted_by_position"] == acc
+    assert tot["num_attempted_per_pos"] == att and tot["num_accepted_tokens_per_pos"] == acc
     assert tot["emitted"] == emitted and tot["target_forwards"] == fwd
     # one statistics type: the replay counts its rounds as the engine's merged statistics do
     eng = reduce(DecodeStats.merge, runs)
     mine = rep.stats()
     for name in ("num_rounds", "emitted", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "drift_tokens",
-                 "accepted_length_histogram"):
+                 "accepted_tokens_histogram"):
         assert getattr(mine, name) == getattr(eng, name), name
     n = len(eng.num_accepted_tokens_per_pos)
     assert mine.num_accepted_tokens_per_pos[:n] == eng.num_accepted_tokens_per_pos and not any(mine.num_accepted_tokens_per_pos[n:])
@@ -96,7 +96,8 @@ def test_trace_replay_columns(trace, profiled):
 
 def test_calibrate_and_predict(pair, trace):
     from draftcert.replay.api import replay
-    from draftcert.replay.speed import Costs, calibrate
+    from draftcert.decode.costs import Costs
+    from draftcert.replay.speed import calibrate
 
     model, drafter, _ = pair
     shapes = [Shape((1,) * 2), Shape((2,) * 2), Shape((2, 2), True)]

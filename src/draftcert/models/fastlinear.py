@@ -1,90 +1,301 @@
-"""Cheaper verification passes on CPU: a second, column-major copy of every linear weight.
+"""Linear layers whose CPU kernel is chosen by measurement, per weight shape and row count.
 
-Why: with MKL's float32 GEMM on CPU, ``F.linear(x, W)`` for an (N, K) row-major weight costs
-about the same for 1..3 rows of ``x`` and then jumps by a whole weight read every few rows (a
-1-token target forward = 1.00, 4 tokens = 1.6-1.7, 9 tokens = 2.2 on SmolLM2-135M, 1 thread),
-while the same product with the weight stored column-major (``W.t().contiguous().t()``, same
-values, same shape) stays close to one weight read up to ~8 rows and is no slower for large
-batches -- but is ~25% slower for 2-3 rows.  Speculative verification of a chain of k drafts runs
-k + 1 rows, so ``enable(model)`` keeps both layouts and lets each call pick: rows <= 3 use the
-original weight, more rows the column-major copy (``benchmarks/bench_speedup.py`` prints the
-forward cost by token count).
+Why: a speculative verification pass runs 2..9 rows (the pending token and the drafts) through
+every linear layer.  At batch 1 a pass is bound by reading the weights, so in principle 9 rows
+cost about one row; in practice the library kernel for a small M depends on the CPU, the BLAS and
+M: MKL's ``F.linear`` streams an (N, K) row-major weight once for M <= 3 or 4 rows and then packs
+it (a whole extra weight copy per call), a column-major copy of the weight helps on some CPUs and
+hurts on others, oneDNN's prepacked weight is flat in M but has a fixed overhead.  No single
+choice is best everywhere, so ``enable`` *times* the candidates on the machine at hand and keeps,
+per (weight shape, rows = 1..MAX_ROWS), the fastest:
 
-Only the summation order inside the GEMM changes (the values are the same), so outputs agree with
-the original layout to float32 rounding, as any two GEMM kernels do; a 1-row pass (plain greedy
-decoding) runs exactly the original code path.  The copy costs one more weight's memory per
-linear layer; it is rebuilt on first use after the weight changes (in place, reassigned, moved or
-cast).  ``disable`` restores the plain modules.
+* ``rowmajor``: ``F.linear(x, W)`` on the parameter itself (the plain layer, bit for bit);
+* ``colmajor``: ``F.linear(x, W_cm)`` with ``W_cm = W.t().contiguous().t()`` (same values);
+* ``mkldnn``: ``torch.ops.mkldnn._linear_pointwise`` on a oneDNN-prepacked copy of W (float32 only).
+
+Timing: for each distinct weight shape, up to ``TIMED_LAYERS`` of the model's weights of that
+shape are applied one after the other (distinct weights, so the pass streams them from memory
+as a real forward does), for every rows in 1..MAX_ROWS and every candidate, interleaved round
+robin ``repeats`` times (load on a shared machine hits all alike); the fastest repeat decides (a
+neighbour only ever adds time, so the minimum is the estimate it disturbs least).  A
+candidate replaces ``rowmajor`` only when it is at least ``MARGIN`` faster (noise does not flip
+the plain path).  A candidate that fails on this build or disagrees with ``F.linear`` beyond
+float32 rounding is dropped.  Rows above MAX_ROWS (prefills) run ``rowmajor``.
+
+The choice is cached on disk, one JSON per (CPU model, torch version, thread count, dtype,
+shape) under ``<cache_root>/fastlinear/`` (``draftcert._cache.cache_root``); a file whose
+recorded key differs from this machine's is never used.  It is made with the thread count
+current when ``enable`` runs.
+
+Only the kernel changes (the values are the same), so outputs agree with the plain layer to
+float32 rounding, as any two GEMM kernels do; a row count that chose ``rowmajor`` (and 1 row,
+always: the target alone runs the unmodified layer) runs exactly the original code path.  A copy is kept
+only for the layouts some row count chose, and rebuilt on first use after the weight changes
+(in place, reassigned, moved or cast).  ``disable`` restores the plain modules.
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+import platform
+import sys
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["enable", "disable", "is_enabled", "MIN_ROWS"]
+from .._cache import cache_root
+from ..fileio import write_json
 
-# From this many rows on, the column-major copy is used (measured on this machine's MKL; see above).
-MIN_ROWS = 4
+__all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measure_shape", "cpu_model", "STRATEGIES", "MAX_ROWS"]
+
+STRATEGIES = ("rowmajor", "colmajor", "mkldnn")
+MAX_ROWS = 9  # rows timed and dispatched (a verification of up to 8 drafts); more rows: rowmajor
+TIMED_LAYERS = 12  # weights of one shape timed back to back (out of the L2 cache, as in a pass)
+MARGIN = 0.10  # another kernel must be >= 10 % faster than rowmajor to replace it (timing noise on a shared machine)
+PLAN_VERSION = 3
 
 
-class DualLayoutLinear(nn.Linear):
-    """An ``nn.Linear`` that also holds its weight column-major (``weight_cm``, not a parameter)."""
+def cpu_model() -> str:
+    """The CPU's model string (``/proc/cpuinfo``'s model name, else ``platform.processor()``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def _layout(w: torch.Tensor, how: str) -> torch.Tensor:
+    """The weight as strategy ``how`` reads it (a copy for colmajor/mkldnn)."""
+    with torch.no_grad():
+        w = w.detach()
+        if how == "colmajor":
+            return w.t().contiguous().t()
+        if how == "mkldnn":
+            return torch.ops.mkldnn._reorder_linear_weight(w)
+        return w
+
+
+def _apply(how: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if how == "mkldnn":
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    return F.linear(x, w, bias)
+
+
+def _usable(how: str, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Does ``how`` run on this build and dtype, and agree with ``F.linear`` within float32 rounding?"""
+    if how == "mkldnn" and w.dtype != torch.float32:
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(MAX_ROWS, w.shape[1], generator=g, dtype=w.dtype)
+        with torch.no_grad():
+            ref = F.linear(x, w, bias)
+            got = _apply(how, x, _layout(w, how), bias)
+        eps = torch.finfo(w.dtype).eps
+        return got.shape == ref.shape and bool(((got - ref).abs() <= 64 * eps * (x.abs() @ w.abs().t() + 1)).all())
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def measure_shape(weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None = None, *,
+                  repeats: int = 5, strategies=STRATEGIES, max_rows: int = MAX_ROWS) -> dict:
+    """Time every usable strategy on ``weights`` (same shape) for rows 1..max_rows.
+
+    Returns ``{"seconds": {strategy: [fastest s for rows 1..max_rows]}, "choice": [strategy per rows]}``.
+    One row is timed (the reference of the cost curve) but always keeps ``rowmajor``: the target
+    alone (greedy decoding, the baseline) runs the unmodified layer.
+    """
+    ws = [w.detach() for w in weights[:TIMED_LAYERS]]
+    bs = (list(biases) if biases is not None else [None] * len(weights))[: len(ws)]
+    usable = [s for s in strategies if s == "rowmajor" or _usable(s, ws[0], bs[0])]
+    lay = {s: [_layout(w, s) for w in ws] for s in usable}
+    g = torch.Generator().manual_seed(0)
+    xs = {m: torch.randn(m, ws[0].shape[1], generator=g, dtype=ws[0].dtype) for m in range(1, max_rows + 1)}
+    times = {(s, m): [] for s in usable for m in xs}
+    with torch.no_grad():
+        for rep in range(repeats + 1):  # the first round warms up and is dropped
+            for m, x in xs.items():
+                for s in usable:
+                    t0 = time.perf_counter()
+                    for w, b in zip(lay[s], bs):
+                        _apply(s, x, w, b)
+                    if rep:
+                        times[(s, m)].append(time.perf_counter() - t0)
+    sec = {s: [min(times[(s, m)]) for m in xs] for s in usable}
+    choice = ["rowmajor"]
+    for i in range(1, max_rows):
+        best = min(usable, key=lambda s: sec[s][i])
+        choice.append(best if sec[best][i] < (1 - MARGIN) * sec["rowmajor"][i] else "rowmajor")
+    return {"seconds": sec, "choice": choice}
+
+
+# ----------------------------------------------------------------------------- the cached plan
+
+
+def plan_key(shape: tuple[int, int], dtype: torch.dtype, bias: bool) -> dict:
+    """What a cached choice is valid for: this CPU, torch build, thread count, dtype and shape."""
+    return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "dtype": str(dtype).removeprefix("torch."), "shape": list(shape), "bias": bias,
+            "max_rows": MAX_ROWS, "version": PLAN_VERSION}
+
+
+def plan_path(key: dict):
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "fastlinear" / f"{'x'.join(map(str, key['shape']))}-{digest}.json"
+
+
+def _cached_choice(key: dict) -> list[str] | None:
+    path = plan_path(key)
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    choice = rec.get("choice") if isinstance(rec, dict) else None
+    if rec.get("key") != key or not isinstance(choice, list) or len(choice) != MAX_ROWS or \
+            any(c not in STRATEGIES for c in choice):
+        return None  # another machine's (or build's, or thread count's) choice, or a damaged file
+    return choice
+
+
+def _plans(mods: list[nn.Linear], repeats: int, use_cache: bool) -> dict:
+    """{(shape, dtype, bias): choice per rows}: cached, else measured now (and cached)."""
+    groups: dict[tuple, list[nn.Linear]] = {}
+    for mod in mods:
+        groups.setdefault((tuple(mod.weight.shape), mod.weight.dtype, mod.bias is not None), []).append(mod)
+    plans, todo = {}, []
+    for g in groups:
+        key = plan_key(*g)
+        got = _cached_choice(key) if use_cache else None
+        if got is None:
+            todo.append(g)
+        else:
+            plans[g] = got
+    if todo:
+        t0 = time.perf_counter()
+        print(f"draftcert: timing linear kernels for {len(todo)} weight shape(s) on this machine "
+              f"({torch.get_num_threads()} thread(s); once, cached in {cache_root() / 'fastlinear'})",
+              file=sys.stderr, flush=True)
+        for g in todo:
+            group = groups[g]
+            res = measure_shape([m.weight for m in group], [m.bias for m in group], repeats=repeats)
+            plans[g] = res["choice"]
+            key = plan_key(*g)
+            if use_cache:
+                try:
+                    plan_path(key).parent.mkdir(parents=True, exist_ok=True)
+                    write_json(plan_path(key), {"key": key, "choice": res["choice"], "seconds": res["seconds"],
+                                                "timed_layers": min(len(group), TIMED_LAYERS), "repeats": repeats})
+                except OSError:  # a read-only cache: the choice holds for this process only
+                    pass
+        print(f"draftcert: linear kernels timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return plans
+
+
+# ----------------------------------------------------------------------------- the module
+
+
+class MeasuredLinear(nn.Linear):
+    """An ``nn.Linear`` that runs, for 1..MAX_ROWS rows, the kernel measured fastest for its shape
+    (``fl_choice[rows - 1]``); copies of its weight for other layouts are plain attributes."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         rows = x.numel() // max(x.shape[-1], 1)
-        if rows < MIN_ROWS or (self.weight.requires_grad and torch.is_grad_enabled()):
+        if not 1 <= rows <= MAX_ROWS or (self.weight.requires_grad and torch.is_grad_enabled()):
             return F.linear(x, self.weight, self.bias)  # (training: the gradient needs the parameter itself)
-        return F.linear(x, _column_major(self), self.bias)
+        how = self.__dict__["fl_choice"][rows - 1]
+        if how == "rowmajor":
+            return F.linear(x, self.weight, self.bias)
+        return _apply(how, x, _copy(self, how), self.bias)
+
+    def __getstate__(self):  # copy.deepcopy / pickle: the layout copies are rebuilt on first use
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        return {**state, "fl_copies": {}}
 
 
 def _stamp(w: torch.Tensor) -> tuple:
     return (w.data_ptr(), w._version, w.device, w.dtype, tuple(w.shape))
 
 
-def _column_major(mod: nn.Linear) -> torch.Tensor:
-    """The column-major copy of ``mod.weight``, rebuilt whenever the weight changed since it was made
+def _copy(mod: nn.Linear, how: str) -> torch.Tensor:
+    """``mod.weight`` in layout ``how``, rebuilt whenever the weight changed since it was made
     (in-place updates bump the tensor's version; ``.data =``, ``.to()`` change its storage)."""
-    w = mod.weight
     d = mod.__dict__
-    if d.get("_weight_cm_stamp") != _stamp(w):
-        with torch.no_grad():
-            d["weight_cm"] = w.detach().t().contiguous().t()
-        d["_weight_cm_stamp"] = _stamp(w)
-    return d["weight_cm"]
+    copies = d.setdefault("fl_copies", {})
+    stamp = _stamp(mod.weight)
+    if how not in copies or copies[how][0] != stamp:
+        copies[how] = (stamp, _layout(mod.weight, how))
+    return copies[how][1]
 
 
-def enable(model: nn.Module) -> int:
-    """Give every plain float ``nn.Linear`` of ``model`` on CPU the dual layout, in place.
+def enable(model: nn.Module, *, force: str | None = None, repeats: int = 5, use_cache: bool = True) -> int:
+    """Give every plain float ``nn.Linear`` of ``model`` on CPU its measured kernel choice, in place.
 
-    Idempotent; returns the number of layers converted.  Modules on other devices and subclasses
-    of ``nn.Linear`` (quantised layers, LoRA, ...) are left alone.
+    ``force``: one strategy for every rows 2..MAX_ROWS without timing (tests, comparisons).
+    Idempotent (already converted layers keep their plan); returns the number of layers converted.
+    Modules on other devices and subclasses of ``nn.Linear`` (quantised layers, LoRA, ...) are left alone.
     """
-    n = 0
-    for mod in model.modules():
-        if type(mod) is not nn.Linear:
-            continue
-        w = mod.weight
-        if w.device.type != "cpu" or not w.is_floating_point() or w.ndim != 2:
-            continue
-        mod.__class__ = DualLayoutLinear
-        _column_major(mod)  # a plain attribute (weight_cm): not saved, not a parameter
-        n += 1
-    return n
+    if force is not None and force not in STRATEGIES:
+        raise ValueError(f"fastlinear: unknown strategy {force!r}; expected one of {', '.join(STRATEGIES)}")
+    mods = [m for m in model.modules() if type(m) is nn.Linear and m.weight.device.type == "cpu"
+            and m.weight.is_floating_point() and m.weight.ndim == 2]
+    if not mods:
+        return 0
+    if force is not None:
+        plans = {None: ["rowmajor"] + [force] * (MAX_ROWS - 1)}
+    else:
+        plans = _plans(mods, repeats, use_cache)
+    for mod in mods:
+        choice = plans[None] if force is not None else plans[(tuple(mod.weight.shape), mod.weight.dtype, mod.bias is not None)]
+        mod.__class__ = MeasuredLinear
+        mod.__dict__["fl_choice"] = tuple(choice)
+        mod.__dict__["fl_copies"] = {}
+        for how in set(choice) - {"rowmajor"}:
+            _copy(mod, how)  # made now, not inside the first timed pass
+    return len(mods)
 
 
 def disable(model: nn.Module) -> int:
     """Undo ``enable``: plain ``nn.Linear`` modules again; returns the number restored."""
     n = 0
     for mod in model.modules():
-        if type(mod) is DualLayoutLinear:
+        if type(mod) is MeasuredLinear:
             mod.__class__ = nn.Linear
-            mod.__dict__.pop("weight_cm", None)
-            mod.__dict__.pop("_weight_cm_stamp", None)
+            mod.__dict__.pop("fl_choice", None)
+            mod.__dict__.pop("fl_copies", None)
             n += 1
     return n
 
 
 def is_enabled(model: nn.Module) -> bool:
-    return any(type(m) is DualLayoutLinear for m in model.modules())
+    return any(type(m) is MeasuredLinear for m in model.modules())
+
+
+def plan_of(model: nn.Module) -> dict[str, list[str]]:
+    """{"NxK": kernel per rows 1..MAX_ROWS} of the converted layers (what ``enable`` chose)."""
+    return {"x".join(map(str, m.weight.shape)): list(m.__dict__["fl_choice"])
+            for m in model.modules() if type(m) is MeasuredLinear}
+
+
+@contextmanager
+def plain_kernels(model: nn.Module):
+    """Inside: every converted layer runs ``rowmajor`` (the plain layer) whatever it chose; the
+    choices and copies are kept and back on exit (benchmarks compare both, interleaved)."""
+    mods = [m for m in model.modules() if type(m) is MeasuredLinear]
+    saved = [m.__dict__["fl_choice"] for m in mods]
+    try:
+        for m in mods:
+            m.__dict__["fl_choice"] = ("rowmajor",) * MAX_ROWS
+        yield
+    finally:
+        for m, c in zip(mods, saved):
+            m.__dict__["fl_choice"] = c

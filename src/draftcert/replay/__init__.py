@@ -10,9 +10,9 @@ predict the speed of each configuration, and explain every rejection (``draftcer
 from .api import REPLAY_FORMAT, ReplayResult, format_table, replay, write_replay
 from .data import NO_DRAFTER_MESSAGE, ReplayTrace, load_replay_trace
 from .explain import CATEGORIES, DEFAULT_EPSILON, explain
-from .speed import Costs, calibrate, forward_count_costs
+from .speed import calibrate
 from .walk import ConfigReplay, Round, Shape, default_shapes, parse_shape, replay_config
 
 __all__ = ["replay", "ReplayResult", "write_replay", "format_table", "REPLAY_FORMAT", "load_replay_trace",
-           "ReplayTrace", "NO_DRAFTER_MESSAGE", "explain", "CATEGORIES", "DEFAULT_EPSILON", "calibrate", "Costs",
-           "forward_count_costs", "Shape", "parse_shape", "default_shapes", "replay_config", "ConfigReplay", "Round"]
+           "ReplayTrace", "NO_DRAFTER_MESSAGE", "explain", "CATEGORIES", "DEFAULT_EPSILON", "calibrate", "Shape",
+           "parse_shape", "default_shapes", "replay_config", "ConfigReplay", "Round"]

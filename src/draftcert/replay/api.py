@@ -1,17 +1,18 @@
 """``replay(DIR)``: every rule x every draft shape of a profile trace, with predicted speed.
 
-Definitions (per configuration, over all prompts of the trace):
-
-* rounds = target forwards (the prefill shares the first verification, as in the engine);
-* tokens per forward = emitted tokens / rounds; mean accepted = accepted drafts / rounds;
-* acceptance at position d = rounds accepting depth d / rounds attempting depth d (a
-  depth is attempted when every shallower depth of the round was accepted and the node
-  reached has drafted children) -- ``DecodeStats.acceptance_rate_by_depth``;
-* zero-accept fraction = rounds accepting nothing / rounds that drafted at least one token;
-* accepted-length histogram over the rounds that drafted;
-* exact fraction = rounds replayed entirely on the recorded path (1 for strict and tree:M;
-  for relaxed rules the rest is the *aligned estimate*, see ``walk.py``);
-* drift = accepted non-greedy tokens / emitted tokens (relaxed rules: the quality cost).
+A configuration's row carries the figures ``draftcert decode --json`` prints, under the same
+names and definitions (``DecodeStats.acceptance_metrics``; every name: docs/metrics.md), over
+all prompts of the trace: vLLM's ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``,
+``num_accepted_tokens_per_pos``, ``mean_acceptance_length`` (1 + accepted / drafts),
+``draft_acceptance_rate`` (accepted / draft tokens), ``acceptance_rate_per_pos`` (accepted at
+position i / drafts), and ours: ``target_forwards`` (rounds; the prefill shares the first
+verification, as in the engine), ``tokens_per_forward`` (emitted / target forwards),
+``conditional_acceptance_rate_per_pos`` (accepted / attempted at depth d; a depth is attempted
+when every shallower depth of the round was accepted and the node reached has drafted
+children), ``accepted_tokens_histogram``, ``drift`` (accepted non-greedy tokens / emitted
+tokens: the quality cost of relaxed rules).  The replay adds ``exact_fraction`` = rounds
+replayed entirely on the recorded path (1 for strict and tree:M; for relaxed rules the rest is
+the *aligned estimate*, see ``walk.py``), ``estimated`` and ``predicted`` speed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 from ..fileio import json_value, write_json
 from .data import ReplayTrace, load_replay_trace
 from .figures import write_figures
-from .speed import Costs, missing_costs, predict
+from ..decode.costs import Costs
+from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
 __all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes",
@@ -95,7 +97,6 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
         rows = []
         for c in res.configs[spec]:
             row = {"shape": c.shape.as_dict(), **c.totals()}
-            row["drift"] = row["drift_tokens"] / row["emitted"] if row["emitted"] else 0.0
             row["estimated"] = row["exact_fraction"] < 1.0
             row["predicted"] = None
             if costs is not None and missing_costs(c, costs):
@@ -250,7 +251,7 @@ def write_replay(out_dir, res: ReplayResult, *, figures: bool = True) -> list[Pa
 
 # ----------------------------------------------------------------------------- terminal table
 
-_HEAD = f"{'config':<16} {'tok/fwd':>7} {'acc/rnd':>7} {'zero':>6} {'pos1':>6} {'last':>6} {'exact':>6} {'speedup':>8}"
+_HEAD = f"{'config':<16} {'tok/fwd':>7} {'mal':>6} {'dar':>6} {'pos1':>6} {'last':>6} {'exact':>6} {'speedup':>8}"
 
 
 def _f(x, w, d=3):
@@ -267,11 +268,12 @@ def format_table(res: ReplayResult, full: bool = False) -> str:
         lines += [f"{spec}  ({tag})", _HEAD]
         shown = rows if full else _pick(rows, res.costs is not None)
         for r in shown:
-            acc = [a for a in r["acceptance_by_position"] if a is not None]
+            acc = r["acceptance_rate_per_pos"]  # vLLM's: accepted at position i / drafts
             sp = r["predicted"]["speedup"] if r["predicted"] else None
-            lines.append(f"{r['shape']['label']:<16} {_f(r['tokens_per_forward'], 7)} {_f(r['mean_accepted'], 7)} "
-                         f"{_f(r['zero_accept_fraction'], 6)} {_f(acc[0] if acc else None, 6)} "
-                         f"{_f(acc[-1] if acc else None, 6)} {_f(r['exact_fraction'], 6)} {_f(sp, 8)}")
+            lines.append(f"{r['shape']['label']:<16} {_f(r['tokens_per_forward'], 7)} "
+                         f"{_f(r['mean_acceptance_length'], 6)} {_f(r['draft_acceptance_rate'], 6)} "
+                         f"{_f(acc[0] if acc else None, 6)} {_f(acc[-1] if acc else None, 6)} "
+                         f"{_f(r['exact_fraction'], 6)} {_f(sp, 8)}")
         rec = res.recommended.get(spec)
         if rec:
             lines.append(f"  best: {rec['shape']}, predicted speedup {rec['speedup']:.3f}"

@@ -17,7 +17,7 @@ from .api import missing_costs_note, replay
 from .data import trace_has_drafter
 from .explain import DEFAULT_EPSILON, explain
 from .figures import FIGURE_NAMES, MIN_TRIES, write_figures
-from .speed import Costs
+from ..decode.costs import Costs
 
 __all__ = ["replay_section", "section_for_report"]
 
@@ -27,7 +27,10 @@ HOW_TO_READ = (
     "Speculative decoding replayed offline on the recorded greedy path: for strict and tree:M the "
     "accepted lengths are exactly those `draftcert decode` measures on the same prompts; relaxed rules "
     "are exact until they accept a non-greedy token (exact = fraction of rounds replayed exactly at k=4; "
-    "the rest is an estimate on the recorded path). tok/fwd = tokens per target forward. Rejections "
+    "the rest is an estimate on the recorded path). tok/fwd = tokens per target forward; mean acceptance "
+    "length = 1 + accepted / drafts (vLLM's); conditional acceptance by position = accepted / attempted "
+    "at that position (a position is attempted when every earlier one was accepted); every name: "
+    "docs/metrics.md. Rejections "
     "(chain k=4, tree Mx4 for tree:M) are split into inside radius (KL < radius: a soundness violation, "
     "must be 0), low margin (radius <= KL <= eps: a drafter within eps of p was rejected, p is nearly tied; "
     "relax the rule) and far off (KL > eps, KL >= radius: fix the drafter). `draftcert replay DIR --calibrate` adds predicted speed; "
@@ -36,7 +39,7 @@ HOW_TO_READ = (
 
 
 def _rate(rate: float | None, tries: int) -> str:
-    """A position's acceptance rate, or its counts accepted/tries when fewer than MIN_TRIES."""
+    """A position's conditional acceptance rate, or its counts accepted/tries when fewer than MIN_TRIES."""
     if rate is None:
         return "-"
     return f"{rate:.2f}" if tries >= MIN_TRIES else f"{round(rate * tries)}/{tries}"
@@ -64,9 +67,9 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
         missing.append(missing_costs_note(res))
     ex = explain(res, k=4, epsilon=DEFAULT_EPSILON)
     figs = write_figures(res, fig_dir or out_dir / "figures")
-    head = ["rule"] + [f"tok/fwd k={k}" for k in _KS] + [f"acceptance by position (k=8; a/n: fewer than {MIN_TRIES} tries)",
-                                                          "zero-accept k=4",
-                                                          "exact k=4", "rejections k=4: inside / low margin / far off"]
+    head = ["rule"] + [f"tok/fwd k={k}" for k in _KS] + [
+        f"conditional acceptance by position (k=8; a/n: fewer than {MIN_TRIES} tries)", "mean acceptance length k=4",
+        "exact k=4", "rejections k=4: inside / low margin / far off"]
     if costs is not None:
         head.append("best (predicted speedup)")
     rows, summ = [], {}
@@ -78,9 +81,10 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
         k8 = by.get(lab(8)) or rs[-1]
         k4 = by.get(lab(4)) or rs[0]
         sp = ex["rules"][spec]["split"]
-        acc = " ".join(_rate(a, n) for a, n in zip(k8["acceptance_by_position"], k8["attempted_by_position"]))
+        acc = " ".join(_rate(a, n) for a, n in zip(k8["conditional_acceptance_rate_per_pos"], k8["num_attempted_per_pos"]))
+        mal = k4["mean_acceptance_length"]
         row = [spec] + ["-" if x is None else f"{x:.2f}" for x in tpf] + [
-            acc, "-" if k4["zero_accept_fraction"] is None else f"{k4['zero_accept_fraction']:.3f}",
+            acc, "-" if mal is None else f"{mal:.2f}",
             f"{k4['exact_fraction']:.3f}", f"{sp['inside_radius']} / {sp['low_margin']} / {sp['far_off']}"]
         rec = res.recommended.get(spec)
         if costs is not None:  # a choice that left untimed shapes out says so
@@ -88,9 +92,9 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
                        + (f"; {rec['untimed']} untimed)" if rec.get("untimed") else ")"))
         rows.append(row)
         summ[spec] = {"tokens_per_forward": dict(zip([lab(k) for k in _KS], tpf)),
-                      "acceptance_by_position_k8": k8["acceptance_by_position"],
-                      "attempted_by_position_k8": k8["attempted_by_position"],
-                      "zero_accept_fraction_k4": k4["zero_accept_fraction"], "exact_fraction_k4": k4["exact_fraction"],
+                      "conditional_acceptance_rate_per_pos_k8": k8["conditional_acceptance_rate_per_pos"],
+                      "num_attempted_per_pos_k8": k8["num_attempted_per_pos"],
+                      "mean_acceptance_length_k4": k4["mean_acceptance_length"], "exact_fraction_k4": k4["exact_fraction"],
                       "rejections_k4": sp, "recommended": rec, "untimed": res.missing_costs.get(spec, [])}
     bad = sum(r["split"]["inside_radius"] for r in ex["rules"].values())
     md = ["## Replay", "", HOW_TO_READ + f" eps = {DEFAULT_EPSILON:g} nats.", ""]

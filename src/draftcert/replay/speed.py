@@ -1,6 +1,8 @@
 """Predicted speed of a replayed configuration.
 
-Cost model (seconds): one round = ``T(1 + nodes)`` (the target verifies the pending
+The cost model and its table (``Costs``, ``round_seconds``) live in ``draftcert.decode.costs``,
+shared with the engine's draft-shape choice (``-k auto``).  Cost model (seconds): one round =
+``T(1 + nodes)`` (the target verifies the pending
 token and every draft node in one forward over its KV cache) + ``O(1 + nodes)`` (the
 engine's acceptance walk and certificates on those rows) + one drafter forward per
 drafted depth, ``D(front)`` (the first is the catch-up over the pending token, then one
@@ -29,94 +31,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ..criteria import Strict
+from ..decode.costs import Costs, overhead_inputs, round_key, round_seconds, round_work, tree_for
 from ..decode.drafters import make_drafter
-from ..decode.engine import accept, certify, record, verify
-from ..decode.stats import DecodeStats
+from ..decode.engine import verify
 from ..decode.tree import DraftTree, crop_cache, keep_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
-__all__ = ["Costs", "calibrate", "predict", "missing_costs", "forward_count_costs", "round_key"]
-
-
-@dataclass
-class Costs:
-    source: str  # "calibrated" | "forward-count"
-    target: dict[int, float]  # tokens verified (causal) -> seconds
-    drafter: dict[int, float]
-    target_tree: dict[int, float] = field(default_factory=dict)  # tokens verified with a tree mask -> seconds
-    overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
-    target_prefill: float | None = None
-    drafter_prefill: float | None = None
-    # feature drafters: one round's drafting, by shape prefix "w1,w2,...[|static]" (see round_key)
-    drafter_round: dict[str, float] = field(default_factory=dict)
-    feature: bool = False
-    target_step: float | None = None  # the target alone, one greedy step (greedy_generate's loop body)
-    context: int | None = None
-    prompt_length: int | None = None
-    repeats: int | None = None
-    note: str = ""
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        for k in ("target", "drafter", "target_tree", "overhead"):
-            d[k] = {str(n): v for n, v in sorted(d[k].items())}
-        d["drafter_round"] = dict(sorted(d["drafter_round"].items()))
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Costs":
-        try:
-            kw = dict(d)
-            for k in ("target", "drafter", "target_tree", "overhead"):
-                kw[k] = {int(n): float(v) for n, v in (d.get(k) or {}).items()}
-            kw["drafter_round"] = {str(n): float(v) for n, v in (d.get("drafter_round") or {}).items()}
-            return cls(**kw)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"calibration: unreadable costs ({exc}); rerun `draftcert replay DIR --calibrate`") from None
-
-    @staticmethod
-    def _interp(table: dict[int, float], n: int) -> float:
-        if not table:
-            raise ValueError("calibration: no timings")
-        if n in table:
-            return table[n]
-        xs = sorted(table)
-        ys = [table[x] for x in xs]
-        if len(xs) == 1:
-            return ys[0]
-        if n > xs[-1]:  # extrapolate with the slope of the two largest sizes
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return ys[-1] + max(slope, 0.0) * (n - xs[-1])
-        return float(np.interp(n, xs, ys))
-
-    def t(self, n: int, tree: bool = False) -> float:
-        return self._interp(self.target_tree if tree and self.target_tree else self.target, n)
-
-    def d(self, n: int) -> float:
-        return self._interp(self.drafter, n)
-
-    def o(self, n: int) -> float:
-        return self._interp(self.overhead, n) if self.overhead else 0.0
-
-
-def round_key(widths, expand_all: bool) -> str:
-    return ",".join(map(str, widths)) + ("|static" if expand_all else "")
-
-
-def forward_count_costs(drafter_ratio: float) -> Costs:
-    if not (drafter_ratio >= 0 and np.isfinite(drafter_ratio)):
-        raise ValueError(f"drafter cost: expected a finite ratio >= 0 (drafter forward / target forward), got {drafter_ratio!r}")
-    return Costs("forward-count", {1: 1.0}, {1: float(drafter_ratio)}, note=(
-        f"forward-count model: every target forward costs 1, every drafter forward {drafter_ratio:g} "
-        "(no calibration; run `draftcert replay DIR --calibrate` to time the models)"))
+__all__ = ["calibrate", "predict", "missing_costs"]
 
 
 def missing_costs(rep: ConfigReplay, costs: Costs) -> list[str]:
@@ -135,20 +62,14 @@ def missing_costs(rep: ConfigReplay, costs: Costs) -> list[str]:
 def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: int) -> dict:
     """Predicted seconds, tokens/s and speedup of one replayed configuration
     (ValueError when ``missing_costs(rep, costs)`` is not empty)."""
-    tv, dv = rep.work()
-    tree = rep.shape.kind != "chain"
-    t_spec = sum(c * (costs.t(n, tree and n > 1) + costs.o(n)) for n, c in tv.items())
+    sh = rep.shape
+    tree = sh.kind != "chain"
     t1, d1 = costs.t(1), costs.d(1)
-    if costs.drafter_round:  # a feature drafter: each round's drafting as timed whole
-        sh = rep.shape
-        for r in (r for rs in rep.rounds.values() for r in rs if r.budget > 0):
-            t_spec += _round_cost(costs, sh.widths[: r.budget], sh.expand_all)
-        if costs.drafter_prefill is not None:  # the second round's catch-up covers the prompt
-            t_spec += n_prompts * costs.drafter_prefill
-    else:
-        t_spec += sum(c * costs.d(n) for n, c in dv.items())
-        if costs.drafter_prefill is not None:
-            t_spec += n_prompts * (costs.drafter_prefill - d1)
+    t_spec = sum(round_seconds(costs, sh.nodes(r.budget), sh.drafter_fronts(r.budget), tree,
+                               round_key(sh.widths[: r.budget], sh.expand_all))
+                 for rs in rep.rounds.values() for r in rs)
+    if costs.drafter_prefill is not None:  # the second round's catch-up covers the prompt
+        t_spec += n_prompts * (costs.drafter_prefill - (0.0 if costs.drafter_round else d1))
     if costs.target_prefill is not None:
         t_spec += n_prompts * (costs.target_prefill - t1)
     g1 = costs.target_step if costs.target_step is not None else t1
@@ -164,14 +85,6 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
     }
 
 
-def _round_cost(costs: Costs, widths, expand_all: bool) -> float:
-    key = round_key(widths, expand_all)
-    if key not in costs.drafter_round:
-        raise ValueError(f"calibration: no drafting time for draft shape {key}; `draftcert replay DIR --calibrate` "
-                         "times every shape the replay and the report need")
-    return costs.drafter_round[key]
-
-
 # ----------------------------------------------------------------------------- calibration
 
 
@@ -183,34 +96,6 @@ def _sizes(shapes: list[Shape]) -> tuple[set[int], set[int], set[int]]:
             (chain if s.kind == "chain" or b == 0 else tree).add(n)
             draft.update(s.drafter_fronts(b))
     return chain, tree, draft
-
-
-def _tree_for(n_nodes: int):
-    """A draft tree with ``n_nodes`` nodes (a width-n root fan: same tokens and mask size as any tree of n)."""
-    t = DraftTree()
-    for i in range(n_nodes):
-        t.add(0, -1 if i == 0 else i - 1 if i % 2 else 0)
-    return t
-
-
-def _overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
-    """(rule, logits, draft, summary k, stats): the engine's per-round work for a chain round
-    verifying n rows (random logits: the certificate work covers every drafted row whatever
-    is accepted)."""
-    logits = (torch.randn(n, V, generator=g) * 3).to(dtype)
-    d = DraftTree()
-    for i in range(n - 1):
-        d.add(int(torch.randint(0, V, (1,), generator=g)), i - 1)
-        d.expanded.append(i - 1)
-        d.widths.append(1)
-    d.q = (torch.randn(n - 1, V, generator=g) * 3).to(dtype) if n > 1 else None
-    return Strict(), logits, d, 16, DecodeStats("strict", max(1, n - 1), None)
-
-
-def _round_work(rule, logits, draft, summary_k, stats) -> None:
-    """The engine's per-round work besides the forwards: accept -> certify -> record."""
-    verdict = accept(rule, logits, draft, summary_k)
-    record(stats, draft, verdict, certify(rule, verdict, draft))
 
 
 @torch.inference_mode()
@@ -249,12 +134,12 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
         model_forward(target, tcache, ids[:context], 1)
         model_forward(drafter, dcache, ids[:context], 1)
         rounds = []
-    trees = {n: _tree_for(n - 1) for n in tree}
+    trees = {n: tree_for(n - 1) for n in tree}
     jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
     jobs += [("dr", r) for r in rounds]
     jobs += [("o", n) for n in sorted(chain | tree)]
     jobs += [("tp", prompt_length), ("dp", prompt_length), ("g", 1)]
-    rows = {n: _overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
+    rows = {n: overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
     times: dict[tuple, list[float]] = {j: [] for j in jobs}
     for _ in range(repeats + 1):  # the first pass warms up and is dropped
         for kind, n in jobs:
@@ -278,7 +163,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 src.propose(seq, w, e)
                 src.accept([])
             elif kind == "o":
-                _round_work(*rows[n])
+                round_work(*rows[n])
             elif kind == "g":  # the target alone: greedy_generate's step
                 int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
             elif kind == "tp":

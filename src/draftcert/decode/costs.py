@@ -1,0 +1,342 @@
+"""The cost of a speculative round on this machine: the model, its measurement, its cache.
+
+Cost model (seconds), the one the replay's predicted speed uses too (``draftcert.replay.speed``):
+one round that drafts ``nodes`` tree nodes costs::
+
+    round = T(1 + nodes) + O(1 + nodes) + drafting
+
+``T(n)``: the target's verification of n rows in one forward over its KV cache (the pending token
+and every node; ``target_tree`` with the tree mask when the draft is not a chain), followed by the
+cache rollback; ``O(n)``: the engine's acceptance walk, certificates and statistics on those rows;
+drafting: one drafter forward per drafted depth, ``sum D(front)`` (the first front is the catch-up
+over the pending token), or, where it was timed whole (``drafter_round``, by ``round_key``), the
+drafter's whole round (propose + accept).  The target alone pays ``target_step`` per token
+(``greedy_generate``'s loop body: one cached forward and its argmax).
+
+A shape's predicted rate is ``expected tokens per round / round`` (``draftcert.decode.shape``).
+
+``engine_costs`` measures, on first use, the curve the engine's draft-shape choice needs (``measure``:
+verification by rows and tree size, each candidate shape's drafting, the per-round work, the target
+alone's step; median of interleaved repeats) and caches it as JSON under
+``<cache_root>/costs/``, keyed by (CPU model, torch version, thread count, target fingerprint,
+drafter); a cached curve whose recorded key differs from this machine's is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .._cache import cache_root
+from ..criteria import Strict
+from ..fileio import write_json
+from ..models.fastlinear import cpu_model
+from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
+from .engine import accept, certify, record, verify
+from .stats import DecodeStats
+from .tree import DraftTree, crop_cache, keep_cache
+
+__all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs",
+           "round_work", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
+
+COSTS_VERSION = 1
+
+
+@dataclass
+class Costs:
+    source: str  # "calibrated" | "forward-count"
+    target: dict[int, float]  # tokens verified (causal) -> seconds
+    drafter: dict[int, float]
+    target_tree: dict[int, float] = field(default_factory=dict)  # tokens verified with a tree mask -> seconds
+    overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
+    target_prefill: float | None = None
+    drafter_prefill: float | None = None
+    # one round's drafting timed whole, by shape prefix "w1,w2,...[|static]" (see round_key)
+    drafter_round: dict[str, float] = field(default_factory=dict)
+    feature: bool = False
+    target_step: float | None = None  # the target alone, one greedy step (greedy_generate's loop body)
+    context: int | None = None
+    prompt_length: int | None = None
+    repeats: int | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("target", "drafter", "target_tree", "overhead"):
+            d[k] = {str(n): v for n, v in sorted(d[k].items())}
+        d["drafter_round"] = dict(sorted(d["drafter_round"].items()))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Costs":
+        try:
+            kw = dict(d)
+            for k in ("target", "drafter", "target_tree", "overhead"):
+                kw[k] = {int(n): float(v) for n, v in (d.get(k) or {}).items()}
+            kw["drafter_round"] = {str(n): float(v) for n, v in (d.get("drafter_round") or {}).items()}
+            return cls(**kw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"calibration: unreadable costs ({exc}); rerun `draftcert replay DIR --calibrate`") from None
+
+    @staticmethod
+    def _interp(table: dict[int, float], n: int) -> float:
+        if not table:
+            raise ValueError("calibration: no timings")
+        if n in table:
+            return table[n]
+        xs = sorted(table)
+        ys = [table[x] for x in xs]
+        if len(xs) == 1:
+            return ys[0]
+        if n > xs[-1]:  # extrapolate with the slope of the two largest sizes
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return ys[-1] + max(slope, 0.0) * (n - xs[-1])
+        return float(np.interp(n, xs, ys))
+
+    def t(self, n: int, tree: bool = False) -> float:
+        return self._interp(self.target_tree if tree and self.target_tree else self.target, n)
+
+    def d(self, n: int) -> float:
+        return self._interp(self.drafter, n)
+
+    def o(self, n: int) -> float:
+        return self._interp(self.overhead, n) if self.overhead else 0.0
+
+
+def round_key(widths, expand_all: bool) -> str:
+    return ",".join(map(str, widths)) + ("|static" if expand_all else "")
+
+
+def round_seconds(costs: Costs, nodes: int, fronts: list[int], tree: bool, key: str) -> float:
+    """One round's predicted seconds: ``T(1 + nodes) + O(1 + nodes) + drafting`` (module docstring).
+
+    ``fronts``: tokens per drafter forward (empty: nothing drafted); ``tree``: verified with the tree
+    mask; ``key``: the round's ``round_key`` (drafting timed whole, when ``costs.drafter_round`` has it).
+    """
+    n = 1 + nodes
+    s = costs.t(n, tree and n > 1) + costs.o(n)
+    if not fronts:
+        return s
+    if costs.drafter_round:
+        if key not in costs.drafter_round:
+            raise ValueError(f"calibration: no drafting time for draft shape {key}; `draftcert replay DIR --calibrate` "
+                             "times every shape the replay and the report need")
+        return s + costs.drafter_round[key]
+    return s + sum(costs.d(f) for f in fronts)
+
+
+def forward_count_costs(drafter_ratio: float) -> Costs:
+    if not (drafter_ratio >= 0 and np.isfinite(drafter_ratio)):
+        raise ValueError(f"drafter cost: expected a finite ratio >= 0 (drafter forward / target forward), got {drafter_ratio!r}")
+    return Costs("forward-count", {1: 1.0}, {1: float(drafter_ratio)}, note=(
+        f"forward-count model: every target forward costs 1, every drafter forward {drafter_ratio:g} "
+        "(no calibration; run `draftcert replay DIR --calibrate` to time the models)"))
+
+
+# ----------------------------------------------------------------------------- timed work
+
+
+def tree_for(n_nodes: int) -> DraftTree:
+    """A draft tree with ``n_nodes`` nodes (a width-n root fan: same tokens and mask size as any tree of n)."""
+    t = DraftTree()
+    for i in range(n_nodes):
+        t.add(0, -1 if i == 0 else i - 1 if i % 2 else 0)
+    return t
+
+
+def overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
+    """(rule, logits, draft, summary k, stats): the engine's per-round work for a chain round
+    verifying n rows (random logits: the certificate work covers every drafted row whatever
+    is accepted)."""
+    logits = (torch.randn(n, V, generator=g) * 3).to(dtype)  # [n, V]
+    d = DraftTree()
+    for i in range(n - 1):
+        d.add(int(torch.randint(0, V, (1,), generator=g)), i - 1)
+        d.expanded.append(i - 1)
+        d.widths.append(1)
+    d.q = (torch.randn(n - 1, V, generator=g) * 3).to(dtype) if n > 1 else None  # [n - 1, V]
+    return Strict(), logits, d, 16, DecodeStats("strict", max(1, n - 1), None)
+
+
+def round_work(rule, logits, draft, summary_k, stats) -> None:
+    """The engine's per-round work besides the forwards: accept -> certify -> record."""
+    verdict = accept(rule, logits, draft, summary_k)
+    record(stats, draft, verdict, certify(rule, verdict, draft))
+
+
+@torch.inference_mode()
+def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_rows: int = 0, context: int = 128,
+            repeats: int = 4, seed: int = 0, on_progress: Callable[[int, int], None] | None = None) -> Costs:
+    """Time, on this machine, what a round of each draft shape costs the engine.
+
+    ``drafter``: a drafter object (``make_drafter``'s: model, feature or prompt-lookup drafter);
+    ``shapes``: (widths, expand_all) per candidate; chain verification is timed for 1..max(max_rows,
+    largest chain) rows, tree verification (tree mask) for each tree's size, each shape's drafting
+    whole (propose + accept after a rewind of the drafter's cache), the per-round work O(n) and the
+    target alone's greedy step.  The target's cache holds ``context`` tokens; every job is
+    interleaved round robin ``repeats`` times after one warm-up round (load on a shared machine
+    then hits every size alike) and the median is kept.  ``on_progress(done, total)`` hears of
+    every timed job.
+    """
+    if repeats < 1 or context < 3:
+        raise ValueError("measure: repeats must be >= 1 and context >= 3")
+    V = vocab_size_of(target)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
+    seq = ids[: context + 1]
+    feature = bool(getattr(drafter, "needs_target_hidden", False))
+    tcache = new_cache(target)
+    drafter.start(seq[:-1])
+    if feature:
+        _, hidden = forward_with_hidden(target, tcache, ids[:context], 1)
+        drafter.observe(hidden)
+    else:
+        model_forward(target, tcache, ids[:context], 1)
+    drafter.propose(seq, [1])  # the catch-up over the context, once
+    drafter.accept([])
+    chains = {1, max_rows} | {1 + sum(w) for w, e in shapes if max(w) == 1 and not e}
+    chains = set(range(1, max(chains) + 1))
+    trees = sorted({1 + _nodes(w, e) for w, e in shapes if max(w) > 1 or e})
+    rounds = {round_key(w, e): (list(w), e) for w, e in shapes}
+    jobs = [("t", n) for n in sorted(chains)] + [("tt", n) for n in trees] + [("dr", r) for r in rounds]
+    jobs += [("o", n) for n in sorted(chains | set(trees))] + [("g", 1)]
+    work = {n: overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chains | set(trees))}
+    tree_drafts = {n: tree_for(n - 1) for n in trees}
+    rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
+    cached = _cache_holder(drafter)
+    times: dict[tuple, list[float]] = {j: [] for j in jobs}
+    for rep in range(repeats + 1):  # the first round warms up and is dropped
+        for kind, n in jobs:
+            if kind == "dr" and cached is not None:
+                crop_cache(cached.cache, rewind)
+                cached.n_valid = rewind
+            t0 = time.perf_counter()
+            if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
+                chain = DraftTree()
+                for i in range(n - 1):
+                    chain.add(ids[context + 1 + i], i - 1)
+                verify(target, tcache, context, ids[context:context + 1], chain, feature)
+                keep_cache(tcache, context + 1, list(range(max(0, n - 2))))
+            elif kind == "tt":  # a tree's: the kept path is gathered into place
+                verify(target, tcache, context, ids[context:context + 1], tree_drafts[n], feature)
+                keep_cache(tcache, context + 1, [0, 2] if n > 3 else [0])
+            elif kind == "dr":
+                w, e = rounds[n]
+                drafter.propose(seq, w, e)
+                drafter.accept([])
+            elif kind == "o":
+                round_work(*work[n])
+            else:  # the target alone: greedy_generate's step
+                int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
+            dt = time.perf_counter() - t0
+            if kind in ("t", "tt", "g"):
+                crop_cache(tcache, context)
+            if rep:
+                times[(kind, n)].append(dt)
+            if on_progress is not None:
+                on_progress(rep * len(jobs) + jobs.index((kind, n)) + 1, (repeats + 1) * len(jobs))
+    med = {j: statistics.median(v) for j, v in times.items()}
+    return Costs(
+        "calibrated",
+        target={n: med[("t", n)] for n in sorted(chains)},
+        drafter={1: med[("dr", "1")]} if "1" in rounds else {1: 0.0},
+        drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
+        target_tree={n: med[("tt", n)] for n in trees},
+        overhead={n: med[("o", n)] for n in sorted(chains | set(trees))},
+        context=context, repeats=repeats,
+        note=f"timed on this machine: median of {repeats} interleaved repeats, cached context {context}",
+    )
+
+
+def _cache_holder(drafter):
+    """The part of a drafter that keeps a KV cache (``cache``, ``n_valid``): the drafter itself, or the
+    model drafter inside a hybrid (``model_drafter``); None for a model-free drafter."""
+    while drafter is not None and getattr(drafter, "cache", None) is None:
+        drafter = getattr(drafter, "model_drafter", None)
+    return drafter
+
+
+def _nodes(widths, expand_all: bool) -> int:
+    if not expand_all:
+        return sum(widths)
+    n, level = 0, 1
+    for w in widths:
+        level *= w
+        n += level
+    return n
+
+
+# ----------------------------------------------------------------------------- the cache
+
+
+def _fingerprint(model) -> str:
+    """A cheap identity of a model's weights: config, parameter shapes and a sample of each one's values."""
+    h = hashlib.sha256()
+    cfg = getattr(model, "config", None)
+    h.update((cfg.to_json_string(use_diff=False) if hasattr(cfg, "to_json_string") else type(model).__name__).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+            h.update(p.detach().reshape(-1)[:64].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
+    """What a cached curve is valid for: this CPU, torch build, thread count, target, drafter and shapes."""
+    dmodel = getattr(drafter, "model", None)
+    return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "target": _fingerprint(target), "drafter": drafter_name,
+            "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
+            "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
+
+
+def costs_path(key: dict):
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "costs" / f"{digest}.json"
+
+
+def cached_costs(key: dict) -> Costs | None:
+    """The curve cached for exactly ``key``, else None (another machine's, build's, thread count's,
+    model's or drafter's curve, or a damaged file, is never used)."""
+    try:
+        rec = json.loads(costs_path(key).read_text())
+        if not isinstance(rec, dict) or rec.get("key") != key:
+            return None
+        return Costs.from_dict(rec["costs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def engine_costs(target, drafter, drafter_name: str, shapes, *, max_rows: int = 0, use_cache: bool = True,
+                 repeats: int = 4, on_note: Callable[[str], None] | None = None) -> tuple[Costs, str]:
+    """(the cost curve, where it came from: "measured now in S s, cached at PATH" / "cached at PATH").
+
+    ``drafter``: a drafter object; ``drafter_name``: its spec (part of the cache key).  Measured
+    (``measure``) on a fork of the drafter, so ``drafter``'s own state is left alone.
+    """
+    key = costs_key(target, drafter, drafter_name, shapes)
+    path = costs_path(key)
+    if use_cache and (got := cached_costs(key)) is not None:
+        return got, f"cached at {path}"
+    if on_note is not None:
+        on_note(f"measuring this machine's decoding cost curve (once per machine, model, drafter and thread "
+                f"count; cached in {path.parent})")
+    t0 = time.perf_counter()
+    src = drafter.fork() if hasattr(drafter, "fork") else drafter
+    costs = measure(target, src, list(shapes), max_rows=max_rows, repeats=repeats)
+    sec = time.perf_counter() - t0
+    if not use_cache:
+        return costs, f"measured now in {sec:.1f} s"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"key": key, "costs": costs.as_dict(), "seconds": sec})
+    except OSError:  # a read-only cache: the curve holds for this run only
+        return costs, f"measured now in {sec:.1f} s (not cached: {path.parent} is not writable)"
+    return costs, f"measured now in {sec:.1f} s, cached at {path}"

@@ -1,0 +1,165 @@
+"""The engine's cost curve (``draftcert.decode.costs``) and ``-k auto``'s choice of draft shape
+(``draftcert.decode.shape``): the best predicted tokens/s on synthetic curves, the formula for
+expected tokens per round, and a cache that never uses another machine's curve."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from draftcert.decode import costs as costs_mod
+from draftcert.decode.costs import Costs, engine_costs, round_seconds
+from draftcert.decode.drafters import make_drafter
+from draftcert.decode.shape import CANDIDATES, Acceptance, acceptance_of, choose, expected_tokens
+from draftcert.models import tiny_qwen3
+
+
+def _curve(t_of_n, drafter=0.002, overhead=0.0005, step=None) -> Costs:
+    """A synthetic cost curve: verification T(n) = t_of_n(n) seconds for n = 1..9 (tree mask alike)."""
+    t = {n: t_of_n(n) for n in range(1, 10)}
+    return Costs("calibrated", target=t, drafter={1: drafter}, target_tree=dict(t),
+                 overhead={n: overhead * n for n in range(1, 10)}, target_step=step or t[1])
+
+
+def _brute_best(c: Costs, acc: Acceptance) -> tuple[int, ...]:
+    """The best candidate by direct arithmetic: chain/tree E over T(1 + nodes) + O + D * depth."""
+    def rate(w):
+        m, d = w[0], len(w)
+        e, reach = 1.0, 1.0
+        for i in range(1, d + 1):
+            a1 = acc.by_depth[min(i, len(acc.by_depth)) - 1]
+            am = 1 - (1 - a1) ** (1 + (m - 1) / 2)
+            e += reach * am
+            reach *= a1
+        n = 1 + sum(w)
+        return e / (c.target[n] + c.overhead[n] + d * c.drafter[1])
+    return max(CANDIDATES, key=rate)
+
+
+def test_k1_wins_when_every_extra_row_costs_a_pass():
+    c = _curve(lambda n: 0.05 * n)  # a BLAS that re-reads the weights per row
+    ch = choose(c, Acceptance((0.4,), "test"))
+    assert ch.best.widths == (1,) == _brute_best(c, Acceptance((0.4,), "test"))
+    assert ch.best.engine_args() == {"k": 1, "tree": None}
+    assert ch.best.rate < ch.baseline_rate  # speculation predicted slower than the target alone here
+
+
+def test_a_long_chain_wins_when_verification_is_flat_and_acceptance_high():
+    c = _curve(lambda n: 0.05 + 0.0005 * n)
+    acc = Acceptance((0.95, 0.9), "test")
+    ch = choose(c, acc)
+    assert ch.best.widths == (1,) * 6 == _brute_best(c, acc)
+    assert ch.best.rate > ch.runner_up.rate and ch.best.rate > ch.baseline_rate
+
+
+def test_a_tree_wins_when_width_buys_more_than_depth():
+    c = _curve(lambda n: 0.05 + 0.0005 * n)  # flat verification, low acceptance: width pays, depth does not
+    acc = Acceptance((0.3,), "test")
+    ch = choose(c, acc)
+    assert max(ch.best.widths) > 1 and ch.best.widths == _brute_best(c, acc)
+    assert ch.best.engine_args() == {"k": len(ch.best.widths), "tree": (ch.best.widths[0], len(ch.best.widths))}
+    assert "runner-up" in ch.why() and ch.best.label in ch.why()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_choice_is_the_best_predicted_rate_on_random_curves(seed):
+    g = torch.Generator().manual_seed(seed)
+    steps = torch.rand(9, generator=g) * 0.02
+    base = 0.03 + float(torch.rand(1, generator=g)) * 0.05
+    c = _curve(lambda n: base + float(steps[:n].sum()), drafter=float(torch.rand(1, generator=g)) * 0.01)
+    acc = Acceptance(tuple(float(x) for x in torch.rand(3, generator=g)), "test")
+    assert choose(c, acc).best.widths == _brute_best(c, acc)
+
+
+def test_expected_tokens_per_round():
+    assert expected_tokens(Acceptance((1.0,), "t"), 1, 4) == 5.0
+    assert expected_tokens(Acceptance((0.0,), "t"), 2, 4) == 1.0
+    assert expected_tokens(Acceptance((0.5,), "t"), 1, 2) == pytest.approx(1 + 0.5 + 0.25)
+    a = Acceptance((0.5, 0.4), "t")  # the last depth's acceptance carries on
+    assert expected_tokens(a, 1, 3) == pytest.approx(1 + 0.5 + 0.5 * 0.4 + 0.5 * 0.4 * 0.4)
+    with pytest.raises(ValueError, match="probabilities"):
+        Acceptance((1.2,), "t")
+
+
+def test_round_seconds_prices_a_round_as_the_replay_does():
+    c = _curve(lambda n: 0.01 * n, drafter=0.003)
+    assert round_seconds(c, 3, [1, 1, 1], False, "1,1,1") == pytest.approx(0.04 + 0.002 + 0.009)
+    c.drafter_round = {"1,1": 0.5}  # drafting timed whole wins over per-step D
+    assert round_seconds(c, 2, [1, 1], False, "1,1") == pytest.approx(0.03 + 0.0015 + 0.5)
+    with pytest.raises(ValueError, match="no drafting time"):
+        round_seconds(c, 3, [1, 1, 1], False, "1,1,1")
+
+
+def test_acceptance_comes_from_user_prompt_evaluations_only(tmp_path):
+    # the shipped drafter records only self-generated held-out figures (optimistic): the default is used
+    assert acceptance_of("eagle:smollm2-135m-instruct").by_depth == (0.3,)
+    assert acceptance_of("self:skip=3").source.startswith("default")
+    weights = tmp_path / "drafter.safetensors"
+    weights.write_bytes(b"")
+    (tmp_path / "train.json").write_text(json.dumps({
+        "heldout_eval_fp16": {"accept@1": 0.9, "accept@2": 0.8},
+        "user_prompt_eval": {"accept@1": 0.4, "accept@2": 0.25, "loss": 2.0}}))
+    acc = acceptance_of(str(weights))
+    assert acc.by_depth == (0.4, 0.25) and "user_prompt_eval" in acc.source
+    assert acc.at(5) == 0.25  # the last measured depth carries on
+
+
+@pytest.fixture()
+def tiny_pair(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    target, _ = tiny_qwen3(0, num_layers=2, hidden_size=48, intermediate_size=96)
+    return target.eval().requires_grad_(False), make_drafter("self:skip=1", target)
+
+
+SHAPES = [((1,), False), ((1, 1), False), ((2, 2), False)]
+
+
+def test_engine_costs_measures_once_then_reads_the_cache(tiny_pair, monkeypatch):
+    target, drafter = tiny_pair
+    c, src = engine_costs(target, drafter, "self:skip=1", SHAPES, repeats=1)
+    assert src.startswith("measured now") and "cached at" in src
+    assert set(c.target) == {1, 2, 3} and set(c.target_tree) == {5} and set(c.drafter_round) == {"1", "1,1", "2,2"}
+    assert c.target_step > 0 and all(v > 0 for v in c.target.values())
+    monkeypatch.setattr(costs_mod, "measure", lambda *a, **k: pytest.fail("measured again although cached"))
+    again, src2 = engine_costs(target, drafter, "self:skip=1", SHAPES)
+    assert src2.startswith("cached at") and again == c
+
+
+def test_another_machines_curve_is_never_used(tiny_pair, monkeypatch):
+    target, drafter = tiny_pair
+    c, _ = engine_costs(target, drafter, "self:skip=1", SHAPES, repeats=1)
+    key = costs_mod.costs_key(target, drafter, "self:skip=1", SHAPES)
+    path = costs_mod.costs_path(key)
+    rec = json.loads(path.read_text())
+    rec["key"]["cpu"] = "Another CPU"  # the same file, recorded on another machine
+    path.write_text(json.dumps(rec))
+    assert costs_mod.cached_costs(key) is None
+    calls = []
+    monkeypatch.setattr(costs_mod, "measure", lambda *a, **k: calls.append(1) or c)
+    _, src = engine_costs(target, drafter, "self:skip=1", SHAPES)
+    assert calls and src.startswith("measured now")
+    # and another thread count is another key
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)
+    assert costs_mod.costs_key(target, drafter, "self:skip=1", SHAPES) != key
+
+
+def test_decode_cli_picks_the_shape_and_says_why_in_one_line(ckpt, tmp_path, monkeypatch, capsys):
+    """`draftcert decode` without -k: -k auto measures the curve once (then reads the cache), prints
+    one line with the chosen shape, the runner-up and where the costs came from, and stays lossless."""
+    from draftcert.cli import main
+
+    monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
+    argv = ["decode", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hello there",
+            "--max-new-tokens", "8", "--json", "--no-warmup"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "-k auto:" in ln]
+    assert len(lines) == 1 and "predicted" in lines[0] and "runner-up" in lines[0]
+    assert "costs measured now" in lines[0] and "acceptance from default" in lines[0]
+    assert main(argv) == 0
+    again = [ln for ln in capsys.readouterr().err.splitlines() if "-k auto:" in ln]
+    assert len(again) == 1 and "costs cached at" in again[0]
+    assert lines[0].split(" (predicted")[0] == again[0].split(" (predicted")[0]  # the same curve, the same choice
