@@ -36,7 +36,8 @@ def _target(seed=0):
 
 def _cfg(**kw):
     base = dict(examples=6, heldout_examples=2, max_prompt_tokens=16, max_new_tokens=16, draft_vocab=64, epochs=4,
-                batch_tokens=128, eval_every=1000, warmup=2, checkpoint_every=3, lr=3e-3)
+                batch_tokens=128, eval_every=1000, warmup=2, checkpoint_every=3, lr=3e-3,
+                user_eval_prompts=0)  # the user-prompt evaluation downloads its sets: tests/train/test_user_prompts.py
     base.update(kw)
     return TrainConfig(**base)
 
@@ -229,7 +230,7 @@ def test_feature_drafter_first_round_is_the_prefill(tiny, trained):
     target, _ = tiny
     d, _ = trained
     res = speculative_generate(target, d, [1, 2, 3], "strict", k=4, max_new_tokens=10, eos_token_id=[])
-    assert res.stats.rounds[0].drafted == 0 and res.stats.rounds[1].drafted == 4
+    assert res.stats.rounds[0].num_draft_tokens == 0 and res.stats.rounds[1].num_draft_tokens == 4
     assert isinstance(dc.decode.make_drafter(d, target), FeatureDrafter)
 
 
@@ -249,7 +250,7 @@ def ckpt_and_drafter(tmp_path_factory):
     try:
         rc = main(["train-drafter", "--target", str(root / "ckpt"), "--out", str(root / "run"), "--examples", "6",
                    "--heldout-examples", "2", "--max-new-tokens", "12", "--draft-vocab", "64", "--epochs", "2",
-                   "--batch-tokens", "128", "--quiet"])
+                   "--batch-tokens", "128", "--user-eval-prompts", "0", "--quiet"])
     finally:
         train_loop.heldout_texts = real
     assert rc == 0

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ..models import ModelUnavailable
+from ..fileio import dumps_json
+from ..models import ModelUnavailable, load_drafter, load_target, parse_drafter_spec
+from ..models.loading import transformers_progress
 from ..profile.settings import check_out_dir
 from ..train import OBJECTIVES, TrainConfig, train_drafter
+from ..train.user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, merge_into_train_json
 from .checks import check_specs, set_threads
 
 _EXAMPLES = """examples:
@@ -17,12 +21,21 @@ _EXAMPLES = """examples:
       --data runs/drafter/data.pt
   draftcert decode --drafter runs/drafter/drafter.safetensors \\
       --prompt "Explain KV caching." --baseline
+  # ShareGPT human turns as prompts, in stages of at most 55 minutes
+  draftcert train-drafter --out runs/sharegpt --prompts sharegpt-train \\
+      --examples 2400 --stage-minutes 55     # rerun until it prints the file
+  # acceptance by depth of an existing drafter on held-out user prompts
+  draftcert train-drafter --evaluate-only default --out runs/eval-default
 
-Data: prompts written by the target itself (Magpie-style: the chat template's
-user prefix only), its greedy answers, and its full next-token distribution at
-every position (recomputed from its features during training; never written to
-disk).  MT-Bench and HumanEval prompts are held out.  Interrupt at any time;
-rerunning the same command resumes from the last checkpoint.
+Data: prompts (--prompts self: written by the target itself, Magpie-style;
+or a prompt source such as sharegpt-train or a .txt/.jsonl file), the target's
+greedy answers, and its full next-token distribution at every position
+(recomputed from its features during training; never written to disk).
+MT-Bench, HumanEval and ShareGPT's held-out tenth are never trained on.
+train.json gets user_prompt_eval_fp16: acceptance by depth on held-out user
+prompts (MT-Bench, HumanEval, ShareGPT held-out), which -k auto reads.
+Interrupt at any time; rerunning the same command resumes (answers are saved
+in chunks, training from the last checkpoint).  Exit status 1: stopped early.
 """
 
 
@@ -37,6 +50,11 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("--target", default=None, help="target model (omitted/'embedded': SmolLM2-135M-Instruct), local path or hub id")
     p.add_argument("--out", required=True, help="run directory (data, checkpoints, train.log, drafter.safetensors)")
+    p.add_argument("--prompts", default=d.prompts,
+                   help="training prompts: 'self' (written by the target, Magpie-style; default), 'sharegpt-train' "
+                        "(ShareGPT V3 human turns, training split) or a .txt/.jsonl file; held-out sets are filtered out")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="prompt length cap in tokens (default 48 for self-written prompts, 256 for a prompt source)")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
                    help=f"kl: forward-KL distillation; certificate: optimise KL(p||q) < radius(p) (default {d.objective})")
     p.add_argument("--criterion", default=d.criterion, help=f"rule whose radius the certificate objective targets (default {d.criterion})")
@@ -51,32 +69,83 @@ def add_parser(subparsers) -> None:
     p.add_argument("--min-radius", type=float, default=d.min_radius, help=f"certificate objective ignores steps with a smaller radius (default {d.min_radius})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data", default=None, help="reuse a data.pt written by an earlier run (same examples for another objective)")
+    p.add_argument("--user-eval-prompts", type=int, default=d.user_eval_prompts,
+                   help=f"held-out user prompts (MT-Bench, HumanEval, ShareGPT thirds) of the final evaluation; 0 skips it "
+                        f"(default {d.user_eval_prompts})")
+    p.add_argument("--user-eval-depth", type=int, default=d.user_eval_depth,
+                   help=f"drafting depths that evaluation measures (default {d.user_eval_depth})")
+    p.add_argument("--stage-minutes", type=float, default=None,
+                   help="end this run cleanly after that many minutes (exit status 1); rerun the same command to continue")
+    p.add_argument("--evaluate-only", default=None, metavar="DRAFTER",
+                   help="train nothing: write the user-prompt evaluation of DRAFTER (a drafter file, eagle:NAME or "
+                        "'default') into OUT/train.json")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on stderr")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (model loading included); log lines stay")
     p.set_defaults(func=run)
 
 
+SELF_PROMPT_TOKENS = 48  # a user turn the target writes itself
+SOURCE_PROMPT_TOKENS = 256  # a human turn of a prompt source (ShareGPT's are longer; the cap keeps prefill cheap)
+
+
 def run(args) -> int:
     set_threads(args.threads)
-    for name in ("examples", "max_new_tokens", "draft_vocab", "ttt", "batch_tokens"):
+    for name in ("examples", "max_new_tokens", "draft_vocab", "ttt", "batch_tokens", "user_eval_depth"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
     if args.batch_tokens < 2:
         raise ValueError(f"--batch-tokens: expected an integer >= 2, got {args.batch_tokens}")
+    if args.user_eval_prompts < 0:
+        raise ValueError(f"--user-eval-prompts: expected an integer >= 0 (0 skips it), got {args.user_eval_prompts}")
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise ValueError(f"--max-prompt-tokens: expected an integer >= 1, got {args.max_prompt_tokens}")
+    if args.stage_minutes is not None and not args.stage_minutes > 0:
+        raise ValueError(f"--stage-minutes: expected a number > 0, got {args.stage_minutes}")
     if not args.epochs > 0:
         raise ValueError(f"--epochs: expected a number > 0, got {args.epochs}")
     check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
     check_out_dir(args.out, "--out")
+    if args.evaluate_only is not None:
+        return evaluate_only(args)
+    max_prompt = args.max_prompt_tokens or (SELF_PROMPT_TOKENS if args.prompts == "self" else SOURCE_PROMPT_TOKENS)
     cfg = TrainConfig(target=args.target, objective=args.objective, criterion=args.criterion, examples=args.examples,
-                      heldout_examples=args.heldout_examples, max_new_tokens=args.max_new_tokens,
-                      draft_vocab=args.draft_vocab, epochs=args.epochs, ttt=args.ttt, batch_tokens=args.batch_tokens,
-                      lr=args.lr, min_radius=args.min_radius, seed=args.seed, data=args.data)
+                      heldout_examples=args.heldout_examples, max_prompt_tokens=max_prompt,
+                      max_new_tokens=args.max_new_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs, ttt=args.ttt,
+                      batch_tokens=args.batch_tokens, lr=args.lr, min_radius=args.min_radius, seed=args.seed,
+                      data=args.data, prompts=args.prompts, user_eval_prompts=args.user_eval_prompts,
+                      user_eval_depth=args.user_eval_depth)
     try:
-        path = train_drafter(cfg, args.out, progress=not (args.quiet or args.no_progress), quiet=args.quiet)
+        path = train_drafter(cfg, args.out, progress=not (args.quiet or args.no_progress), quiet=args.quiet,
+                             stage_minutes=args.stage_minutes)
     except ModelUnavailable as exc:  # raised before anything is written: one error line, no run directory
         raise ValueError(f"--target: {exc}") from exc
     if path is None:
         return 1
     print(path)
+    return 0
+
+
+def evaluate_only(args) -> int:
+    """``--evaluate-only DRAFTER``: its user-prompt evaluation, merged into ``OUT/train.json`` and printed."""
+    if parse_drafter_spec(args.evaluate_only).kind != "feature":
+        raise ValueError(f"--evaluate-only: {args.evaluate_only!r} is not a feature drafter (a drafter.safetensors "
+                         "file, eagle:NAME or 'default')")
+    if args.user_eval_prompts < 1:
+        raise ValueError("--evaluate-only: --user-eval-prompts must be >= 1")
+    progress = not (args.quiet or args.no_progress)
+    try:
+        with transformers_progress(progress):
+            target, tok = load_target(args.target)
+    except ModelUnavailable as exc:
+        raise ValueError(f"--target: {exc}") from exc
+    drafter = load_drafter(args.evaluate_only, target, tok)
+    out = check_out_dir(args.out, "--out")
+    out.mkdir(parents=True, exist_ok=True)
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    ev = evaluate_on_user_prompts(target, tok, drafter, n=args.user_eval_prompts, depth=args.user_eval_depth,
+                                  max_new_tokens=args.max_new_tokens, cache=out / "user_eval.pt", log=log,
+                                  progress=progress)
+    path = merge_into_train_json(out, ev, drafter_path=args.evaluate_only)
+    print(dumps_json({"file": str(path), USER_EVAL_KEY: ev}, indent=None))  # a depth no row reached: null
     return 0

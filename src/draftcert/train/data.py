@@ -1,8 +1,15 @@
 """Self-distillation data: prompts written by the target, its greedy answers, its features.
 
-Nothing is downloaded.  For each example:
+Prompts come from one of two places (``TrainConfig.prompts``, ``--prompts``):
 
-1. **Prompt (Magpie-style).**  The chat template rendered up to where a user turn's text starts
+- ``"self"`` (the default; nothing downloaded): Magpie-style, see 1. below (``write_prompts``).
+- any ``draftcert.prompts.load_prompts`` source, e.g. ``"sharegpt-train"`` (ShareGPT V3 human
+  turns, the training split) or a .txt/.jsonl file: ``select_prompts`` takes the first ``n``
+  usable ones in a seeded shuffle, each cut to ``max_prompt_tokens`` tokens.
+
+For each example:
+
+1. **Prompt (Magpie-style, ``"self"`` only).**  The chat template rendered up to where a user turn's text starts
    (e.g. ``<|im_start|>system ... <|im_end|>\\n<|im_start|>user\\n``) is given to the target,
    which *samples* a user turn (temperature / top-p) until its end-of-turn token.
 2. **Response.**  The target's greedy answer to that user turn (chat template applied exactly as
@@ -12,9 +19,14 @@ Nothing is downloaded.  For each example:
    ``softmax(lm_head(feature))`` -- the target's full next-token distribution, recomputed on the
    fly during training from the feature; full distributions are never written to disk.
 
-Held-out prompt sets (MT-Bench, HumanEval) are never used: ``HeldOut.overlaps`` drops any
-generated prompt that equals, contains, is contained in, or shares an 8-word run with a held-out
-prompt, and the data file records how many were dropped.
+Held-out prompt sets (MT-Bench, HumanEval, the ShareGPT held-out tenth ``sharegpt``) are never
+trained on: ``HeldOut.overlaps`` drops any prompt that equals, contains, is contained in (at word
+boundaries, when the contained side has at least ``MIN_CONTAINED_WORDS`` words), or shares an
+8-word run with a held-out prompt, and the data file records how many were dropped.
+
+Answers are written in chunks of one batch (``answer_prompts``); with ``parts`` (a directory) each
+chunk is saved as it completes and a rerun loads the saved ones: an interruption loses at most one
+chunk, and ``deadline`` ends a stage cleanly between chunks.
 
 Training batches: ``radii_of`` adds the radius of every position (the certificate objective's
 target), ``token_batches`` groups examples by length, ``collate`` stacks one group into tensors.
@@ -22,13 +34,17 @@ target), ``token_batches`` groups examples by length, ``collate`` stacks one gro
 
 from __future__ import annotations
 
+import json
+import random
 import re
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from ..certificates import radius
+from ..fileio import atomic_path, write_json
 from ..models.hf import cache_kwarg, eos_token_ids, left_pad, new_cache, pad_token_id
 from ..prompts import encode_prompt, load_prompts
 
@@ -50,35 +66,57 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.lower())
 
 
-def _norm(text: str) -> str:
-    return " ".join(_words(text))
+MIN_CONTAINED_WORDS = 3  # "hi" held out must not drop every prompt containing "hi" (or "this")
 
 
 class HeldOut:
-    """Index of held-out prompts for overlap checks (normalised text and word 8-grams)."""
+    """Index of held-out prompts for overlap checks (normalised text and word n-grams).
+
+    ``overlaps(t)``: t equals a held-out prompt h; or one contains the other at word boundaries,
+    the contained side having at least ``MIN_CONTAINED_WORDS`` words; or t and some h share a run
+    of ``n`` words.  Containment of a side with >= n words is a shared n-word run, so only shorter
+    sides are checked for containment: the check stays cheap with thousands of held-out prompts.
+    """
 
     def __init__(self, texts, n: int = 8):
         self.n = n
-        self.norms = [_norm(t) for t in texts]
+        self.norms = set()
         self.grams = set()
+        self.short = {}  # word count (MIN_CONTAINED_WORDS..n-1) -> held-out prompts of that many words
+        long_norms = []
         for t in texts:
             w = _words(t)
+            if not w:
+                continue
+            self.norms.add(" ".join(w))
             self.grams.update(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
+            if MIN_CONTAINED_WORDS <= len(w) < n:
+                self.short.setdefault(len(w), set()).add(tuple(w))
+            long_norms.append(f" {' '.join(w)} ")
+        self.padded = long_norms  # " h " for the word-boundary containment of short prompts
 
     def overlaps(self, text: str) -> bool:
-        t = _norm(text)
-        if not t:
+        w = _words(text)
+        if not w:
             return False
-        for h in self.norms:
-            if h and (t == h or t in h or h in t):
-                return True
-        w = t.split()
-        return any(tuple(w[i : i + self.n]) in self.grams for i in range(len(w) - self.n + 1))
+        t = " ".join(w)
+        if t in self.norms:
+            return True
+        # a short held-out prompt inside t
+        if any(tuple(w[i : i + L]) in hs for L, hs in self.short.items() for i in range(len(w) - L + 1)):
+            return True
+        if len(w) >= self.n:
+            return any(tuple(w[i : i + self.n]) in self.grams for i in range(len(w) - self.n + 1))
+        # a short t inside a held-out prompt
+        return len(w) >= MIN_CONTAINED_WORDS and any(f" {t} " in h for h in self.padded)
+
+
+HELDOUT_SOURCES = ("mt-bench", "humaneval", "sharegpt")
 
 
 def heldout_texts() -> list[str]:
-    """Every MT-Bench and HumanEval prompt (what evaluation uses; never trained on)."""
-    return [p.text for src in ("mt-bench", "humaneval") for p in load_prompts(src)]
+    """Every prompt of the evaluation sets (MT-Bench, HumanEval, ShareGPT's held-out tenth): never trained on."""
+    return [p.text for src in HELDOUT_SOURCES for p in load_prompts(src)]
 
 
 @torch.inference_mode()
@@ -138,15 +176,13 @@ def _batched_generate(model, seqs, max_new, eos: set[int], pad: int, *, sample: 
     return out
 
 
-def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_new_tokens: int = 128,
-                      batch: int = 32, seed: int = 0, heldout: HeldOut | None = None, temperature: float = 1.0,
-                      top_p: float = 0.95, log=print, progress: bool = False):
-    """``n`` self-generated examples: dicts with prompt text, token ids, response length, features.
+def write_prompts(target, tok, n: int, *, max_prompt_tokens: int = 48, batch: int = 32, seed: int = 0,
+                  heldout: HeldOut | None = None, temperature: float = 1.0, top_p: float = 0.95, log=print,
+                  progress: bool = False) -> tuple[list[str], dict]:
+    """``n`` distinct user turns written by the target (Magpie-style), and what was dropped.
 
-    Prompts are drawn in batches until ``n`` distinct, non-empty, non-held-out ones exist.
-    ``progress``: a bar per stage on stderr ("writing prompts", "writing answers"), counting
-    generated tokens: a batch takes minutes, so a bar of prompts would sit still and then jump.
-    A row that ends early (EOS) is topped up to its full share when its batch ends.
+    Prompts are sampled in batches until ``n`` distinct, non-empty, non-held-out ones exist.
+    ``progress``: a bar on stderr counting generated tokens ("writing prompts").
     """
     from tqdm.auto import tqdm  # optional: models extra
 
@@ -190,27 +226,132 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
         log(f"prompts: {min(len(prompts), n)}/{n} ({time.perf_counter() - t0:.0f} s)")
     bar.total = bar.n
     bar.close()
-    prompts = prompts[:n]
+    return prompts[:n], dropped
+
+
+def select_prompts(prompts, n: int, tok, *, max_prompt_tokens: int, seed: int = 0, heldout: HeldOut | None = None,
+                   source: str = "prompts") -> tuple[list[str], dict]:
+    """The first ``n`` usable prompt texts of ``prompts`` (``Prompt``s or strings) in a seeded shuffle.
+
+    Usable: at least 8 characters, not a duplicate, no overlap with ``heldout`` (checked on the
+    whole text).  A prompt longer than ``max_prompt_tokens`` tokens is cut to that many (the text
+    of its first tokens); shorter ones keep their exact text.  The shuffle (``random.Random(seed)``)
+    depends only on the order of ``prompts`` and the seed, so a rerun selects the same prompts.
+    """
+    if n < 1:
+        raise ValueError(f"train-drafter: need at least 1 example, got {n}")
+    texts = [getattr(p, "text", p) for p in prompts]
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    out, seen = [], set()
+    dropped = {"heldout": 0, "empty": 0, "duplicate": 0, "truncated (kept)": 0}
+    for i in order:
+        text = texts[i].strip()
+        if len(text) < 8:
+            dropped["empty"] += 1
+            continue
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        short = text
+        if len(ids) > max_prompt_tokens:
+            short = tok.decode(ids[:max_prompt_tokens], skip_special_tokens=True).strip()
+        if short in seen:
+            dropped["duplicate"] += 1
+            continue
+        if heldout is not None and heldout.overlaps(text):
+            dropped["heldout"] += 1
+            continue
+        dropped["truncated (kept)"] += short != text
+        seen.add(short)
+        out.append(short)
+        if len(out) == n:
+            return out, dropped
+    raise ValueError(f"--prompts {source}: only {len(out)} usable prompts of {len(texts)} (dropped {dropped}); "
+                     f"ask for fewer --examples (train + held-out) or use a larger source")
+
+
+def template_prefix_tokens(tok) -> int:
+    """Leading tokens every chat-template prompt shares (system prompt, user header): not trained on."""
+    if getattr(tok, "chat_template", None) is None:
+        return 0
+    return max(len(user_prefix_ids(tok)) - 1, 0)
+
+
+def answer_prompts(target, tok, prompts: list[str], *, max_new_tokens: int = 128, batch: int = 32, n_skip: int = 0,
+                   log=print, progress: bool = False, parts: Path | None = None, deadline: float | None = None):
+    """Examples for ``prompts``: the target's greedy answers and its features, in chunks of ``batch``.
+
+    Each example: ``{"prompt", "ids" (prompt + answer), "n_prompt", "n_skip", "features" [T, H]}``.
+    Prompts are answered longest first (similar lengths share a left-padded batch).  ``parts``: a
+    directory where each chunk is saved as it completes (``answers-NNNNN.pt``) next to
+    ``prompts.json`` (the prompt list, which a rerun must match); saved chunks are loaded, not
+    regenerated.  ``deadline`` (``time.monotonic()``): stop before a chunk that would start after
+    it and return None (rerun to continue).  ``progress``: a bar on stderr ("writing answers").
+    """
+    from tqdm.auto import tqdm  # optional: models extra
+
+    n = len(prompts)
+    if parts is not None:
+        parts = Path(parts)
+        parts.mkdir(parents=True, exist_ok=True)
+        listing = parts / "prompts.json"
+        rec = {"prompts": list(prompts), "max_new_tokens": max_new_tokens, "batch": batch}
+        if listing.is_file():
+            if json.loads(listing.read_text()) != rec:
+                raise ValueError(f"{parts} holds answers to other prompts or settings; delete that directory "
+                                 "or use a new --out")
+        else:
+            write_json(listing, rec)
+    eos = eos_token_ids(target, tok)
+    pad = pad_token_id(tok, target)
+    t0 = time.perf_counter()
     enc = [list(encode_prompt(tok, p)) for p in prompts]
-    examples = []
-    # Every sequence starts with the same template prefix (system prompt, user header): not worth training on.
-    n_skip = max(len(prefix) - 1, 0)
     order = sorted(range(n), key=lambda i: -len(enc[i]))
+    examples = []
     bar = tqdm(total=n * max_new_tokens, unit="tok", desc="writing answers", disable=not progress, dynamic_ncols=True,
                file=sys.stderr)
-    for j in range(0, n, batch):
+    for c, j in enumerate(range(0, n, batch)):
         idx = order[j : j + batch]
-        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False, features=True,
-                                        on_step=bar.update)
+        saved = parts / f"answers-{c:05d}.pt" if parts is not None else None
+        if saved is not None and saved.is_file():
+            examples += torch.load(saved, weights_only=False)
+            bar.update((j + len(idx)) * max_new_tokens - bar.n)
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            bar.close()
+            log(f"responses: stage ends at {len(examples)}/{n} (saved in {parts}); rerun to continue")
+            return None
+        resp, feats = _batched_generate(target, [enc[i] for i in idx], max_new_tokens, eos, pad, sample=False,
+                                        features=True, on_step=bar.update)
         bar.update((j + len(idx)) * max_new_tokens - bar.n)  # the tokens its EOS-ended answers did not take
         bar.set_postfix_str(f"answers {j + len(idx)}/{n}")
+        chunk = []
         for i, r, f in zip(idx, resp, feats):
             # The generating passes saw every token but the last one: keep the positions with a feature.
             ids = (enc[i] + r)[: f.shape[0]]
-            examples.append({"prompt": prompts[i], "ids": ids, "n_prompt": len(enc[i]), "n_skip": n_skip, "features": f})
+            chunk.append({"prompt": prompts[i], "ids": ids, "n_prompt": len(enc[i]), "n_skip": n_skip, "features": f})
+        if saved is not None:
+            with atomic_path(saved) as tmp:  # an interruption loses at most the chunk being written
+                torch.save(chunk, tmp)
+        examples += chunk
         log(f"responses: {len(examples)}/{n} ({time.perf_counter() - t0:.0f} s)")
     bar.close()
     log(f"features: {n} sequences, {sum(len(e['ids']) for e in examples)} tokens ({time.perf_counter() - t0:.0f} s)")
+    return examples
+
+
+def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_new_tokens: int = 128,
+                      batch: int = 32, seed: int = 0, heldout: HeldOut | None = None, temperature: float = 1.0,
+                      top_p: float = 0.95, log=print, progress: bool = False):
+    """``n`` self-generated examples (``write_prompts`` then ``answer_prompts``), and what was dropped.
+
+    ``progress``: a bar per stage on stderr ("writing prompts", "writing answers"), counting
+    generated tokens: a batch takes minutes, so a bar of prompts would sit still and then jump.
+    """
+    t0 = time.perf_counter()
+    prompts, dropped = write_prompts(target, tok, n, max_prompt_tokens=max_prompt_tokens, batch=batch, seed=seed,
+                                     heldout=heldout, temperature=temperature, top_p=top_p, log=log, progress=progress)
+    examples = answer_prompts(target, tok, prompts, max_new_tokens=max_new_tokens, batch=batch,
+                              n_skip=template_prefix_tokens(tok), log=log, progress=progress)
     return examples, {"dropped": dropped, "seconds": time.perf_counter() - t0}
 
 

@@ -1,10 +1,15 @@
 """Training an EAGLE-style feature drafter by self-distillation (``train_drafter``).
 
-The data (``data.py``): prompts the target writes itself, its greedy answers and its features.
-The objectives ``kl`` and ``certificate`` and the held-out metrics: ``objective.py``.  This module
-runs the loop: draft vocabulary, AdamW with warmup and cosine decay, periodic evaluation.
+The data (``data.py``): prompts (written by the target itself, or from a prompt source such as
+ShareGPT), the target's greedy answers and its features.  The objectives ``kl`` and
+``certificate`` and the held-out metrics: ``objective.py``; the acceptance on user prompts written
+into ``train.json``: ``user_eval.py``.  This module runs the loop: draft vocabulary, AdamW with
+warmup and cosine decay, periodic evaluation.
 
-Everything resumable: the data file, checkpoints (written atomically), the log.
+Everything resumable, in stages: the prompts and each chunk of answers are saved as they complete
+(``DIR/data.parts/``, assembled into ``DIR/data.pt`` at the end), checkpoints are written
+atomically, the log appends.  ``stage_minutes`` ends a run cleanly (between chunks or steps);
+rerunning the same command continues where it stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -25,8 +31,11 @@ from ..models import load_target
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids
 from ..models.loading import transformers_progress
-from .data import HeldOut, collate, draft_vocabulary, generate_examples, heldout_texts, radii_of, token_batches
+from ..prompts import load_prompts
+from .data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
+                   template_prefix_tokens, token_batches, write_prompts)
 from .objective import OBJECTIVES, batch_loss, evaluate
+from .user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, user_eval_prompts
 
 
 @dataclasses.dataclass
@@ -51,6 +60,14 @@ class TrainConfig:
     checkpoint_every: int = 25
     eval_every: int = 50
     data: str | None = None  # reuse this data file instead of generating
+    prompts: str = "self"  # "self" (Magpie-style) or a load_prompts source, e.g. "sharegpt-train" or a file
+    user_eval_prompts: int = 24  # held-out user prompts of the final evaluation (0: none)
+    user_eval_depth: int = 6  # drafting depths it measures
+    gen_batch: int = 32  # prompts generated / answered per batch; a saved chunk of answers is one batch
+
+
+SELF_PROMPTS = "self"
+EVALUATION_SETS = ("mt-bench", "mtbench", "humaneval", "human-eval", "sharegpt")  # load_prompts' names for them
 
 
 class _Log:
@@ -67,8 +84,14 @@ class _Log:
             print(line, file=sys.stderr, flush=True)
 
 
-def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=None, progress: bool = False):
-    """The run's examples: ``cfg.data`` or ``out/data.pt`` when it exists, else generated and written there."""
+def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=None, progress: bool = False,
+                      deadline: float | None = None):
+    """The run's examples: ``cfg.data`` or ``out/data.pt`` when it exists, else generated and written there.
+
+    Generation is resumable: the prompts go to ``out/data.parts/selected.json`` and the answers to
+    ``out/data.parts/answers-NNNNN.pt`` chunk by chunk (``data.answer_prompts``); a rerun reuses
+    them.  Returns None when ``deadline`` (``time.monotonic()``) ends the stage first.
+    """
     path = Path(cfg.data) if cfg.data else out / "data.pt"
     if path.is_file():
         data = torch.load(path, weights_only=False)
@@ -76,35 +99,67 @@ def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=Non
         return data
     if cfg.data:
         raise ValueError(f"--data {cfg.data!r}: no such file")
-    held = HeldOut(heldout_texts() if heldout is None else heldout)
+    parts = out / "data.parts"
+    parts.mkdir(exist_ok=True)
     n = cfg.examples + cfg.heldout_examples
-    examples, info = generate_examples(target, tok, n, max_prompt_tokens=cfg.max_prompt_tokens,
-                                       max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, heldout=held, log=log,
-                                       progress=progress)
+    selected = parts / "selected.json"
+    t0 = time.perf_counter()
+    if selected.is_file():
+        sel = json.loads(selected.read_text())
+        log(f"prompts: {len(sel['prompts'])} from {selected}")
+    else:
+        held = HeldOut(heldout_texts() if heldout is None else heldout)
+        if cfg.prompts == SELF_PROMPTS:
+            prompts, dropped = write_prompts(target, tok, n, max_prompt_tokens=cfg.max_prompt_tokens, seed=cfg.seed,
+                                             batch=cfg.gen_batch, heldout=held, log=log, progress=progress)
+        else:
+            prompts, dropped = select_prompts(load_prompts(cfg.prompts), n, tok, max_prompt_tokens=cfg.max_prompt_tokens,
+                                              seed=cfg.seed, heldout=held, source=cfg.prompts)
+            log(f"prompts: {n} from {cfg.prompts} (dropped {dropped})")
+        sel = {"prompts": prompts, "dropped": dropped, "seconds": time.perf_counter() - t0}
+        write_json(selected, sel)
+    examples = answer_prompts(target, tok, sel["prompts"], max_new_tokens=cfg.max_new_tokens, batch=cfg.gen_batch,
+                              n_skip=template_prefix_tokens(tok), log=log, progress=progress, parts=parts,
+                              deadline=deadline)
+    if examples is None:
+        return None
+    info = {"dropped": sel["dropped"], "seconds": sel["seconds"] + time.perf_counter() - t0, "prompts": cfg.prompts}
     data = {"examples": examples, "info": info, "config": {"examples": cfg.examples, "heldout_examples": cfg.heldout_examples,
-            "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed}}
+            "max_prompt_tokens": cfg.max_prompt_tokens, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed,
+            "prompts": cfg.prompts}}
     with atomic_path(path) as tmp:
         torch.save(data, tmp)
-    log(f"data: {n} examples written to {path} ({info['seconds']:.0f} s; dropped {info['dropped']})")
+    shutil.rmtree(parts)  # everything is in data.pt now
+    log(f"data: {n} examples written to {path} ({time.perf_counter() - t0:.0f} s this stage; dropped {sel['dropped']})")
     return data
 
 
 def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progress: bool = True, quiet: bool = False,
-                  max_steps: int | None = None, heldout=None):
-    """Train (or resume) a feature drafter into ``out``; returns the path of ``drafter.safetensors``.
+                  max_steps: int | None = None, heldout=None, stage_minutes: float | None = None, user_prompts=None):
+    """Train (or resume) a feature drafter into ``out``; returns the path of ``drafter.safetensors``,
+    or None when it stopped early (``max_steps``, ``stage_minutes``): rerunning resumes.
 
     ``target``/``tokenizer`` may be passed as objects (tests); otherwise ``cfg.target`` is loaded.
-    ``max_steps`` stops early (tests / interruption drills); rerunning resumes.  ``heldout``: the
-    texts generated prompts must not overlap (default: every MT-Bench and HumanEval prompt).
+    ``max_steps`` stops early (tests / interruption drills).  ``stage_minutes``: end this stage
+    cleanly once that many minutes have passed (between answer chunks or training steps).
+    ``heldout``: the texts training prompts must not overlap (default ``data.heldout_texts()``:
+    MT-Bench, HumanEval, ShareGPT's held-out tenth).  ``user_prompts``: the user-prompt evaluation
+    set (default ``user_eval_prompts(cfg.user_eval_prompts)``).
     """
     from tqdm.auto import tqdm  # optional: models extra
 
     if cfg.objective not in OBJECTIVES:
         raise ValueError(f"--objective: expected one of {OBJECTIVES}, got {cfg.objective!r}")
-    if cfg.ttt < 1 or cfg.draft_vocab < 1 or cfg.epochs <= 0 or cfg.batch_tokens < 2:
-        raise ValueError("train-drafter: ttt, draft vocabulary, epochs and batch tokens must be positive")
+    if cfg.ttt < 1 or cfg.draft_vocab < 1 or cfg.epochs <= 0 or cfg.batch_tokens < 2 or cfg.gen_batch < 1:
+        raise ValueError("train-drafter: ttt, draft vocabulary, epochs, batch tokens and gen batch must be positive")
+    if cfg.prompts.lower().replace("_", "-") in EVALUATION_SETS:
+        raise ValueError(f"--prompts {cfg.prompts}: an evaluation set, never trained on; use 'self', 'sharegpt-train' "
+                         "or a file")
+    if cfg.user_eval_prompts < 0 or cfg.user_eval_depth < 1:
+        raise ValueError("train-drafter: user-eval prompts must be >= 0 and its depth >= 1")
     parse_criterion(cfg.criterion)  # ValueError for an unknown rule
     t_start = time.perf_counter()
+    deadline = None if stage_minutes is None else time.monotonic() + 60.0 * stage_minutes
     if target is None:  # before anything is written: an unloadable target leaves no empty run directory
         with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
             target, tokenizer = load_target(cfg.target)
@@ -114,21 +169,23 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     cfg_path = out / "config.json"
     cfg_dict = dataclasses.asdict(cfg)
     if cfg_path.is_file():
-        old = json.loads(cfg_path.read_text())
+        # settings added since the run started take their defaults (an older run directory still resumes)
+        old = {**dataclasses.asdict(TrainConfig()), **json.loads(cfg_path.read_text())}
         if {k: v for k, v in old.items() if k != "data"} != {k: v for k, v in cfg_dict.items() if k != "data"}:
             raise ValueError(f"{out} holds a run with other settings ({cfg_path}); use a new --out or the same settings")
     write_json(cfg_path, cfg_dict)
 
-    data = load_or_make_data(cfg, target, tokenizer, out, log, heldout, progress=progress)
+    data = load_or_make_data(cfg, target, tokenizer, out, log, heldout, progress=progress, deadline=deadline)
+    if data is None:
+        log("stage ended during data generation; rerun the same command to continue")
+        return None
     examples = data["examples"]
     if len(examples) < 2:
         raise ValueError("train-drafter: need at least 2 examples (train + held-out)")
     n_held = min(cfg.heldout_examples, len(examples) - 1)
     train_ex, held_ex = examples[: len(examples) - n_held], examples[len(examples) - n_held :]
-    radii_of(target, examples, cfg.criterion, log, progress=progress)
-
     V = int(target.get_output_embeddings().weight.shape[0])
-    vocab_ids = draft_vocabulary(train_ex, cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tokenizer)))
+    vocab_ids = radii_and_vocabulary(cfg, target, tokenizer, examples, train_ex, out / "radii.pt", log, progress)
     torch.manual_seed(cfg.seed)
     drafter = EagleDrafter(target, vocab_ids)
     dtype = target.get_output_embeddings().weight.dtype
@@ -187,6 +244,8 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
         while step < total_steps:
             if max_steps is not None and steps_this_run >= max_steps:
                 break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             order = flat_order()
             idx = order[step]
             batch = collate(train_ex, idx, dtype, drafter.fc.weight.device)
@@ -229,13 +288,41 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
                                       "train_seconds": round(seconds, 1)})
     shipped = load_eagle(final, target, dtype=dtype)  # evaluate exactly what was written (fp16-rounded)
     ev = evaluate(shipped, held_ex, cfg, shipped.head_weight(), shipped.vocab_ids, V)
-    result = {"objective": cfg.objective, "criterion": cfg.criterion, "steps": step, "train_seconds": round(seconds, 1),
-              "tokens_seen": tokens_seen, "data": data.get("info"), "draft_vocab_coverage": coverage,
-              "heldout_eval_fp16": ev, "wall_seconds_this_run": round(time.perf_counter() - t_start, 1),
-              "file": str(final), "file_bytes": final.stat().st_size}
+    result = {"objective": cfg.objective, "criterion": cfg.criterion, "prompts": cfg.prompts, "steps": step,
+              "train_seconds": round(seconds, 1), "tokens_seen": tokens_seen, "data": data.get("info"),
+              "draft_vocab_coverage": coverage, "heldout_eval_fp16": ev}
+    if cfg.user_eval_prompts > 0 or user_prompts is not None:
+        users = user_prompts if user_prompts is not None else user_eval_prompts(cfg.user_eval_prompts)
+        result[USER_EVAL_KEY] = evaluate_on_user_prompts(target, tokenizer, shipped, users, depth=cfg.user_eval_depth,
+                                                         max_new_tokens=cfg.max_new_tokens, cache=out / "user_eval.pt",
+                                                         log=log, progress=progress)
+    result.update({"wall_seconds_this_run": round(time.perf_counter() - t_start, 1), "file": str(final),
+                   "file_bytes": final.stat().st_size})
     write_json(out / "train.json", result)
     log("done " + json.dumps({k: v for k, v in result.items() if k != "data"}, default=str))
     return final
+
+
+def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cache: Path, log, progress: bool):
+    """Each example's radii (``data.radii_of``) and the draft vocabulary of ``train_ex``; both kept in
+    ``cache``, so that a resumed stage does not spend ~10 min per million tokens recomputing them."""
+    key = {"criterion": cfg.criterion, "draft_vocab": cfg.draft_vocab, "examples": len(examples),
+           "tokens": sum(len(e["ids"]) for e in examples)}
+    if cache.is_file():
+        rec = torch.load(cache, weights_only=False)
+        if rec.get("key") == key:
+            for e, r in zip(examples, rec["radius"]):
+                e["radius"] = r
+            log(f"radii and draft vocabulary from {cache}")
+            return rec["vocab_ids"]
+    radii_of(target, examples, cfg.criterion, log, progress=progress)
+    V = int(target.get_output_embeddings().weight.shape[0])
+    vocab_ids = draft_vocabulary(train_ex, cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tok)))
+    for e in examples:
+        e.pop("mass", None)  # [V] per example: only the vocabulary needed it
+    with atomic_path(cache) as tmp:
+        torch.save({"key": key, "radius": [e["radius"] for e in examples], "vocab_ids": vocab_ids}, tmp)
+    return vocab_ids
 
 
 def _coverage(examples, vocab_ids, V):
