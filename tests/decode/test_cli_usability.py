@@ -99,8 +99,8 @@ def test_bench_shows_progress_and_fits_80_columns(ckpt, capsys, monkeypatch):
         cells = by_spec[r["criterion"]]
         assert cells[0] == r["draft"]
         # every number of the row appears whole (the timings differ between the two runs)
-        assert cells[1:5] == [f"{r['tokens_per_forward']:.2f}", f"{r['mean_accepted']:.2f}", f"{r['drift']:.3f}",
-                              f"{r['certified']:.3f}"]
+        assert cells[1:5] == [f"{r['tokens_per_forward']:.2f}", f"{r['mean_acceptance_length']:.2f}", f"{r['drift']:.3f}",
+                              f"{r['certified_fraction']:.3f}"]
         assert re.fullmatch(r"\d+\.\d\d", cells[5])
 
 
@@ -108,7 +108,7 @@ def test_bench_table_splits_rather_than_cuts():
     from draftcert.decode.bench import format_table
 
     rows = [{"criterion": "multiplicative:0.5", "draft": "tree m=4, depth=4", "tokens_per_forward": 4.36,
-             "mean_accepted": 3.36, "drift": 0.068, "certified": 0.613, "tokens_per_second": 12345.67}]
+             "mean_acceptance_length": 3.36, "drift": 0.068, "certified_fraction": 0.613, "tokens_per_second": 12345.67}]
     for width in (50, 60, 80):
         text = format_table(rows, width=width)
         assert max(map(len, text.splitlines())) <= width

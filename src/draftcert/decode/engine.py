@@ -49,7 +49,8 @@ from .timing import interleave, median_or_none
 from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "resolve_criterion",
-           "verify", "accept", "certify", "record", "Verdict", "RoundCertificates"]
+           "verify", "accept", "certify", "record", "Verdict", "RoundCertificates", "check_drafter_vocab",
+           "check_max_new_tokens", "summary_size"]
 
 
 @dataclass
@@ -133,8 +134,9 @@ def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, lis
     return crit, rule, widths, expand_all
 
 
-def _check_vocab(target, drafter, tokenizer=None) -> None:
+def check_drafter_vocab(target, drafter, tokenizer=None) -> None:
     """Refuse a drafter with a different vocabulary before any decoding."""
+    drafter = getattr(drafter, "model_drafter", drafter)  # a suffix.HybridDrafter: check the model inside it
     if not isinstance(drafter, ModelDrafter):
         return
     check_compatible(target, tokenizer, drafter.model, None)  # config vocab, logit rows (and tokenizers when given)
@@ -153,7 +155,7 @@ def _check_vocab(target, drafter, tokenizer=None) -> None:
 def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id=None) -> list[int]:
     """The target's own greedy decoding with a KV cache (the lossless reference)."""
     prompt = _as_ids(input_ids)
-    _check_max(max_new_tokens)
+    check_max_new_tokens(max_new_tokens)
     eos = eos_token_ids(target, explicit=eos_token_id)
     out: list[int] = []
     with torch.inference_mode():
@@ -167,7 +169,12 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     return out
 
 
-def _check_max(max_new_tokens) -> None:
+def summary_size(rule: LevelSet, widths: list[int], certificates: bool) -> int:
+    """The top-k size of a round's verification summary (``accept``'s ``summary_k``)."""
+    return max(16 if certificates else 2, rule.min_k, max(widths) + 1)
+
+
+def check_max_new_tokens(max_new_tokens) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
 
@@ -187,6 +194,7 @@ def speculative_generate(
     repeats: int = 1,
     tokenizer=None,
     on_round: Callable[[RoundLog], None] | None = None,
+    stop: Callable[[list[int]], int | None] | None = None,
 ) -> DecodeResult:
     """Greedy speculative decoding of one prompt.
 
@@ -194,9 +202,9 @@ def speculative_generate(
     ----------
     target : transformers causal LM (batch size 1).
     drafter : a spec string, the same as the CLI's ``--drafter`` (``default``, ``self:skip=N``,
-        ``self:quant=4``, ``prompt-lookup``, ``eagle:NAME``, a path or hub id), a transformers
-        causal LM sharing the target's vocabulary, or a drafter object (``ModelDrafter``,
-        ``PromptLookupDrafter``, ``FeatureDrafter``).
+        ``self:quant=4``, ``prompt-lookup``, ``suffix``, ``DRAFTER+suffix``, ``eagle:NAME``, a path or
+        hub id), a transformers causal LM sharing the target's vocabulary, or a drafter object
+        (``ModelDrafter``, ``PromptLookupDrafter``, ``FeatureDrafter``, ``SuffixDrafter``, ``HybridDrafter``).
     input_ids : one prompt's token ids: a list, a tensor (T,) / (1, T), or a dict /
         ``BatchEncoding`` with ``input_ids`` (what ``tok(text, return_tensors="pt")`` and
         ``tok.apply_chat_template(..., return_dict=True)`` return).
@@ -212,9 +220,11 @@ def speculative_generate(
         baseline, decode, ...: ``timing.py``); the figures are medians, and ``stats.timing_reliable``
         is False when the repeats disagree by more than 20 %.  Only the first decode streams.
     on_round : callback receiving each round's ``RoundLog`` as it is accepted (streaming).
+    stop : called after each round with the new tokens so far; None continues, an integer n keeps
+        the first n new tokens and ends the decode (stopping criteria; the round stays counted whole).
     """
     crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
-    _check_max(max_new_tokens)
+    check_max_new_tokens(max_new_tokens)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
     prompt = _as_ids(input_ids)
@@ -222,10 +232,10 @@ def speculative_generate(
     if max(prompt) >= vocab or min(prompt) < 0:
         raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
     draft_src = make_drafter(drafter, target, tokenizer)
-    _check_vocab(target, draft_src, tokenizer)
+    check_drafter_vocab(target, draft_src, tokenizer)
     eos = eos_token_ids(target, explicit=eos_token_id)
     # Any k gives exact answers (rows needing more are re-sorted exactly); 16 covers peaked rows cheaply.
-    summary_k = max(16 if certificates else 2, rule.min_k, max(widths) + 1)
+    summary_k = summary_size(rule, widths, certificates)
     shape = None if tree is None and not isinstance(crit, TreeCoverage) else widths
     stats = DecodeStats(criterion=crit.spec, k=k, tree=shape)
     d_forwards0 = draft_src.forwards
@@ -233,7 +243,7 @@ def speculative_generate(
     def decode(st: DecodeStats, callback) -> tuple[list[int], float]:
         t0 = time.perf_counter()
         toks = _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                            max_new_tokens, st, callback)
+                            max_new_tokens, st, callback, stop)
         return toks, time.perf_counter() - t0
 
     out, first = decode(stats, on_round)  # the streamed decode is the first timed repeat
@@ -266,7 +276,7 @@ def speculative_generate(
 
 
 def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                 max_new_tokens, stats: DecodeStats, on_round) -> list[int]:
+                 max_new_tokens, stats: DecodeStats, on_round, stop=None) -> list[int]:
     """The rounds of one speculative decode, counted into ``stats``; returns the new tokens."""
     with_hidden = bool(getattr(draft_src, "needs_target_hidden", False))
     with torch.inference_mode():
@@ -275,6 +285,8 @@ def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k,
         seq, out, n_cached = list(prompt), [], 0  # n_cached: the target's cache holds seq[:n_cached]
         while len(out) < max_new_tokens:
             budget = min(len(widths), max_new_tokens - len(out) - 1)  # never draft past the length limit
+            if hasattr(draft_src, "depth_limit"):  # suffix candidates may run deeper than widths, never past the limit
+                draft_src.depth_limit = max_new_tokens - len(out) - 1
             draft = draft_src.propose(seq, widths[:budget], expand_all)  # N nodes
             logits, hidden = verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)  # [1 + N, V]
             verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
@@ -292,6 +304,9 @@ def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k,
             if on_round is not None:
                 on_round(log)
             if verdict.emitted and verdict.emitted[-1] in eos:
+                break
+            if stop is not None and (keep := stop(out)) is not None:
+                del out[keep:]
                 break
     return out
 
@@ -445,9 +460,9 @@ def record(stats: DecodeStats, draft: DraftTree, verdict: Verdict, certs: RoundC
     """The round's log: per attempted depth whether it was accepted and its certificate; counted into ``stats``."""
     n_acc = len(verdict.path)
     log = RoundLog(
-        drafted=len(draft), accepted=n_acc, emitted=verdict.emitted,
+        num_draft_tokens=len(draft), num_accepted_tokens=n_acc, emitted=verdict.emitted,
         from_draft=[True] * n_acc + [False] * (len(verdict.emitted) - n_acc),
-        drift=verdict.drift, divergence_spent=verdict.divergence_spent,
+        drift_tokens=verdict.drift, divergence_spent=verdict.divergence_spent,
     )
     at = {} if certs is None else {row: i for i, row in enumerate(certs.rows)}
     for row in verdict.rows:

@@ -26,7 +26,7 @@ __all__ = ["FeatureDrafter"]
 
 
 class FeatureDrafter:
-    """Drafter interface (start / propose / observe / accept) around an ``EagleDrafter``."""
+    """Drafter interface (start / propose / observe / accept / fork) around an ``EagleDrafter``."""
 
     needs_target_hidden = True
 
@@ -36,6 +36,10 @@ class FeatureDrafter:
         self.cache = None
         self.feats = None
         self.n_valid = 0
+
+    def fork(self) -> "FeatureDrafter":
+        """A fresh drafter on the same feature-drafter model (shared weights; its own cache and features)."""
+        return FeatureDrafter(self.model)
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = self.model.new_cache()

@@ -28,7 +28,8 @@ Anything else is a separate model (hub id or local path, via ``load_target``) an
 Drafter spec strings are the same everywhere (``--drafter`` of every subcommand, ``load_drafter``,
 ``decode.make_drafter``, ``speculative_generate``): ``parse_drafter_spec`` is the one resolver.
 ``default`` is ``DEFAULT_DRAFTER``; ``prompt-lookup[:N]`` (alias ``pld``) is the n-gram drafter,
-which has no model (``decode.drafters`` builds it).
+which has no model (``decode.drafters`` builds it); ``suffix`` drafts suffix-match candidates (no model)
+and ``DRAFTER+suffix`` adds them to DRAFTER's tree (``decode.suffix`` builds both).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ DEFAULT_DRAFTER = "eagle:smollm2-135m-instruct"
 
 PROMPT_LOOKUP = "prompt-lookup"
 _PROMPT_LOOKUP_NAMES = (PROMPT_LOOKUP, "pld")
+SUFFIX = "suffix"  # suffix-match candidates (decode.suffix): alone, or "DRAFTER+suffix" in the drafter's tree
+_PLUS_SUFFIX = "+" + SUFFIX
 
 
 @dataclass(frozen=True)
@@ -77,12 +80,20 @@ class DrafterSpec:
     ``spec`` is canonical (``default`` -> ``DEFAULT_DRAFTER``, ``pld`` -> ``prompt-lookup``, a
     path as a string); ``kind`` is ``"self"`` (derived from the target), ``"feature"`` (an
     EAGLE-style drafter file, ``eagle:NAME``), ``"prompt-lookup"`` (no model; ``max_ngram`` is
-    its N, None for the default) or ``"model"`` (a hub id or checkpoint directory).
+    its N, None for the default), ``"suffix"`` (suffix-match candidates, no model) or ``"model"``
+    (a hub id or checkpoint directory).  ``DRAFTER+suffix`` has DRAFTER's kind with ``suffix``
+    True: the drafter's tree plus suffix-match candidates; ``model_spec`` is DRAFTER alone.
     """
 
     spec: str
     kind: str
     max_ngram: int | None = None
+    suffix: bool = False
+
+    @property
+    def model_spec(self) -> str:
+        """The spec of the drafter alone (without ``+suffix``)."""
+        return self.spec[: -len(_PLUS_SUFFIX)] if self.suffix else self.spec
 
 
 def parse_drafter_spec(spec) -> DrafterSpec:
@@ -97,6 +108,14 @@ def parse_drafter_spec(spec) -> DrafterSpec:
         raise ValueError("drafter spec must be 'default', 'self:...', 'prompt-lookup', 'eagle:NAME', a local path "
                          f"or a hub id, got {spec!r}")
     spec = spec.strip()
+    if spec.endswith(_PLUS_SUFFIX):
+        base = parse_drafter_spec(spec[: -len(_PLUS_SUFFIX)])
+        if base.kind in ("prompt-lookup", SUFFIX) or base.suffix:
+            raise ValueError(f"drafter spec {spec!r}: '+suffix' joins a drafter with a model (e.g. 'default+suffix'); "
+                             f"use 'suffix' alone for model-free drafting")
+        return DrafterSpec(base.spec + _PLUS_SUFFIX, base.kind, base.max_ngram, suffix=True)
+    if spec == SUFFIX:
+        return DrafterSpec(SUFFIX, SUFFIX)
     if spec == "default":
         spec = DEFAULT_DRAFTER
     name, sep, arg = spec.partition(":")
@@ -310,6 +329,9 @@ def load_drafter(spec, target, tokenizer, *, device="cpu", dtype=None):
     if parsed.kind == "prompt-lookup":
         raise ValueError(f"drafter spec {parsed.spec!r} is the n-gram drafter and has no model to load; pass the "
                          "string to draftcert.decode.speculative_generate (or decode.make_drafter) instead")
+    if parsed.kind == SUFFIX or parsed.suffix:
+        raise ValueError(f"drafter spec {parsed.spec!r} drafts suffix-match candidates, which need the decoding loop; "
+                         "pass the string to draftcert.decode.speculative_generate (or decode.make_drafter) instead")
     if parsed.kind == "self":
         drafter = derive_drafter(target, parsed.spec)
         if torch_dtype is not None:

