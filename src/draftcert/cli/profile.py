@@ -1,4 +1,5 @@
-"""``draftcert profile`` and ``draftcert reproduce-paper``.
+"""``draftcert profile`` and ``draftcert reproduce-paper`` (the study's GPU protocol, the CPU
+protocol on a named pair with ``--pair``, and ``--compare`` of finished runs with the study).
 
 Each command runs the profiler (``draftcert.profile``) and then, on rank 0, writes the run's
 report (``draftcert.report``, with ``draftcert.replay``'s section when the run has a drafter):
@@ -15,11 +16,23 @@ from pathlib import Path
 
 from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
-from ..profile.paper import reproduce_paper
+from ..models import PAIRS, get_pair
+from ..profile.paper import (
+    PAIR_BATCH_SIZE,
+    PAIR_LIMIT,
+    PAIR_MAX_NEW_TOKENS,
+    PAPER_BATCH_SIZE,
+    PAPER_LIMIT,
+    PAPER_MAX_NEW_TOKENS,
+    compare_runs,
+    reproduce_pair,
+    reproduce_paper,
+)
 from ..profile.run import ProfileResult, profile
 from ..profile.settings import check_out_dir
 from ..replay.report import section_for_report
 from ..report import write_report
+from ..textfit import terminal_width
 from .checks import PAIR_HELP, apply_pair, check_drafter, check_specs, set_threads
 
 PROFILE_EPILOG = """\
@@ -68,9 +81,23 @@ tokens in bfloat16 on a CUDA GPU, the default criteria and epsilons.  Each
 target goes to OUT/<model name>/.  Needs a GPU, hub access to both models and
 the dataset; otherwise it lists exactly what is missing and exits with status 3.
 
+--pair NAME runs the same measurement on the CPU on a named target + drafter
+pair instead: chat prompts (sharegpt, held-out ShareGPT first turns) into
+OUT/chat and code prompts (humaneval) into OUT/code, --limit 4 prompts of
+--max-new-tokens 64 tokens each by default, resumable; it writes both reports
+and prints them next to the study's published figures.
+
+--compare RUN_DIR... prints the study's published figures (arXiv 2606.30265)
+next to those of finished profile runs (their summary.json and run.json):
+radius q05 of strict, entropy:0.09:0.3 and tree:8, certified length at 0.3,
+the runs' accept and certified rates, and what differs from the study's setup
+(models, prompts, precision, device, size).
+
 examples:
   draftcert reproduce-paper --out runs/paper
   draftcert reproduce-paper --check            # only report what is missing
+  draftcert reproduce-paper --pair qwen2.5-coder --out runs/paper-pair
+  draftcert reproduce-paper --compare runs/paper-pair/chat runs/smol
 """
 
 
@@ -118,16 +145,28 @@ def add_parser(subparsers) -> None:
 
     r = subparsers.add_parser(
         "reproduce-paper",
-        help="rerun the reference study (Qwen3-1.7B and Qwen3-4B on UltraChat; needs a GPU and the hub)",
-        description="Profile the reference study's targets with its protocol (see below).",
+        help="rerun the reference study (Qwen3-1.7B and Qwen3-4B on UltraChat; needs a GPU and the hub), "
+             "or a named pair on the CPU, and compare runs with its published figures",
+        description=textwrap.fill(
+            "Profile the reference study's targets with its protocol, or a named pair with the same measurement "
+            "on the CPU (--pair), and set runs next to the study's published figures (--compare); see below.", 79),
         epilog=PAPER_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     r.add_argument("--out", default="draftcert-paper", metavar="DIR", help="output directory (default %(default)s)")
-    r.add_argument("--limit", type=int, default=256, metavar="N", help="prompts per target (default 256)")
-    r.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
-    r.add_argument("--batch-size", type=int, default=32, metavar="B", help="prompts decoded together (default 32)")
+    r.add_argument("--limit", type=int, default=None, metavar="N",
+                   help=f"prompts per target (default {PAPER_LIMIT}; with --pair, per prompt set, default {PAIR_LIMIT})")
+    r.add_argument("--max-new-tokens", type=int, default=None, metavar="T",
+                   help=f"tokens per continuation (default {PAPER_MAX_NEW_TOKENS}; with --pair {PAIR_MAX_NEW_TOKENS})")
+    r.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help=f"prompts decoded together (default {PAPER_BATCH_SIZE}; with --pair {PAIR_BATCH_SIZE})")
     r.add_argument("--check", action="store_true", help="only check the requirements and say what is missing")
+    r.add_argument("--pair", default=None, metavar="NAME",
+                   help=f"the CPU protocol on a named pair ({', '.join(sorted(PAIRS))}): chat and code prompts into "
+                        "OUT/chat and OUT/code, then the comparison with the study")
+    r.add_argument("--compare", nargs="+", default=None, metavar="RUN_DIR",
+                   help="print the study's published figures next to these profile runs' and what differs; "
+                        "runs nothing")
     r.set_defaults(func=_run_paper)
 
 
@@ -188,5 +227,38 @@ def _report_paper_run(res: ProfileResult) -> None:
 
 
 def _run_paper(args) -> int:
-    return reproduce_paper(out=args.out, limit=args.limit, max_new_tokens=args.max_new_tokens,
-                           batch_size=args.batch_size, check_only=args.check, on_run=_report_paper_run)
+    if args.compare is not None:
+        given = [o for o, on in (("--pair", args.pair is not None), ("--check", args.check)) if on]
+        if given:
+            raise ValueError(f"compare: reads finished runs and runs nothing; drop {' and '.join(given)}")
+        print(compare_runs(args.compare, terminal_width()))
+        return 0
+    if args.pair is not None:
+        return _run_paper_pair(args)
+    return reproduce_paper(out=args.out, limit=_given(args.limit, PAPER_LIMIT),
+                           max_new_tokens=_given(args.max_new_tokens, PAPER_MAX_NEW_TOKENS),
+                           batch_size=_given(args.batch_size, PAPER_BATCH_SIZE), check_only=args.check,
+                           on_run=_report_paper_run)
+
+
+def _given(value, default):
+    """An option's value, or the protocol's default when not given (0 stays 0: profile rejects it)."""
+    return default if value is None else value
+
+
+def _run_paper_pair(args) -> int:
+    """``--pair NAME``: the CPU protocol on the pair (both runs and their reports), then the comparison."""
+    if args.check:
+        raise ValueError("check: checks the GPU protocol's requirements; the --pair protocol needs none "
+                         "(it downloads the pair on first use): drop --check")
+    try:
+        get_pair(args.pair)  # an unknown name fails before anything runs, listing the known ones
+    except ValueError as exc:
+        raise ValueError(f"pair: {exc}") from None
+    check_out_dir(args.out, "--out")
+    runs = reproduce_pair(args.pair, args.out, limit=_given(args.limit, PAIR_LIMIT),
+                          max_new_tokens=_given(args.max_new_tokens, PAIR_MAX_NEW_TOKENS),
+                          batch_size=_given(args.batch_size, PAIR_BATCH_SIZE), on_run=_report_paper_run)
+    print()
+    print(compare_runs([r.out_dir for r in runs], terminal_width()))
+    return 1 if any(r.soundness_violations for r in runs) else 0  # as `draftcert profile`: a violation is a bug
