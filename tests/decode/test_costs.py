@@ -104,6 +104,9 @@ def test_acceptance_comes_from_user_prompt_evaluations_only(tmp_path):
     acc = acceptance_of(str(weights))
     assert acc.by_depth == (0.4, 0.25) and "user_prompt_eval" in acc.source
     assert acc.at(5) == 0.25  # the last measured depth carries on
+    pair = acceptance_of("qwen2.5-coder-0.5b")  # the Qwen pair's drafter: measured by reproduce-paper --pair
+    assert pair.by_depth == (0.813,) and "reproduce-paper" in pair.source
+    assert acceptance_of("qwen2.5-coder-0.5b+suffix").by_depth == (0.813,)
 
 
 @pytest.fixture()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..models import eagle
+from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .costs import Costs, engine_costs, round_key, round_seconds
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
@@ -58,8 +59,13 @@ class Acceptance:
 
 
 def acceptance_of(drafter_spec: str | None) -> Acceptance:
-    """Acceptance by depth of a drafter: its shipped evaluation on user-like prompts (``train.json`` next
-    to an ``eagle:NAME`` / drafter file, ``user_prompt_eval*``'s ``accept@d``), else ``DEFAULT_ACCEPT``."""
+    """Acceptance by depth of a drafter: a preset pair's measured figure (``models.pair``), its shipped
+    evaluation on user-like prompts (``train.json`` next to an ``eagle:NAME`` / drafter file,
+    ``user_prompt_eval*``'s ``accept@d``), else ``DEFAULT_ACCEPT``."""
+    base = drafter_spec.removesuffix("+suffix") if isinstance(drafter_spec, str) else None
+    if base in PAIR_DRAFTER_ACCEPTANCE:  # a preset pair's drafter: measured by reproduce-paper --pair (models/pair.py)
+        a, why = PAIR_DRAFTER_ACCEPTANCE[base]
+        return Acceptance((a,), f"models.pair ({why}: {a:.2f} per depth)")
     try:
         path = eagle.resolve_spec(drafter_spec) if isinstance(drafter_spec, str) else None
     except (ValueError, OSError):
