@@ -165,7 +165,7 @@ def main(argv=None) -> int:
 
     target, tok = load_target(None)
     dspec = DEFAULT_DRAFTER if args.drafter == "default" else args.drafter
-    drafter = make_drafter(dspec, target, tok).model
+    drafter = make_drafter(dspec, target, tok)  # a drafter object (start() resets it per decode)
     prompts = load_prompts("mt-bench", args.mt_bench) + load_prompts("humaneval", args.humaneval)
     enc = [list(encode_prompt(tok, p.text)) for p in prompts]
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else [0]
