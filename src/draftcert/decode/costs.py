@@ -43,7 +43,7 @@ from .engine import accept, certify, record, verify
 from .stats import DecodeStats
 from .tree import DraftTree, crop_cache, keep_cache
 
-__all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs",
+__all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
 COSTS_VERSION = 1
@@ -165,6 +165,26 @@ def overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
     return Strict(), logits, d, 16, DecodeStats("strict", max(1, n - 1), None)
 
 
+def verify_and_keep(target, tcache, ids: list[int], context: int, draft: DraftTree, feature: bool, tree: bool) -> None:
+    """One timed verification as the engine runs it: the pending token ``ids[context]`` plus ``draft``
+    after a ``context``-token cache, then the cache rolled back to what a typical round keeps (a
+    chain's drafts but the last; a tree's first path, gathered into place)."""
+    verify(target, tcache, context, ids[context:context + 1], draft, feature)
+    n = len(draft.tokens)
+    if not tree:
+        keep_cache(tcache, context + 1, list(range(max(0, n - 1))))
+    else:
+        keep_cache(tcache, context + 1, [0, 2] if n > 2 else [0])
+
+
+def chain_for(ids: list[int], context: int, n_rows: int) -> DraftTree:
+    """The chain of ``n_rows - 1`` drafts ``ids[context + 1 :]`` (a verification pass of ``n_rows`` rows)."""
+    chain = DraftTree()
+    for i in range(n_rows - 1):
+        chain.add(ids[context + 1 + i], i - 1)
+    return chain
+
+
 def round_work(rule, logits, draft, summary_k, stats) -> None:
     """The engine's per-round work besides the forwards: accept -> certify -> record."""
     verdict = accept(rule, logits, draft, summary_k)
@@ -219,14 +239,9 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
                 cached.n_valid = rewind
             t0 = time.perf_counter()
             if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-                chain = DraftTree()
-                for i in range(n - 1):
-                    chain.add(ids[context + 1 + i], i - 1)
-                verify(target, tcache, context, ids[context:context + 1], chain, feature)
-                keep_cache(tcache, context + 1, list(range(max(0, n - 2))))
+                verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
             elif kind == "tt":  # a tree's: the kept path is gathered into place
-                verify(target, tcache, context, ids[context:context + 1], tree_drafts[n], feature)
-                keep_cache(tcache, context + 1, [0, 2] if n > 3 else [0])
+                verify_and_keep(target, tcache, ids, context, tree_drafts[n], feature, tree=True)
             elif kind == "dr":
                 w, e = rounds[n]
                 drafter.propose(seq, w, e)

@@ -36,10 +36,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..decode.costs import Costs, overhead_inputs, round_key, round_seconds, round_work, tree_for
+from ..decode.costs import (Costs, chain_for, overhead_inputs, round_key, round_seconds, round_work, tree_for,
+                            verify_and_keep)
 from ..decode.drafters import make_drafter
-from ..decode.engine import verify
-from ..decode.tree import DraftTree, crop_cache, keep_cache
+from ..decode.tree import crop_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
@@ -148,14 +148,9 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
                 src.n_valid = context - 2
             t0 = time.perf_counter()
             if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-                chain_draft = DraftTree()
-                for i in range(n - 1):
-                    chain_draft.add(ids[context + 1 + i], i - 1)
-                verify(target, tcache, context, ids[context:context + 1], chain_draft, feature)
-                keep_cache(tcache, context + 1, list(range(max(0, n - 2))))
+                verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
             elif kind == "tt":  # a tree's: the kept path is gathered into place
-                verify(target, tcache, context, ids[context:context + 1], trees[n], feature)
-                keep_cache(tcache, context + 1, [0, 2] if n > 3 else [0])
+                verify_and_keep(target, tcache, ids, context, trees[n], feature, tree=True)
             elif kind == "d":
                 model_forward(drafter, dcache, ids[context:context + n], 1)
             elif kind == "dr":
