@@ -225,3 +225,23 @@ def test_batch_four_strict_default_drafter_on_the_embedded_model():
     res = batch_speculative_generate(target, "default", ids, "strict", k=4, max_new_tokens=32, tokenizer=tok)
     assert res.tokens == [greedy_generate(target, p, 32) for p in ids]
     assert res.stats.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("spec", ["suffix", "model+suffix"])
+def test_suffix_drafts_run_as_deep_in_a_batch_as_at_batch_1(tiny, spec):
+    """A suffix drafter's matches may run deeper than k (never past the length limit): the batch sets
+    its ``depth_limit`` as the single-row engine does, so every row drafts, accepts and counts the same."""
+    target, model_drafter, _ = tiny
+    from draftcert.decode.drafters import make_drafter
+    from draftcert.decode.suffix import HybridDrafter, SuffixDrafter
+
+    g = torch.Generator().manual_seed(3)
+    reps = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (4, 6, 3)]
+    rows = [r * 4 for r in reps] + [reps[0] * 2 + reps[1]]  # repeated text: long suffix matches
+    make = (lambda: SuffixDrafter()) if spec == "suffix" else (lambda: HybridDrafter(make_drafter(model_drafter, target)))
+    res = batch_speculative_generate(target, make(), rows, "strict", k=2, max_new_tokens=N_NEW)
+    assert res.tokens == [greedy_generate(target, r, N_NEW) for r in rows]
+    for r, st in zip(rows, res.row_stats):
+        one = speculative_generate(target, make(), r, "strict", k=2, max_new_tokens=N_NEW)
+        assert _counters(st) == _counters(one.stats)
+    assert len(res.stats.num_accepted_tokens_per_pos) > 2  # some drafts ran deeper than k = 2

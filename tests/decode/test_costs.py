@@ -166,3 +166,20 @@ def test_decode_cli_picks_the_shape_and_says_why_in_one_line(ckpt, tmp_path, mon
     again = [ln for ln in capsys.readouterr().err.splitlines() if "-k auto:" in ln]
     assert len(again) == 1 and "costs cached at" in again[0]
     assert lines[0].split(" (predicted")[0] == again[0].split(" (predicted")[0]  # the same curve, the same choice
+
+
+def test_speculative_generate_k_auto_is_the_clis_choice(tiny_pair):
+    """`speculative_generate(..., k="auto")` chooses the shape as `draftcert decode -k auto` does (the same
+    cost curve and acceptance), records it in the stats, stays lossless, and refuses an explicit tree."""
+    from draftcert.decode import greedy_generate, speculative_generate
+    from draftcert.decode.shape import auto_shape
+
+    target, _ = tiny_pair
+    prompt = [3, 14, 15, 92, 65, 35]
+    res = speculative_generate(target, "self:skip=1", prompt, "strict", k="auto", max_new_tokens=8)
+    choice, _ = auto_shape(target, make_drafter("self:skip=1", target), "self:skip=1")  # cached: no new timing
+    want = choice.best.engine_args()
+    assert res.stats.k == want["k"] and (res.stats.tree is None) == (want["tree"] is None)
+    assert res.tokens == greedy_generate(target, prompt, max_new_tokens=8)
+    with pytest.raises(ValueError, match="k='auto'"):
+        speculative_generate(target, "self:skip=1", prompt, "strict", k="auto", tree=(2, 2), max_new_tokens=2)

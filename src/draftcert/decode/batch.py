@@ -70,8 +70,8 @@ import torch
 from ..criteria import TreeCoverage
 from ..models.hf import cache_kwarg, eos_token_ids, new_cache, vocab_size_of
 from .drafters import make_drafter
-from .engine import (accept, certify, check_drafter_vocab, check_max_new_tokens, record, resolve_criterion,
-                     summary_size)
+from .engine import (accept, certify, check_drafter_vocab, check_max_new_tokens, propose_draft, record,
+                     resolve_criterion, summary_size)
 from .stats import DecodeStats, RoundLog
 from .tree import DraftTree, additive_mask, tree_allowed, tree_position_ids
 
@@ -272,8 +272,7 @@ def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary
     valid = torch.zeros(len(running), 0, dtype=torch.bool, device=target.device)  # [A, L] kept columns per row
     while running:
         # draft: per row, at batch 1 (never past the length limit)
-        drafts = [r.drafter.propose(r.seq, widths[: min(len(widths), max_new_tokens - len(r.out) - 1)], expand_all)
-                  for r in running]
+        drafts = [propose_draft(r.drafter, r.seq, widths, expand_all, max_new_tokens - len(r.out) - 1) for r in running]
         pending = [r.seq[r.n_cached :] for r in running]
         logits, hidden, offsets = verify_batch(target, cache, valid, [r.n_cached for r in running], pending, drafts,
                                                with_hidden)  # [A, 1 + max N, V], [A, W, H] or None

@@ -49,7 +49,7 @@ from .timing import interleave, median_or_none
 from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "resolve_criterion",
-           "verify", "accept", "certify", "record", "Verdict", "RoundCertificates", "check_drafter_vocab",
+           "propose_draft", "verify", "accept", "certify", "record", "Verdict", "RoundCertificates", "check_drafter_vocab",
            "check_max_new_tokens", "summary_size"]
 
 
@@ -179,12 +179,29 @@ def check_max_new_tokens(max_new_tokens) -> None:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
 
 
+def _auto_shape(target, drafter, tokenizer, criterion, tree):
+    """``k="auto"``: (k, tree, the drafter object) of ``decode.shape.auto_shape``, as ``draftcert decode -k auto``
+    chooses."""
+    if tree is not None:
+        raise ValueError("k='auto' chooses the chain or tree itself: pass tree=None, or an integer k with a tree")
+    from .shape import auto_shape  # decode.costs times the engine's stages, so it cannot be imported at the top
+
+    obj = make_drafter(drafter, target, tokenizer)
+    # a spec names the drafter's shipped acceptance figures; an object is keyed by its class (0.3 prior)
+    spec = drafter if isinstance(drafter, str) else type(obj).__name__
+    crit = resolve_criterion(criterion, 1, None)[0]
+    width = crit.m if isinstance(crit, TreeCoverage) else None
+    choice, _ = auto_shape(target, obj, spec, tree_width=width)
+    args = choice.best.engine_args()
+    return args["k"], (None if width is not None else args["tree"]), obj
+
+
 def speculative_generate(
     target,
     drafter,
     input_ids,
     criterion: str | Criterion = "strict",
-    k: int = 4,
+    k: int | str = 4,
     tree=None,
     max_new_tokens: int = 64,
     *,
@@ -210,7 +227,11 @@ def speculative_generate(
         ``tok.apply_chat_template(..., return_dict=True)`` return).
     criterion : spec string or Criterion: a level-set rule (``strict``,
         ``additive:0.1``, ...) or ``tree:M`` (tree coverage, strict test).
-    k : draft tokens per round for a chain (default tree depth for tree:M).
+    k : draft tokens per round for a chain (default tree depth for tree:M), or ``"auto"`` (the CLI's
+        default): the chain or tree with the best predicted tokens/s from this machine's cost curve
+        (measured on first use, then cached: ``decode.costs``) and the drafter's acceptance by depth
+        (``decode.shape.auto_shape``); ``stats.k`` / ``stats.tree`` record the choice.  With an
+        explicit ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
     certificates : compute the per-position certificates (KL < radius).
@@ -223,6 +244,8 @@ def speculative_generate(
     stop : called after each round with the new tokens so far; None continues, an integer n keeps
         the first n new tokens and ends the decode (stopping criteria; the round stays counted whole).
     """
+    if isinstance(k, str) and k == "auto":
+        k, tree, drafter = _auto_shape(target, drafter, tokenizer, criterion, tree)
     crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
     check_max_new_tokens(max_new_tokens)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -284,10 +307,7 @@ def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k,
         draft_src.start(prompt)
         seq, out, n_cached = list(prompt), [], 0  # n_cached: the target's cache holds seq[:n_cached]
         while len(out) < max_new_tokens:
-            budget = min(len(widths), max_new_tokens - len(out) - 1)  # never draft past the length limit
-            if hasattr(draft_src, "depth_limit"):  # suffix candidates may run deeper than widths, never past the limit
-                draft_src.depth_limit = max_new_tokens - len(out) - 1
-            draft = draft_src.propose(seq, widths[:budget], expand_all)  # N nodes
+            draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
             logits, hidden = verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)  # [1 + N, V]
             verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
             certs = certify(rule, verdict, draft) if certificates else None  # per expanded node
@@ -313,6 +333,15 @@ def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k,
 
 # ---------------------------------------------------------------------------
 # the stages of a round: verify -> accept -> certify -> record
+
+
+def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool, remaining: int) -> DraftTree:
+    """The round's draft tree: ``widths`` cut to ``remaining`` (the tokens still allowed after the
+    bonus one), so no draft runs past the length limit.  A suffix drafter's matches may run deeper
+    than ``widths``; its ``depth_limit`` is set to ``remaining`` first."""
+    if hasattr(draft_src, "depth_limit"):
+        draft_src.depth_limit = remaining
+    return draft_src.propose(seq, widths[: min(len(widths), remaining)], expand_all)
 
 
 def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False):

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..criteria import parse_criterion
-from ..fileio import atomic_path, write_json
+from ..fileio import atomic_path, dumps_json, write_json
 from ..models import load_target
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids
@@ -268,7 +268,8 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
                 last_eval = evaluate(drafter, held_ex, cfg, head_w, vocab_dev, V)
                 rec["eval"] = last_eval
                 history.append(rec)
-                log("eval " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}))
+                log("eval " + dumps_json({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()},
+                                           indent=None).strip())  # strict JSON: a NaN loss is null
             elif step % 10 == 0:
                 log(f"step {step}/{total_steps} loss {lv:.4f} (ema {loss_ema:.4f}) {rec['tok_s']:.0f} tok/s")
             bar.update(1)
@@ -299,7 +300,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     result.update({"wall_seconds_this_run": round(time.perf_counter() - t_start, 1), "file": str(final),
                    "file_bytes": final.stat().st_size})
     write_json(out / "train.json", result)
-    log("done " + json.dumps({k: v for k, v in result.items() if k != "data"}, default=str))
+    log("done " + dumps_json({k: v for k, v in result.items() if k != "data"}, indent=None).strip())
     return final
 
 
