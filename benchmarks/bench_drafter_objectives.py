@@ -4,11 +4,12 @@ on held-out MT-Bench and HumanEval prompts, decoding with the engine (strict, ch
     PYTHONPATH=src python benchmarks/bench_drafter_objectives.py \\
         --drafter kl=runs/drafter-kl/drafter.safetensors --drafter certificate=runs/drafter-cert/drafter.safetensors
 
-Per drafter: accept rate (accepted / attempted draft positions), certified rate (positions whose
-acceptance the certificate KL(p||q) < radius(p) guaranteed, over positions checked), mean accepted
-length per round, tokens per target forward, tokens/s (drafters interleaved per prompt, fastest
-of ``--repeats``).  The last line names the winner by mean accepted length:
-``winner=NAME accepted_length_ratio=X``.
+Per drafter, in docs/metrics.md's vocabulary: draft_acceptance_rate (num_accepted_tokens /
+num_draft_tokens), acceptance_rate_per_pos (accepted at position i / num_drafts), certified rate (positions whose acceptance the certificate KL(p||q) < radius(p)
+guaranteed, over positions checked), mean_acceptance_length (1 + num_accepted_tokens / num_drafts),
+tokens per target forward, tokens/s (drafters interleaved per prompt, fastest of ``--repeats``).
+The last line names the winner by mean acceptance length:
+``winner=NAME mean_acceptance_length_ratio=X``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def main(argv=None) -> int:
     for item in args.drafter:
         name, _, path = item.partition("=")
         drafters[name] = load_drafter(path, target, tok)
-    prompts = load_prompts("mt-bench", args.mt_bench) + load_prompts("humaneval", args.humaneval)
+    prompts = [p for src, n in (("mt-bench", args.mt_bench), ("humaneval", args.humaneval)) if n
+               for p in load_prompts(src, n)]
     enc = [list(encode_prompt(tok, p.text)) for p in prompts]
     names = list(drafters)
-    agg = {n: {"att": 0, "acc": 0, "cert": 0, "chk": 0, "rounds": 0, "accepted": 0, "emitted": 0, "fwd": 0, "sec": [float("inf")] * len(enc)} for n in names}
+    agg = {n: {"draft": 0, "acc": 0, "cert": 0, "chk": 0, "drafts": 0, "pos": [], "emitted": 0, "fwd": 0, "sec": [float("inf")] * len(enc)} for n in names}
     speculative_generate(target, drafters[names[0]], enc[0], args.criterion, k=args.k, max_new_tokens=4)
     for r in range(args.repeats):
         for i, ids in enumerate(enc):
@@ -57,31 +59,33 @@ def main(argv=None) -> int:
                 a["sec"][i] = min(a["sec"][i], sec)
                 if r == 0:
                     st = res.stats
-                    a["att"] += sum(st.num_attempted_per_pos)
-                    a["acc"] += sum(st.num_accepted_tokens_per_pos)
+                    a["draft"] += st.num_draft_tokens
+                    a["acc"] += st.num_accepted_tokens
                     a["cert"] += st.certified_positions
                     a["chk"] += st.checked_positions
-                    rounds = [rl for rl in st.rounds if rl.num_draft_tokens]  # the prefill round drafts nothing
-                    a["rounds"] += len(rounds)
-                    a["accepted"] += sum(rl.num_accepted_tokens for rl in rounds)
+                    a["drafts"] += st.num_drafts
+                    per_pos = st.num_accepted_tokens_per_pos
+                    a["pos"] = [x + y for x, y in zip(a["pos"] + [0] * len(per_pos), per_pos + [0] * len(a["pos"]))]
                     a["emitted"] += st.emitted
                     a["fwd"] += st.target_forwards
     print(f"{len(enc)} held-out prompts ({args.mt_bench} MT-Bench + {args.humaneval} HumanEval) x {args.max_new_tokens} tokens, "
           f"{args.criterion} chain k={args.k}")
-    print("| drafter | accept rate | certified rate | mean accepted / round | tokens / forward | tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| drafter | draft_acceptance_rate | acceptance_rate_per_pos | certified rate | mean_acceptance_length "
+          "| tokens / forward | tokens/s |")
+    print("|---|---:|---|---:|---:|---:|---:|")
     out = {}
     for n in names:
         a = agg[n]
-        row = {"accept": a["acc"] / max(a["att"], 1), "cert": a["cert"] / max(a["chk"], 1),
-               "len": a["accepted"] / max(a["rounds"], 1), "tpf": a["emitted"] / max(a["fwd"], 1),
-               "tps": a["emitted"] / sum(a["sec"])}
+        row = {"accept": a["acc"] / max(a["draft"], 1), "cert": a["cert"] / max(a["chk"], 1),
+               "len": 1 + a["acc"] / max(a["drafts"], 1), "tpf": a["emitted"] / max(a["fwd"], 1),
+               "tps": a["emitted"] / sum(a["sec"]), "pos": [x / max(a["drafts"], 1) for x in a["pos"]]}
         out[n] = row
-        print(f"| {n} | {row['accept']:.3f} | {row['cert']:.3f} | {row['len']:.3f} | {row['tpf']:.3f} | {row['tps']:.2f} |")
+        pos = ", ".join(f"{x:.3f}" for x in row["pos"])
+        print(f"| {n} | {row['accept']:.3f} | {pos} | {row['cert']:.3f} | {row['len']:.3f} | {row['tpf']:.3f} | {row['tps']:.2f} |")
     best = max(names, key=lambda n: out[n]["len"])
     other = [n for n in names if n != best]
     if other:
-        print(f"winner={best} accepted_length_ratio={out[best]['len'] / out[other[0]]['len']:.3f}")
+        print(f"winner={best} mean_acceptance_length_ratio={out[best]['len'] / out[other[0]]['len']:.3f}")
     return 0
 
 

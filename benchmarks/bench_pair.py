@@ -39,6 +39,7 @@ import sys
 import time
 
 import torch
+from _methods import parse_dc  # benchmarks/_methods.py (python puts this folder first)
 
 DEFAULT_METHODS = [
     "target", "hf-assisted",
@@ -46,17 +47,6 @@ DEFAULT_METHODS = [
     "dc:topm:2:k5", "dc:entropy:0.09:0.3:k5",
 ]  # fmt: skip
 TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-
-
-def parse_dc(spec: str):
-    body = spec[len("dc:") :]
-    rule, _, shape = body.rpartition(":")
-    if shape.startswith("tree"):
-        m, d = shape[4:].split("x")
-        return rule, {"k": int(d), "tree": (int(m), int(d))}
-    if shape.startswith("k"):
-        return rule, {"k": int(shape[1:]), "tree": None}
-    raise ValueError(f"method {spec!r}: shape must be kN or treeMxD")
 
 
 def run_method(method, target, tok, drafter, ids, n_new):

@@ -33,25 +33,13 @@ import argparse
 import time
 
 import torch
+from _methods import parse_dc  # benchmarks/_methods.py (python puts this folder first)
 
 DEFAULT_METHODS = [
     "target", "hf-pld:3", "hf-pld:10",
     "dc:strict:auto", "dc:strict:k1", "dc:strict:k2", "dc:strict:k3", "dc:strict:k4", "dc:strict:tree2x3",
     "dc:topm:2:k3", "dc:entropy:0.09:0.3:k3",
 ]
-
-
-def parse_dc(spec: str, auto=None):
-    body = spec[len("dc:"):]
-    rule, _, shape = body.rpartition(":")
-    if shape == "auto":
-        return rule, dict(auto)
-    if shape.startswith("tree"):
-        m, d = shape[4:].split("x")
-        return rule, {"k": int(d), "tree": (int(m), int(d))}
-    if shape.startswith("k"):
-        return rule, {"k": int(shape[1:]), "tree": None}
-    raise ValueError(f"method {spec!r}: shape must be kN or treeMxD")
 
 
 def run_method(method, target, tok, drafter, ids, n_new, eos, auto=None):

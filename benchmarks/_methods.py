@@ -1,0 +1,25 @@
+"""Method names shared by the speed benchmarks (``bench_speedup.py``, ``bench_pair.py``).
+
+``dc:RULE:SHAPE`` is draftcert's engine with criterion RULE and SHAPE ``kN`` (a chain of N),
+``treeMxD`` (top-M children to depth D) or ``auto`` (``-k auto``'s choice, passed in as ``auto``).
+"""
+
+from __future__ import annotations
+
+
+def parse_dc(spec: str, auto: dict | None = None) -> tuple[str, dict]:
+    """(criterion, ``speculative_generate``'s k and tree) of a ``dc:RULE:SHAPE`` method name."""
+    rule, _, shape = spec[len("dc:"):].rpartition(":")
+    if shape == "auto":
+        if auto is None:
+            raise ValueError(f"method {spec!r}: this benchmark has no -k auto choice; use kN or treeMxD")
+        return rule, dict(auto)
+    try:
+        if shape.startswith("tree"):
+            m, d = shape[4:].split("x")
+            return rule, {"k": int(d), "tree": (int(m), int(d))}
+        if shape.startswith("k"):
+            return rule, {"k": int(shape[1:]), "tree": None}
+    except ValueError:
+        pass
+    raise ValueError(f"method {spec!r}: the shape must be kN, treeMxD or auto (e.g. dc:strict:k3, dc:strict:tree2x4)")
