@@ -115,3 +115,43 @@ def test_bench_table_splits_rather_than_cuts():
         for cell in ("multiplicative:0.5", "tree m=4, depth=4", "4.36", "3.36", "0.068", "0.613", "12345.67"):
             assert re.search(rf"\| {re.escape(cell)} +\||\| +{re.escape(cell)} \|", text), (width, cell, text)
     assert format_table(rows).splitlines()[0].startswith("| criterion | draft | tokens/forward |")  # the markdown form docs/decoding.md shows
+
+
+def test_dtype_sets_the_target_and_the_drafter_model_and_baseline_uses_the_same_target(ckpt, capsys, monkeypatch):
+    """`--dtype bfloat16`: the target and a drafter model loaded from a path both compute in bfloat16, and
+    --baseline compares with that same bfloat16 target (strict stays identical to it)."""
+    import torch
+
+    import draftcert.models
+    from draftcert.decode import drafters as drafters_mod
+
+    seen = {}
+    real_target, real_drafter = draftcert.models.load_target, drafters_mod.load_drafter
+
+    def load_target(*a, **k):
+        model, tok = real_target(*a, **k)
+        seen["target"] = model.dtype
+        return model, tok
+
+    def load_drafter(*a, **k):
+        model = real_drafter(*a, **k)
+        seen["drafter"] = model.dtype
+        return model
+
+    monkeypatch.setattr(draftcert.models, "load_target", load_target)
+    monkeypatch.setattr(drafters_mod, "load_drafter", load_drafter)
+    rc = main(["decode", "--target", ckpt, "--drafter", ckpt, "--dtype", "bfloat16", "--prompt", "hello there", "-k", "2",
+               "--max-new-tokens", "6", "--baseline", "--repeats", "1", "--json", "--no-warmup"])
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])["summary"]
+    assert seen == {"target": torch.bfloat16, "drafter": torch.bfloat16}
+    assert summary["baseline_match"] is True
+
+
+def test_a_bad_dtype_is_refused_before_any_model_loads(capsys, monkeypatch):
+    import draftcert.models
+
+    monkeypatch.setattr(draftcert.models, "load_target", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["decode", "--prompt", "x", "--dtype", "bfloat61"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("draftcert: error: --dtype:") and "bfloat16" in err

@@ -14,6 +14,7 @@ from ..decode.engine import resolve_criterion, speculative_generate
 from ..decode.shape import auto_shape
 from ..decode.timing import SPREAD_LIMIT
 from ..fileio import dumps_json
+from ..models.hf import parse_dtype
 from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
 from ..textfit import terminal_width
@@ -117,6 +118,9 @@ def _common(p) -> None:
                    f"default; bench's: {FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--dtype", default=None, help="compute dtype of the target and of a drafter model: float32 (default), "
+                   "bfloat16 or float16; the dtype is part of the target, so strict and --baseline compare with the "
+                   "target in this dtype (docs/pair.md)")
 
 
 def _load(args):
@@ -126,6 +130,10 @@ def _load(args):
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
     set_threads(args.threads)
+    try:
+        args.dtype = parse_dtype(args.dtype)  # a typo costs no model load
+    except ValueError as exc:
+        raise ValueError(f"--dtype: {exc}") from None
     embedded = args.target in (None, "embedded")
     drafter = args.drafter
     if drafter is None:
@@ -138,7 +146,7 @@ def _load(args):
         raise ValueError(f"--drafter: {exc}") from None
     try:
         with transformers_progress(not args.no_progress):  # --no-progress: no "Loading weights" bar either
-            target, tok = models.load_target(args.target)  # looked up at call time: tests stub it out
+            target, tok = models.load_target(args.target, dtype=args.dtype)  # looked up at call time: tests stub it out
     except models.ModelUnavailable as exc:  # unreachable hub, no such path: one error line, exit 2
         raise ValueError(f"--target: {exc}") from exc
     return target, tok, drafter
@@ -187,10 +195,10 @@ def _auto_k(args, target, drafter, dspec) -> None:
     note(f"-k auto: {choice.why()}; {source}")
 
 
-def _drafter_obj(spec, target, tok, progress: bool = True):
+def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None):
     try:
         with transformers_progress(progress):
-            return make_drafter(spec, target, tok)
+            return make_drafter(spec, target, tok, dtype=dtype)
     except (models.ModelUnavailable, OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
         raise ValueError(f"--drafter: {exc}") from exc
 
@@ -218,7 +226,7 @@ def run_decode(args) -> int:
     _check_tree(args)
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
-    drafter = _drafter_obj(dspec, target, tok, not args.no_progress)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype)
     _auto_k(args, target, drafter, dspec)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
@@ -325,7 +333,7 @@ def run_bench(args) -> int:
             raise ValueError(f"--limit: expected an integer >= 1, got {args.limit}")
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
     ids = [encode_prompt(tok, t) for t in texts]
-    drafter = _drafter_obj(dspec, target, tok, not args.no_progress)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype)
     _default_k(args, drafter)
     from tqdm.auto import tqdm  # optional: the progress bar
 

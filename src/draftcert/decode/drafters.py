@@ -169,7 +169,7 @@ class PromptLookupDrafter:
         pass
 
 
-def make_drafter(drafter, target=None, tokenizer=None):
+def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None):
     """A drafter object from whatever the caller passed.
 
     A spec string (or path) is resolved by ``models.parse_drafter_spec``, exactly as the CLI's
@@ -178,7 +178,8 @@ def make_drafter(drafter, target=None, tokenizer=None):
     ``suffix.SuffixDrafter``; ``DRAFTER+suffix`` -> ``suffix.HybridDrafter`` around DRAFTER; ``self:skip=N``,
     ``self:quant=4``, ``eagle:NAME``, a drafter file, a hub id or a path -> ``models.load_drafter``.
     A transformers model -> ModelDrafter; a feature drafter model -> FeatureDrafter (bound to
-    ``target``); an object with ``start``/``propose`` is used as-is.
+    ``target``); an object with ``start``/``propose`` is used as-is.  ``dtype``: the compute dtype of
+    a drafter model loaded from a spec (``models.load_drafter``'s; None: its loader's default).
     """
     if hasattr(drafter, "propose") and hasattr(drafter, "start"):
         return drafter
@@ -190,7 +191,7 @@ def make_drafter(drafter, target=None, tokenizer=None):
             return SuffixDrafter()
         if target is None:
             raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
-        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer), target)
+        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target)
         return HybridDrafter(model) if spec.suffix else model
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
