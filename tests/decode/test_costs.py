@@ -104,6 +104,9 @@ def test_acceptance_comes_from_user_prompt_evaluations_only(tmp_path):
     acc = acceptance_of(str(weights))
     assert acc.by_depth == (0.4, 0.25) and "user_prompt_eval" in acc.source
     assert acc.at(5) == 0.25  # the last measured depth carries on
+    assert acceptance_of(f"{weights}+suffix") == acc  # suffix candidates add no figures of their own
+    assert acceptance_of("default+suffix") == acceptance_of("default") == acceptance_of("eagle:smollm2-135m-instruct")
+    assert acceptance_of("HybridDrafter").source.startswith("default")  # a drafter object's class name: the prior
     pair = acceptance_of("qwen2.5-coder-0.5b")  # the Qwen pair's drafter: measured by reproduce-paper --pair
     assert pair.by_depth == (0.813,) and "reproduce-paper" in pair.source
     assert acceptance_of("qwen2.5-coder-0.5b+suffix").by_depth == (0.813,)

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..models import eagle
+from ..models import eagle, parse_drafter_spec
 from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .costs import Costs, engine_costs, round_key, round_seconds
 
@@ -62,12 +62,15 @@ def acceptance_of(drafter_spec: str | None) -> Acceptance:
     """Acceptance by depth of a drafter: a preset pair's measured figure (``models.pair``), its shipped
     evaluation on user-like prompts (``train.json`` next to an ``eagle:NAME`` / drafter file,
     ``user_prompt_eval*``'s ``accept@d``), else ``DEFAULT_ACCEPT``."""
-    base = drafter_spec.removesuffix("+suffix") if isinstance(drafter_spec, str) else None
+    try:  # canonical: 'default' -> eagle:NAME, 'X+suffix' -> X (the suffix candidates add no figures of their own)
+        base = parse_drafter_spec(drafter_spec).model_spec if isinstance(drafter_spec, str) else None
+    except ValueError:  # not a spec (a class name for a drafter object): the prior
+        base = None
     if base in PAIR_DRAFTER_ACCEPTANCE:  # a preset pair's drafter: measured by reproduce-paper --pair (models/pair.py)
         a, why = PAIR_DRAFTER_ACCEPTANCE[base]
         return Acceptance((a,), f"models.pair ({why}: {a:.2f} per depth)")
     try:
-        path = eagle.resolve_spec(drafter_spec) if isinstance(drafter_spec, str) else None
+        path = eagle.resolve_spec(base) if base is not None else None
     except (ValueError, OSError):
         path = None
     if path is not None:
