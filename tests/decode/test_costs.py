@@ -186,3 +186,24 @@ def test_speculative_generate_k_auto_is_the_clis_choice(tiny_pair):
     assert res.tokens == greedy_generate(target, prompt, max_new_tokens=8)
     with pytest.raises(ValueError, match="k='auto'"):
         speculative_generate(target, "self:skip=1", prompt, "strict", k="auto", tree=(2, 2), max_new_tokens=2)
+
+
+def test_time_interleaved_runs_round_robin_drops_the_warm_up_and_times_only_run(monkeypatch):
+    """The one timer of the cost curve and replay's calibrate: jobs in turns, repeats + 1 passes, the first
+    dropped, before/after outside the timed span, the median kept, progress counted job by job."""
+    clock = iter(range(1000))
+    monkeypatch.setattr(costs_mod.time, "perf_counter", lambda: float(next(clock)))
+    order, progress = [], []
+    spans = {"a": [5, 1, 3, 2], "b": [9, 4, 6, 8]}  # per pass: pass 0 (the warm-up) is dropped
+
+    def run(job):
+        order.append(job)
+        for _ in range(spans[job][order.count(job) - 1] - 1):  # the clock ticks once per perf_counter call
+            next(clock)
+
+    med = costs_mod.time_interleaved(["a", "b"], run, 3, before=lambda j: order.append("<"),
+                                     after=lambda j: order.append(">"), on_progress=lambda d, t: progress.append((d, t)))
+    assert [o for o in order if o in "ab"] == ["a", "b"] * 4
+    assert order[:3] == ["<", "a", ">"]
+    assert med == {"a": 2.0, "b": 6.0}  # medians of passes 1..3: (1, 3, 2) and (4, 6, 8)
+    assert progress == [(i, 8) for i in range(1, 9)]

@@ -44,7 +44,7 @@ from .stats import DecodeStats
 from .tree import DraftTree, crop_cache, keep_cache
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
-           "round_work", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
+           "round_work", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
 COSTS_VERSION = 1
 
@@ -191,6 +191,31 @@ def round_work(rule, logits, draft, summary_k, stats) -> None:
     record(stats, draft, verdict, certify(rule, verdict, draft))
 
 
+def time_interleaved(jobs: list, run: Callable, repeats: int, *, before: Callable | None = None,
+                     after: Callable | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
+    """The median seconds of ``run(job)`` for every job, timed in ``repeats + 1`` round-robin passes
+    over ``jobs`` (load on a shared machine then hits every job alike), the first pass a warm-up that
+    is dropped.  ``before(job)`` / ``after(job)`` run untimed around each (rewinding caches);
+    ``on_progress(done, total)`` hears of every timed job."""
+    times: dict = {j: [] for j in jobs}
+    total, done = (repeats + 1) * len(jobs), 0
+    for rep in range(repeats + 1):
+        for job in jobs:
+            if before is not None:
+                before(job)
+            t0 = time.perf_counter()
+            run(job)
+            dt = time.perf_counter() - t0
+            if after is not None:
+                after(job)
+            if rep:
+                times[job].append(dt)
+            done += 1
+            if on_progress is not None:
+                on_progress(done, total)
+    return {j: statistics.median(v) for j, v in times.items()}
+
+
 @torch.inference_mode()
 def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_rows: int = 0, context: int = 128,
             repeats: int = 4, seed: int = 0, on_progress: Callable[[int, int], None] | None = None) -> Costs:
@@ -231,33 +256,32 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     tree_drafts = {n: tree_for(n - 1) for n in trees}
     rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
     cached = _cache_holder(drafter)
-    times: dict[tuple, list[float]] = {j: [] for j in jobs}
-    for rep in range(repeats + 1):  # the first round warms up and is dropped
-        for kind, n in jobs:
-            if kind == "dr" and cached is not None:
-                crop_cache(cached.cache, rewind)
-                cached.n_valid = rewind
-            t0 = time.perf_counter()
-            if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-                verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
-            elif kind == "tt":  # a tree's: the kept path is gathered into place
-                verify_and_keep(target, tcache, ids, context, tree_drafts[n], feature, tree=True)
-            elif kind == "dr":
-                w, e = rounds[n]
-                drafter.propose(seq, w, e)
-                drafter.accept([])
-            elif kind == "o":
-                round_work(*work[n])
-            else:  # the target alone: greedy_generate's step
-                int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
-            dt = time.perf_counter() - t0
-            if kind in ("t", "tt", "g"):
-                crop_cache(tcache, context)
-            if rep:
-                times[(kind, n)].append(dt)
-            if on_progress is not None:
-                on_progress(rep * len(jobs) + jobs.index((kind, n)) + 1, (repeats + 1) * len(jobs))
-    med = {j: statistics.median(v) for j, v in times.items()}
+
+    def before(job):
+        if job[0] == "dr" and cached is not None:
+            crop_cache(cached.cache, rewind)
+            cached.n_valid = rewind
+
+    def run(job):
+        kind, n = job
+        if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
+            verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
+        elif kind == "tt":  # a tree's: the kept path is gathered into place
+            verify_and_keep(target, tcache, ids, context, tree_drafts[n], feature, tree=True)
+        elif kind == "dr":
+            w, e = rounds[n]
+            drafter.propose(seq, w, e)
+            drafter.accept([])
+        elif kind == "o":
+            round_work(*work[n])
+        else:  # the target alone: greedy_generate's step
+            int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
+
+    def after(job):
+        if job[0] in ("t", "tt", "g"):
+            crop_cache(tcache, context)
+
+    med = time_interleaved(jobs, run, repeats, before=before, after=after, on_progress=on_progress)
     return Costs(
         "calibrated",
         target={n: med[("t", n)] for n in sorted(chains)},

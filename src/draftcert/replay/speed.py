@@ -29,15 +29,13 @@ round's catch-up covers the whole prompt (``drafter_prefill``).
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Callable
 
 import numpy as np
 import torch
 
-from ..decode.costs import (Costs, chain_for, overhead_inputs, round_key, round_seconds, round_work, tree_for,
-                            verify_and_keep)
+from ..decode.costs import (Costs, chain_for, overhead_inputs, round_key, round_seconds, round_work,
+                            time_interleaved, tree_for, verify_and_keep)
 from ..decode.drafters import make_drafter
 from ..decode.tree import crop_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
@@ -140,52 +138,53 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     jobs += [("o", n) for n in sorted(chain | tree)]
     jobs += [("tp", prompt_length), ("dp", prompt_length), ("g", 1)]
     rows = {n: overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chain | tree)}
-    times: dict[tuple, list[float]] = {j: [] for j in jobs}
-    for _ in range(repeats + 1):  # the first pass warms up and is dropped
-        for kind, n in jobs:
-            if kind == "dr":  # rewind: the round's catch-up covers 2 new target features
-                crop_cache(src.cache, context - 2)
-                src.n_valid = context - 2
-            t0 = time.perf_counter()
-            if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-                verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
-            elif kind == "tt":  # a tree's: the kept path is gathered into place
-                verify_and_keep(target, tcache, ids, context, trees[n], feature, tree=True)
-            elif kind == "d":
-                model_forward(drafter, dcache, ids[context:context + n], 1)
-            elif kind == "dr":
-                w, e = shape_of[n]
-                src.propose(seq, w, e)
-                src.accept([])
-            elif kind == "o":
-                round_work(*rows[n])
-            elif kind == "g":  # the target alone: greedy_generate's step
-                int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
-            elif kind == "tp":
-                (forward_with_hidden if feature else model_forward)(target, new_cache(target), ids[:n], 1)
-            elif feature:  # the catch-up over a whole prompt (the second round)
-                src.cache = src.model.new_cache()
-                src.n_valid = 0
-                src.feats, saved = src.feats[:n], src.feats
-                src.propose(ids[: n + 1], [1])
-                src.accept([])
-                src.feats = saved
-            else:
-                model_forward(drafter, new_cache(drafter), ids[:n], 1)
-            dt = time.perf_counter() - t0
-            if kind in ("t", "tt", "g"):
-                crop_cache(tcache, context)
-            elif kind == "d":
-                crop_cache(dcache, context)
-            elif kind == "dp" and feature:  # back to the context state
-                src.cache = src.model.new_cache()
-                src.n_valid = 0
-                src.propose(seq, [1])
-                src.accept([])
-            times[(kind, n)].append(dt)
-            if on_progress is not None:
-                on_progress(sum(map(len, times.values())), (repeats + 1) * len(jobs))
-    med = {j: statistics.median(v[1:]) for j, v in times.items()}
+
+    def before(job):
+        if job[0] == "dr":  # rewind: the round's catch-up covers 2 new target features
+            crop_cache(src.cache, context - 2)
+            src.n_valid = context - 2
+
+    def run(job):
+        kind, n = job
+        if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
+            verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
+        elif kind == "tt":  # a tree's: the kept path is gathered into place
+            verify_and_keep(target, tcache, ids, context, trees[n], feature, tree=True)
+        elif kind == "d":
+            model_forward(drafter, dcache, ids[context:context + n], 1)
+        elif kind == "dr":
+            w, e = shape_of[n]
+            src.propose(seq, w, e)
+            src.accept([])
+        elif kind == "o":
+            round_work(*rows[n])
+        elif kind == "g":  # the target alone: greedy_generate's step
+            int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
+        elif kind == "tp":
+            (forward_with_hidden if feature else model_forward)(target, new_cache(target), ids[:n], 1)
+        elif feature:  # the catch-up over a whole prompt (the second round)
+            src.cache = src.model.new_cache()
+            src.n_valid = 0
+            src.feats, saved = src.feats[:n], src.feats
+            src.propose(ids[: n + 1], [1])
+            src.accept([])
+            src.feats = saved
+        else:
+            model_forward(drafter, new_cache(drafter), ids[:n], 1)
+
+    def after(job):
+        kind = job[0]
+        if kind in ("t", "tt", "g"):
+            crop_cache(tcache, context)
+        elif kind == "d":
+            crop_cache(dcache, context)
+        elif kind == "dp" and feature:  # back to the context state
+            src.cache = src.model.new_cache()
+            src.n_valid = 0
+            src.propose(seq, [1])
+            src.accept([])
+
+    med = time_interleaved(jobs, run, repeats, before=before, after=after, on_progress=on_progress)
     return Costs(
         "calibrated",
         target={n: med[("t", n)] for n in sorted(chain)},
