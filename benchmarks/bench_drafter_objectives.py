@@ -65,7 +65,8 @@ def main(argv=None) -> int:
                     a["chk"] += st.checked_positions
                     a["drafts"] += st.num_drafts
                     per_pos = st.num_accepted_tokens_per_pos
-                    a["pos"] = [x + y for x, y in zip(a["pos"] + [0] * len(per_pos), per_pos + [0] * len(a["pos"]))]
+                    n = max(len(a["pos"]), len(per_pos))  # add position by position, the shorter list padded
+                    a["pos"] = [x + y for x, y in zip(a["pos"] + [0] * (n - len(a["pos"])), per_pos + [0] * (n - len(per_pos)))]
                     a["emitted"] += st.emitted
                     a["fwd"] += st.target_forwards
     print(f"{len(enc)} held-out prompts ({args.mt_bench} MT-Bench + {args.humaneval} HumanEval) x {args.max_new_tokens} tokens, "

@@ -93,8 +93,15 @@ def test_round_seconds_prices_a_round_as_the_replay_does():
 
 
 def test_acceptance_comes_from_user_prompt_evaluations_only(tmp_path):
-    # the shipped drafter records only self-generated held-out figures (optimistic): the default is used
-    assert acceptance_of("eagle:smollm2-135m-instruct").by_depth == (0.3,)
+    # the shipped drafter's own figures on held-out user prompts (train.json's user_prompt_eval_fp16), never
+    # its teacher-forced heldout_eval figures on the training source (optimistic)
+    from draftcert.models.eagle import resolve_spec
+
+    shipped = json.loads((resolve_spec("eagle:smollm2-135m-instruct").parent / "train.json").read_text())
+    want = shipped["user_prompt_eval_fp16"]
+    got = acceptance_of("eagle:smollm2-135m-instruct")
+    assert got.by_depth == tuple(want[f"accept@{d}"] for d in range(1, len(got.by_depth) + 1))
+    assert got.by_depth[0] != shipped["heldout_eval_fp16"]["accept@1"] and "user_prompt_eval" in got.source
     assert acceptance_of("self:skip=3").source.startswith("default")
     weights = tmp_path / "drafter.safetensors"
     weights.write_bytes(b"")
