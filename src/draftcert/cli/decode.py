@@ -11,7 +11,7 @@ from .. import models
 from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timing_footnote
 from ..decode.drafters import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
 from ..decode.engine import resolve_criterion, speculative_generate
-from ..decode.shape import auto_shape
+from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
 from ..fileio import dumps_json
 from ..models.hf import parse_dtype
@@ -179,19 +179,15 @@ def _auto_k(args, target, drafter, dspec) -> None:
         args.k = None
         _default_k(args, drafter)
         return
-    crit = resolve_criterion(args.criterion, 1, None)[0]
-    width = getattr(crit, "m", None) if args.criterion.startswith("tree:") else None
     note = lambda msg: print(f"draftcert: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        choice, source = auto_shape(target, drafter, dspec, tree_width=width, on_note=note)
+        shape, choice, source = auto_engine_args(target, drafter, dspec, args.criterion, on_note=note)
     except (AttributeError, TypeError, RuntimeError, ValueError) as exc:  # a drafter the measurement cannot drive
         args.k = None
         _default_k(args, drafter)
         note(f"-k auto: k={args.k} (the cost curve could not be measured for this drafter: {exc})")
         return
-    args.k = choice.best.engine_args()["k"]
-    if width is None:
-        args.tree = choice.best.engine_args()["tree"]
+    args.k, args.tree = shape["k"], shape["tree"]
     note(f"-k auto: {choice.why()}; {source}")
 
 

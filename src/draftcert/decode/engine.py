@@ -180,20 +180,17 @@ def check_max_new_tokens(max_new_tokens) -> None:
 
 
 def _auto_shape(target, drafter, tokenizer, criterion, tree):
-    """``k="auto"``: (k, tree, the drafter object) of ``decode.shape.auto_shape``, as ``draftcert decode -k auto``
-    chooses."""
+    """``k="auto"``: (k, tree, the drafter object) of ``decode.shape.auto_engine_args``, as
+    ``draftcert decode -k auto`` chooses."""
     if tree is not None:
         raise ValueError("k='auto' chooses the chain or tree itself: pass tree=None, or an integer k with a tree")
-    from .shape import auto_shape  # decode.costs times the engine's stages, so it cannot be imported at the top
+    from .shape import auto_engine_args  # decode.costs times the engine's stages, so it cannot be imported at the top
 
     obj = make_drafter(drafter, target, tokenizer)
     # a spec names the drafter's shipped acceptance figures; an object is keyed by its class (0.3 prior)
     spec = drafter if isinstance(drafter, str) else type(obj).__name__
-    crit = resolve_criterion(criterion, 1, None)[0]
-    width = crit.m if isinstance(crit, TreeCoverage) else None
-    choice, _ = auto_shape(target, obj, spec, tree_width=width)
-    args = choice.best.engine_args()
-    return args["k"], (None if width is not None else args["tree"]), obj
+    args, _, _ = auto_engine_args(target, obj, spec, criterion)
+    return args["k"], args["tree"], obj
 
 
 def speculative_generate(
@@ -230,7 +227,7 @@ def speculative_generate(
     k : draft tokens per round for a chain (default tree depth for tree:M), or ``"auto"`` (the CLI's
         default): the chain or tree with the best predicted tokens/s from this machine's cost curve
         (measured on first use, then cached: ``decode.costs``) and the drafter's acceptance by depth
-        (``decode.shape.auto_shape``); ``stats.k`` / ``stats.tree`` record the choice.  With an
+        (``decode.shape.auto_engine_args``); ``stats.k`` / ``stats.tree`` record the choice.  With an
         explicit ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
@@ -332,7 +329,7 @@ def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k,
 
 
 # ---------------------------------------------------------------------------
-# the stages of a round: verify -> accept -> certify -> record
+# the stages of a round: propose -> verify -> accept -> certify -> record
 
 
 def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool, remaining: int) -> DraftTree:

@@ -30,12 +30,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..criteria import TreeCoverage
 from ..models import eagle, parse_drafter_spec
 from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .costs import Costs, engine_costs, round_key, round_seconds
+from .engine import resolve_criterion
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
-           "expected_tokens", "candidates_for", "auto_shape"]
+           "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args"]
 
 DEFAULT_ACCEPT = 0.3
 # chains k = 1..6 and the (m, depth) trees (2, 2), (2, 3), (3, 2)
@@ -176,3 +178,14 @@ def auto_shape(target, drafter, drafter_spec: str, *, tree_width: int | None = N
                                  on_note=on_note)
     acc = acceptance_of(drafter_spec)
     return choose(costs, acc, shapes), f"acceptance from {acc.source}; costs {source}"
+
+
+def auto_engine_args(target, drafter, drafter_spec: str, criterion, *, on_note=None) -> tuple[dict, Choice, str]:
+    """``-k auto`` for ``criterion``: (``speculative_generate``'s k and tree, the choice, where its
+    figures came from).  A ``tree:M`` criterion fixes the width to M (its tree comes from k), any
+    other rule may get a chain or a tree.  Used by ``speculative_generate(k="auto")`` and the CLI."""
+    crit = resolve_criterion(criterion, 1, None)[0]
+    width = crit.m if isinstance(crit, TreeCoverage) else None
+    choice, source = auto_shape(target, drafter, drafter_spec, tree_width=width, on_note=on_note)
+    args = choice.best.engine_args()
+    return {"k": args["k"], "tree": None if width is not None else args["tree"]}, choice, source
