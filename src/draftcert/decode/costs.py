@@ -44,7 +44,7 @@ from .stats import DecodeStats
 from .tree import DraftTree, crop_cache, keep_cache
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
-           "round_work", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
+           "round_work", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
 COSTS_VERSION = 1
 
@@ -191,6 +191,48 @@ def round_work(rule, logits, draft, summary_k, stats) -> None:
     record(stats, draft, verdict, certify(rule, verdict, draft))
 
 
+@dataclass
+class EngineJobs:
+    """The engine's timed jobs on one machine state (the target's cache holds ``context`` tokens of
+    ``ids``), shared by ``measure`` and ``replay.speed.calibrate``: ``run(kind, n)`` runs job
+    ``("t", n)`` a chain verification of n rows, ``("tt", n)`` the tree ``trees[n]``'s, ``("dr", key)``
+    one drafting round of ``rounds[key] = (widths, expand_all)``, ``("o", n)`` the per-round work
+    ``work[n]``, ``("g", 1)`` the target alone's greedy step; it returns False for another kind."""
+    target: object
+    tcache: object
+    ids: list
+    context: int
+    feature: bool
+    drafter: object
+    seq: list
+    trees: dict
+    rounds: dict
+    work: dict
+
+    def run(self, kind, n) -> bool:
+        if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
+            verify_and_keep(self.target, self.tcache, self.ids, self.context, chain_for(self.ids, self.context, n),
+                            self.feature, tree=False)
+        elif kind == "tt":  # a tree's: the kept path is gathered into place
+            verify_and_keep(self.target, self.tcache, self.ids, self.context, self.trees[n], self.feature, tree=True)
+        elif kind == "dr":
+            w, e = self.rounds[n]
+            self.drafter.propose(self.seq, w, e)
+            self.drafter.accept([])
+        elif kind == "o":
+            round_work(*self.work[n])
+        elif kind == "g":  # the target alone: greedy_generate's step
+            int(model_forward(self.target, self.tcache, self.ids[self.context:self.context + 1], 1)[0].argmax())
+        else:
+            return False
+        return True
+
+    def rewind_target(self, kind) -> None:
+        """After a timed job: the target's cache back to ``context`` tokens."""
+        if kind in ("t", "tt", "g"):
+            crop_cache(self.tcache, self.context)
+
+
 def time_interleaved(jobs: list, run: Callable, repeats: int, *, before: Callable | None = None,
                      after: Callable | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
     """The median seconds of ``run(job)`` for every job, timed in ``repeats + 1`` round-robin passes
@@ -262,25 +304,9 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
             crop_cache(cached.cache, rewind)
             cached.n_valid = rewind
 
-    def run(job):
-        kind, n = job
-        if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-            verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
-        elif kind == "tt":  # a tree's: the kept path is gathered into place
-            verify_and_keep(target, tcache, ids, context, tree_drafts[n], feature, tree=True)
-        elif kind == "dr":
-            w, e = rounds[n]
-            drafter.propose(seq, w, e)
-            drafter.accept([])
-        elif kind == "o":
-            round_work(*work[n])
-        else:  # the target alone: greedy_generate's step
-            int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
-
-    def after(job):
-        if job[0] in ("t", "tt", "g"):
-            crop_cache(tcache, context)
-
+    engine = EngineJobs(target, tcache, ids, context, feature, drafter, seq, tree_drafts, rounds, work)
+    run = lambda job: engine.run(*job)  # noqa: E731
+    after = lambda job: engine.rewind_target(job[0])  # noqa: E731
     med = time_interleaved(jobs, run, repeats, before=before, after=after, on_progress=on_progress)
     return Costs(
         "calibrated",

@@ -34,8 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..decode.costs import (Costs, chain_for, overhead_inputs, round_key, round_seconds, round_work,
-                            time_interleaved, tree_for, verify_and_keep)
+from ..decode.costs import (Costs, EngineJobs, overhead_inputs, round_key, round_seconds, time_interleaved,
+                            tree_for)
 from ..decode.drafters import make_drafter
 from ..decode.tree import crop_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
@@ -116,9 +116,9 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     src = make_drafter(drafter, target)
     feature = bool(getattr(src, "needs_target_hidden", False))
     tcache = new_cache(target)
+    seq = ids[: context + 1]
     if feature:
         _, hidden = forward_with_hidden(target, tcache, ids[:context], 1)
-        seq = ids[: context + 1]
         src.start(seq)
         src.observe(hidden)
         src.propose(seq, [1])  # the catch-up over the context, once
@@ -131,7 +131,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
         dcache = new_cache(drafter)
         model_forward(target, tcache, ids[:context], 1)
         model_forward(drafter, dcache, ids[:context], 1)
-        rounds = []
+        rounds, shape_of = [], {}
     trees = {n: tree_for(n - 1) for n in tree}
     jobs = [("t", n) for n in sorted(chain)] + [("tt", n) for n in sorted(tree)] + [("d", n) for n in sorted(draft)]
     jobs += [("dr", r) for r in rounds]
@@ -144,22 +144,14 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
             crop_cache(src.cache, context - 2)
             src.n_valid = context - 2
 
+    engine = EngineJobs(target, tcache, ids, context, feature, src, seq, trees, shape_of, rows)
+
     def run(job):
         kind, n = job
-        if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
-            verify_and_keep(target, tcache, ids, context, chain_for(ids, context, n), feature, tree=False)
-        elif kind == "tt":  # a tree's: the kept path is gathered into place
-            verify_and_keep(target, tcache, ids, context, trees[n], feature, tree=True)
-        elif kind == "d":
+        if engine.run(kind, n):  # the engine's jobs: verification, drafting round, round work, greedy step
+            return
+        if kind == "d":
             model_forward(drafter, dcache, ids[context:context + n], 1)
-        elif kind == "dr":
-            w, e = shape_of[n]
-            src.propose(seq, w, e)
-            src.accept([])
-        elif kind == "o":
-            round_work(*rows[n])
-        elif kind == "g":  # the target alone: greedy_generate's step
-            int(model_forward(target, tcache, ids[context:context + 1], 1)[0].argmax())
         elif kind == "tp":
             (forward_with_hidden if feature else model_forward)(target, new_cache(target), ids[:n], 1)
         elif feature:  # the catch-up over a whole prompt (the second round)
@@ -174,9 +166,8 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
 
     def after(job):
         kind = job[0]
-        if kind in ("t", "tt", "g"):
-            crop_cache(tcache, context)
-        elif kind == "d":
+        engine.rewind_target(kind)
+        if kind == "d":
             crop_cache(dcache, context)
         elif kind == "dp" and feature:  # back to the context state
             src.cache = src.model.new_cache()
