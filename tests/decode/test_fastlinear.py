@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.models import fastlinear, loading, tiny_qwen3
+from draftcert.models import fastlinear, loading, smallm, tiny_qwen3
+
+STREAMED = pytest.param("streamed", marks=pytest.mark.skipif(not smallm.available(), reason=f"smallm kernel: {smallm.unavailable_reason()}"))
+USABLE = [s if s != "streamed" else STREAMED for s in fastlinear.STRATEGIES]
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +34,7 @@ def _logits(m, ids):
         return m(input_ids=torch.tensor([ids])).logits[0]  # [rows, vocab]
 
 
-@pytest.mark.parametrize("how", fastlinear.STRATEGIES)
+@pytest.mark.parametrize("how", USABLE)
 def test_every_strategy_gives_the_plain_logits_for_1_to_9_rows(plain, how):
     fast = copy.deepcopy(plain)
     n = fastlinear.enable(fast, force=how)
@@ -96,7 +99,7 @@ def test_state_dict_and_disable(plain):
         fastlinear.enable(fast, force="gemv")
 
 
-@pytest.mark.parametrize("how", ["colmajor", "mkldnn"])
+@pytest.mark.parametrize("how", ["colmajor", "mkldnn", STREAMED])
 def test_copy_follows_in_place_weight_changes(plain, how):
     fast = copy.deepcopy(plain)
     fastlinear.enable(fast, force=how)
@@ -132,7 +135,7 @@ def test_float64_model_skips_the_float32_only_kernel():
     assert "mkldnn" not in res["seconds"] and "mkldnn" not in res["choice"]
 
 
-@pytest.mark.parametrize("how", ["colmajor", "mkldnn"])
+@pytest.mark.parametrize("how", ["colmajor", "mkldnn", STREAMED])
 @pytest.mark.parametrize("tree", [None, (2, 3)])
 def test_strict_decoding_on_a_measured_target_is_lossless(plain, how, tree):
     fast = copy.deepcopy(plain)

@@ -11,7 +11,10 @@ per (weight shape, rows = 1..MAX_ROWS), the fastest:
 
 * ``rowmajor``: ``F.linear(x, W)`` on the parameter itself (the plain layer, bit for bit);
 * ``colmajor``: ``F.linear(x, W_cm)`` with ``W_cm = W.t().contiguous().t()`` (same values);
-* ``mkldnn``: ``torch.ops.mkldnn._linear_pointwise`` on a oneDNN-prepacked copy of W (float32 only).
+* ``mkldnn``: ``torch.ops.mkldnn._linear_pointwise`` on a oneDNN-prepacked copy of W (float32 only);
+* ``streamed``: draftcert's own kernel (``draftcert.models.smallm``, compiled for this CPU on first
+  use) on a block-packed copy of W, which it reads once for any rows (float32 only; offered only
+  where a C compiler built it).
 
 Timing: for each distinct weight shape, up to ``TIMED_LAYERS`` of the model's weights of that
 shape are applied one after the other (distinct weights, so the pass streams them from memory
@@ -49,14 +52,15 @@ from torch import nn
 
 from .._cache import cache_root
 from ..fileio import write_json
+from . import smallm
 
 __all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measure_shape", "cpu_model", "STRATEGIES", "MAX_ROWS"]
 
-STRATEGIES = ("rowmajor", "colmajor", "mkldnn")
+STRATEGIES = ("rowmajor", "colmajor", "mkldnn", "streamed")
 MAX_ROWS = 9  # rows timed and dispatched (a verification of up to 8 drafts); more rows: rowmajor
 TIMED_LAYERS = 12  # weights of one shape timed back to back (out of the L2 cache, as in a pass)
 MARGIN = 0.10  # another kernel must be >= 10 % faster than rowmajor to replace it (timing noise on a shared machine)
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 
 def cpu_model() -> str:
@@ -74,26 +78,33 @@ def cpu_model() -> str:
 # ----------------------------------------------------------------------------- kernels
 
 
-def _layout(w: torch.Tensor, how: str) -> torch.Tensor:
-    """The weight as strategy ``how`` reads it (a copy for colmajor/mkldnn)."""
+def _layout(w: torch.Tensor, how: str):
+    """The weight as strategy ``how`` reads it (a copy for colmajor/mkldnn/streamed; for streamed,
+    ``(packed, out_features)``)."""
     with torch.no_grad():
         w = w.detach()
         if how == "colmajor":
             return w.t().contiguous().t()
         if how == "mkldnn":
             return torch.ops.mkldnn._reorder_linear_weight(w)
+        if how == "streamed":
+            return smallm.pack(w), w.shape[0]
         return w
 
 
-def _apply(how: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _apply(how: str, x: torch.Tensor, w, bias: torch.Tensor | None) -> torch.Tensor:
     if how == "mkldnn":
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    if how == "streamed":
+        return smallm.linear(x, w[0], w[1], bias)
     return F.linear(x, w, bias)
 
 
 def _usable(how: str, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Does ``how`` run on this build and dtype, and agree with ``F.linear`` within float32 rounding?"""
-    if how == "mkldnn" and w.dtype != torch.float32:
+    if how in ("mkldnn", "streamed") and (w.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32)):
+        return False
+    if how == "streamed" and (not smallm.available() or smallm.max_rows() < MAX_ROWS):
         return False
     try:
         g = torch.Generator().manual_seed(0)
@@ -103,7 +114,7 @@ def _usable(how: str, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
             got = _apply(how, x, _layout(w, how), bias)
         eps = torch.finfo(w.dtype).eps
         return got.shape == ref.shape and bool(((got - ref).abs() <= 64 * eps * (x.abs() @ w.abs().t() + 1)).all())
-    except (RuntimeError, TypeError, NotImplementedError):
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
         return False
 
 
@@ -251,6 +262,8 @@ def enable(model: nn.Module, *, force: str | None = None, repeats: int = 5, use_
     if not mods:
         return 0
     if force is not None:
+        if force == "streamed" and not smallm.available():
+            raise ValueError(f"fastlinear: strategy 'streamed' is unavailable here: {smallm.unavailable_reason()}")
         plans = {None: ["rowmajor"] + [force] * (MAX_ROWS - 1)}
     else:
         plans = _plans(mods, repeats, use_cache)

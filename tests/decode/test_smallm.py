@@ -1,0 +1,96 @@
+"""The native small-M linear kernel (``draftcert.models.smallm``): the same function as ``F.linear``
+for every row count it takes, odd shapes, bias, threads; a clear "unavailable" where it cannot build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftcert.models import smallm
+
+needs_kernel = pytest.mark.skipif(not smallm.available(), reason=f"smallm kernel unavailable: {smallm.unavailable_reason()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,k", [(48, 32), (37, 19), (1, 5), (200, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_equals_f_linear_for_every_row_count(n, k, bias):
+    g = torch.Generator().manual_seed(n * 100 + k)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    packed = smallm.pack(w)
+    assert packed.shape == (-(-n // smallm.block_width()), k, smallm.block_width())
+    for rows in range(1, smallm.max_rows() + 1):
+        x = torch.randn(rows, k, generator=g)
+        got = smallm.linear(x, packed, n, b)
+        ref = F.linear(x, w, b)
+        # float32 rounding of another summation order: |err| <= ~K eps sum|x w|
+        tol = 4 * k * torch.finfo(torch.float32).eps * (x.abs() @ w.abs().t() + (b.abs() if bias else 0) + 1)
+        assert got.shape == ref.shape and bool(((got - ref).abs() <= tol).all()), rows
+
+
+@needs_kernel
+def test_kernel_is_not_trivially_right():
+    """The comparison above can fail: a weight packed from another matrix gives other outputs."""
+    w = torch.randn(40, 24)
+    x = torch.randn(3, 24)
+    assert not torch.allclose(smallm.linear(x, smallm.pack(w.flip(0)), 40), F.linear(x, w), atol=1e-3)
+
+
+@needs_kernel
+def test_kernel_keeps_leading_dims_and_uses_threads():
+    w = torch.randn(96, 40)
+    x = torch.randn(1, 7, 40)
+    saved = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = smallm.linear(x, smallm.pack(w), 96)
+            assert got.shape == (1, 7, 96)
+            torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-5)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@needs_kernel
+def test_kernel_refuses_what_it_cannot_take():
+    w = smallm.pack(torch.randn(8, 4))
+    with pytest.raises(ValueError, match="rows"):
+        smallm.linear(torch.randn(smallm.max_rows() + 1, 4), w, 8)
+    with pytest.raises(ValueError, match="does not fit"):
+        smallm.linear(torch.randn(2, 5), w, 8)
+    with pytest.raises(ValueError, match="float32"):
+        smallm.pack(torch.randn(8, 4, dtype=torch.float64))
+
+
+def test_unavailable_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
+    try:
+        smallm._library.cache_clear()
+        monkeypatch.setenv("DRAFTCERT_NATIVE", "0")
+        assert not smallm.available() and "DRAFTCERT_NATIVE" in smallm.unavailable_reason()
+        smallm._library.cache_clear()
+        monkeypatch.setenv("DRAFTCERT_NATIVE", "1")
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        assert not smallm.available() and "compiler" in smallm.unavailable_reason()
+        with pytest.raises(RuntimeError, match="unavailable"):
+            smallm.block_width()
+    finally:
+        monkeypatch.undo()
+        smallm._library.cache_clear()
+
+
+def test_a_failing_compiler_is_reported(monkeypatch, tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'fatal: no target' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(fake))
+    try:
+        smallm._library.cache_clear()
+        assert not smallm.available()
+        assert "could not build" in smallm.unavailable_reason() and "no target" in smallm.unavailable_reason()
+    finally:
+        monkeypatch.undo()
+        smallm._library.cache_clear()
