@@ -16,8 +16,8 @@ per (weight shape, rows = 1..MAX_ROWS), the fastest:
   use) on a block-packed copy of W, which it reads once for any rows (float32 only; offered only
   where a C compiler built it).
 
-Timing: for each distinct weight shape, up to ``TIMED_LAYERS`` of the model's weights of that
-shape are applied one after the other (distinct weights, so the pass streams them from memory
+Timing: for each distinct weight shape, the model's weights of that shape (as many as fit in
+``TIMED_BYTES``, at least one) are applied one after the other (distinct weights, so the pass streams them from memory
 as a real forward does), for every rows in 1..MAX_ROWS and every candidate, interleaved round
 robin ``repeats`` times (load on a shared machine hits all alike); the fastest repeat decides (a
 neighbour only ever adds time, so the minimum is the estimate it disturbs least).  A
@@ -58,9 +58,10 @@ __all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measu
 
 STRATEGIES = ("rowmajor", "colmajor", "mkldnn", "streamed")
 MAX_ROWS = 9  # rows timed and dispatched (a verification of up to 8 drafts); more rows: rowmajor
-TIMED_LAYERS = 12  # weights of one shape timed back to back (out of the L2 cache, as in a pass)
+TIMED_BYTES = 64 << 20  # weights of one shape timed back to back: tens of MB, streamed from memory as in a pass
+# (12 weights of 1.3 MB, the earlier rule, stayed in a large L3 and favoured kernels that lose inside the model)
 MARGIN = 0.10  # another kernel must be >= 10 % faster than rowmajor to replace it (timing noise on a shared machine)
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 
 def cpu_model() -> str:
@@ -118,6 +119,11 @@ def _usable(how: str, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
         return False
 
 
+def _timed_count(weights: list[torch.Tensor]) -> int:
+    each = weights[0].numel() * weights[0].element_size()
+    return max(1, min(len(weights), TIMED_BYTES // max(each, 1)))
+
+
 def measure_shape(weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None = None, *,
                   repeats: int = 5, strategies=STRATEGIES, max_rows: int = MAX_ROWS) -> dict:
     """Time every usable strategy on ``weights`` (same shape) for rows 1..max_rows.
@@ -126,7 +132,7 @@ def measure_shape(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
     One row is timed (the reference of the cost curve) but always keeps ``rowmajor``: the target
     alone (greedy decoding, the baseline) runs the unmodified layer.
     """
-    ws = [w.detach() for w in weights[:TIMED_LAYERS]]
+    ws = [w.detach() for w in weights[:_timed_count(weights)]]
     bs = (list(biases) if biases is not None else [None] * len(weights))[: len(ws)]
     usable = [s for s in strategies if s == "rowmajor" or _usable(s, ws[0], bs[0])]
     lay = {s: [_layout(w, s) for w in ws] for s in usable}
@@ -154,10 +160,11 @@ def measure_shape(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
 
 
 def plan_key(shape: tuple[int, int], dtype: torch.dtype, bias: bool) -> dict:
-    """What a cached choice is valid for: this CPU, torch build, thread count, dtype and shape."""
+    """What a cached choice is valid for: this CPU, torch build, thread count, dtype, shape and the
+    build of draftcert's own kernel (another source or compiler is timed again)."""
     return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "dtype": str(dtype).removeprefix("torch."), "shape": list(shape), "bias": bias,
-            "max_rows": MAX_ROWS, "version": PLAN_VERSION}
+            "max_rows": MAX_ROWS, "version": PLAN_VERSION, "kernel": smallm.build_id()}
 
 
 def plan_path(key: dict):
@@ -205,7 +212,7 @@ def _plans(mods: list[nn.Linear], repeats: int, use_cache: bool) -> dict:
                 try:
                     plan_path(key).parent.mkdir(parents=True, exist_ok=True)
                     write_json(plan_path(key), {"key": key, "choice": res["choice"], "seconds": res["seconds"],
-                                                "timed_layers": min(len(group), TIMED_LAYERS), "repeats": repeats})
+                                                "timed_layers": _timed_count([m.weight for m in group]), "repeats": repeats})
                 except OSError:  # a read-only cache: the choice holds for this process only
                     pass
         print(f"draftcert: linear kernels timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)

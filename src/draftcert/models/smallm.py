@@ -31,7 +31,7 @@ import torch
 
 from .._cache import cache_root
 
-__all__ = ["available", "unavailable_reason", "block_width", "max_rows", "pack", "linear", "library_path"]
+__all__ = ["available", "unavailable_reason", "build_id", "block_width", "max_rows", "pack", "linear", "library_path"]
 
 SOURCE = Path(__file__).with_name("smallm.c")
 
@@ -78,24 +78,24 @@ def _compile(cc: str, out: Path) -> None:
 
 
 @lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the loaded kernel, "") or (None, why it is unavailable)."""
+def _library() -> tuple[ctypes.CDLL | None, str, str]:
+    """(the loaded kernel, "", its build id) or (None, why it is unavailable, "")."""
     if os.environ.get("DRAFTCERT_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "disabled by DRAFTCERT_NATIVE=0"
+        return None, "disabled by DRAFTCERT_NATIVE=0", ""
     cc = _compiler()
     if cc is None:
-        return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)"
+        return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)", ""
     try:
         path = library_path(cc)
         if not path.exists():
             _compile(cc, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return None, str(e)
+        return None, str(e), ""
     lib.dc_linear.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.dc_linear.restype = ctypes.c_int
-    return lib, ""
+    return lib, "", path.stem
 
 
 def available() -> bool:
@@ -106,6 +106,11 @@ def available() -> bool:
 def unavailable_reason() -> str:
     """Why :func:`available` is False ("" when it is True)."""
     return _library()[1]
+
+
+def build_id() -> str:
+    """The loaded kernel's build (source, compiler and CPU hashed), or "" where it is unavailable."""
+    return _library()[2]
 
 
 def block_width() -> int:
