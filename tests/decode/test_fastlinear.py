@@ -79,11 +79,14 @@ def test_measured_choice_is_cached_per_machine(plain, monkeypatch):
     again = copy.deepcopy(plain)
     fastlinear.enable(again)  # read back from the cache, no timing
     assert fastlinear.plan_of(again) == plan
-    # another machine's plan (same file name, another CPU recorded) is never used
-    rec["key"] = {**key, "cpu": "Some Other CPU"}
-    fastlinear.plan_path(key).write_text(json.dumps(rec))
-    with pytest.raises(AssertionError, match="timed again"):
-        fastlinear.enable(copy.deepcopy(plain))
+    # another machine's plan (same file name, another CPU recorded), or one timed with another build
+    # of draftcert's own kernel, is never used
+    assert key["kernel"] == smallm.build_id()
+    for other in ({"cpu": "Some Other CPU"}, {"kernel": "smallm-another-build"}):
+        rec["key"] = {**key, **other}
+        fastlinear.plan_path(key).write_text(json.dumps(rec))
+        with pytest.raises(AssertionError, match="timed again"):
+            fastlinear.enable(copy.deepcopy(plain))
 
 
 def test_state_dict_and_disable(plain):

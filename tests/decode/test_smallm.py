@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftcert.models import smallm
+from draftcert.models import fastlinear, smallm
 
 needs_kernel = pytest.mark.skipif(not smallm.available(), reason=f"smallm kernel unavailable: {smallm.unavailable_reason()}")
 
@@ -70,6 +70,9 @@ def test_unavailable_says_why(monkeypatch, tmp_path):
         smallm._library.cache_clear()
         monkeypatch.setenv("DRAFTCERT_NATIVE", "0")
         assert not smallm.available() and "DRAFTCERT_NATIVE" in smallm.unavailable_reason()
+        assert smallm.build_id() == "" and not fastlinear._usable("streamed", torch.randn(8, 4), None)
+        with pytest.raises(ValueError, match="unavailable here: disabled"):
+            fastlinear.enable(torch.nn.Linear(4, 8), force="streamed")
         smallm._library.cache_clear()
         monkeypatch.setenv("DRAFTCERT_NATIVE", "1")
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

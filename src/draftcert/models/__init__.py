@@ -10,7 +10,9 @@
 
 Submodules: ``hf`` (the transformers adapter: cache argument and creation, forward passes with or
 without hidden states, EOS and pad ids, left padding, dtype names), ``fastlinear`` (linear
-kernels measured per weight shape and row count on CPU, for cheaper multi-token passes), ``eagle`` (the feature drafter).
+kernels measured per weight shape and row count on CPU, for cheaper multi-token passes), ``smallm``
+(draftcert's own few-row linear kernel, compiled on first use), ``attention`` (grouped-query SDPA
+without the KV-cache copy), ``eagle`` (the feature drafter).
 """
 
 from .drafters import (

@@ -1,7 +1,7 @@
 """Grouped-query SDPA that never copies the KV cache: transformers' ``sdpa`` with ``enable_gqa``
 whenever the mask is shared by all heads.
 
-Why: a verification pass (2..9 query rows) comes with a 4-D mask (``[B, 1, q, S]``: causal with an
+Why: a verification pass (2..16 query rows) comes with a 4-D mask (``[B, 1, q, S]``: causal with an
 offset, or a tree).  transformers' ``sdpa`` attention passes ``enable_gqa=True`` to
 ``torch.nn.functional.scaled_dot_product_attention`` only without a mask (or for one query row), and
 otherwise calls ``repeat_kv``: a copy of the whole cached K and V, ``num_key_value_groups`` times, in

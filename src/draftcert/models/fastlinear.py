@@ -57,11 +57,11 @@ from . import smallm
 __all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measure_shape", "cpu_model", "STRATEGIES", "MAX_ROWS"]
 
 STRATEGIES = ("rowmajor", "colmajor", "mkldnn", "streamed")
-MAX_ROWS = 9  # rows timed and dispatched (a verification of up to 8 drafts); more rows: rowmajor
+MAX_ROWS = 16  # rows timed and dispatched (a verification of up to 15 drafts: trees with suffix candidates); more: rowmajor
 TIMED_BYTES = 64 << 20  # weights of one shape timed back to back: tens of MB, streamed from memory as in a pass
 # (12 weights of 1.3 MB, the earlier rule, stayed in a large L3 and favoured kernels that lose inside the model)
 MARGIN = 0.10  # another kernel must be >= 10 % faster than rowmajor to replace it (timing noise on a shared machine)
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 
 
 def cpu_model() -> str:

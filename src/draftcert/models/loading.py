@@ -160,7 +160,7 @@ def _load_pretrained(source: str, *, local_only: bool, dtype):
     return model, tok
 
 
-# fast_linear's layout copies (column-major and/or oneDNN-prepacked, where measured faster) can add up
+# fast_linear's layout copies (column-major, oneDNN-prepacked or block-packed, where measured faster) can add up
 # to two more copies of the linear weights: on by default only for models whose linear weights fit in
 # this many bytes (SmolLM2-135M: 0.5 GB; an 8B model in float32 would need 32-64 GB more).
 # fast_linear=True forces it.
@@ -197,7 +197,7 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
     ``role`` ("target" or "drafter") is how error messages name the model.  A spec that names no
     loadable model raises ``ModelUnavailable`` (a ValueError) before anything is computed.
-    ``fast_linear`` (CPU): run every linear layer, for passes of 2..9 tokens, with the kernel measured
+    ``fast_linear`` (CPU): run every linear layer, for passes of 2..16 tokens, with the kernel measured
     fastest on this machine for its shape and row count (``draftcert.models.fastlinear``: timed once,
     cached; same values, float32 rounding of another GEMM kernel, a layout copy of the weights in
     memory where one was chosen; 1-token passes run the plain layer).  ``None`` (default): on when the linear weights take at most

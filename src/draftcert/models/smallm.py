@@ -1,6 +1,6 @@
 """A native linear kernel for a few rows that streams the weight once (``smallm.c``).
 
-A verification pass at batch 1 runs 2..9 rows through every linear layer and is bound by reading
+A verification pass at batch 1 runs 2..16 rows (drafts, trees, suffix candidates) through every linear layer and is bound by reading
 the weights; BLAS kernels for a small M re-pack or re-read them once M passes 3 or 4, so a pass of
 4..9 rows can cost 2-3 passes of one row.  ``smallm.c`` holds the weight packed as
 ``[ceil(N / BW)][K][BW]`` (``BW`` output columns per block, a multiple of the vector width) and,
