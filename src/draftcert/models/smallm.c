@@ -12,6 +12,9 @@
  * Built by draftcert.models.smallm with -O3 -march=native; the vector width follows the target. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__AVX512F__)
 #define VW 16
@@ -67,11 +70,10 @@ block(const float *restrict xt, long K, const float *restrict wp, float *restric
 }
 
 #define ROWS(MM)                                                                                 \
-    case MM: {                                                                                   \
-        _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1 && nb > 1)") \
+    case MM:                                                                                     \
+        _Pragma("omp for schedule(static)")                                                      \
         for (long b = 0; b < nb; b++) block(xt, K, wp + b * K * BW, y, N, b * BW, bias, MM);      \
-        break;                                                                                   \
-    }
+        break;
 
 /* x: [M, K] row-major; wp: W packed as [ceil(N/BW)][K][BW] (zero padded); bias: [N] or NULL;
  * y: [M, N] row-major, written.  Returns 0, -1 when M is out of range, -2 when out of memory. */
@@ -79,17 +81,27 @@ int dc_linear(const float *x, long M, long K, const float *wp, long N, const flo
 {
     long nb = (N + BW - 1) / BW;
     if (M < 1 || M > SMALLM_MAX_ROWS) return -1;
-    if (threads < 1) threads = 1;
-    /* x transposed to [K][M]: the M values broadcast at step k share one or two cache lines, read in order */
+    if (threads < 1 || nb < 2) threads = 1;
+    /* one copy of x transposed to [K][M] per thread: the M values broadcast at step k share one or
+     * two cache lines, read in order from the thread's own cache */
+    size_t each = (size_t)K * M;
     float stack[16384];
-    float *xt = (size_t)K * M <= sizeof stack / sizeof *stack ? stack : malloc((size_t)K * M * sizeof(float));
-    if (!xt) return -2;
-    for (long m = 0; m < M; m++)
-        for (long k = 0; k < K; k++) xt[k * M + m] = x[m * K + k];
-    switch (M) {
-        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-        ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+    float *all = each * threads <= sizeof stack / sizeof *stack ? stack : malloc(each * threads * sizeof(float));
+    if (!all) return -2;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+#ifdef _OPENMP
+        float *xt = all + each * omp_get_thread_num();
+#else
+        float *xt = all;
+#endif
+        for (long m = 0; m < M; m++)
+            for (long k = 0; k < K; k++) xt[k * M + m] = x[m * K + k];
+        switch (M) {
+            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+            ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+        }
     }
-    if (xt != stack) free(xt);
+    if (all != stack) free(all);
     return 0;
 }
