@@ -75,7 +75,7 @@ def test_measured_choice_is_cached_per_machine(plain, monkeypatch):
     def no_timing(*a, **k):
         raise AssertionError("timed again although a plan is cached")
 
-    monkeypatch.setattr(fastlinear, "measure_shape", no_timing)
+    monkeypatch.setattr(fastlinear, "measure_passes", no_timing)
     again = copy.deepcopy(plain)
     fastlinear.enable(again)  # read back from the cache, no timing
     assert fastlinear.plan_of(again) == plan
@@ -163,3 +163,25 @@ def test_load_target_turns_it_on_only_for_models_that_fit(tmp_path, monkeypatch)
     monkeypatch.setattr(loading, "FAST_LINEAR_AUTO_MAX_BYTES", 1024)
     assert not fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"))[0])
     assert fastlinear.is_enabled(loading.load_target(str(tmp_path / "m"), fast_linear=True)[0])
+
+
+def test_timing_passes_run_the_model_in_order_within_a_byte_budget(monkeypatch):
+    """measure_passes times the asked shapes inside passes over the layers in order; past the byte
+    budget only the first layer of each shape not yet seen (a large model's LM head) is added."""
+    mods = [torch.nn.Linear(16, 32, bias=False) for _ in range(4)] + [torch.nn.Linear(32, 8)]
+    monkeypatch.setattr(fastlinear, "TIMED_BYTES", 2 * 32 * 16 * 4)
+    prefix = fastlinear._timed_prefix(mods)
+    assert prefix == [mods[0], mods[1], mods[4]]
+    calls = []
+    real = fastlinear._apply
+    monkeypatch.setattr(fastlinear, "_apply", lambda how, x, w, b: calls.append((how, x.shape[0], tuple(x.shape))) or real(how, x, w, b))
+    wanted = {((32, 16), torch.float32, False)}
+    res = fastlinear.measure_passes(mods, wanted, repeats=1, strategies=("rowmajor", "colmajor"), max_rows=3)
+    assert set(res) == wanted
+    r = res[((32, 16), torch.float32, False)]
+    assert r["timed_layers"] == 2 and r["choice"][0] == "rowmajor" and len(r["seconds"]["colmajor"]) == 3
+    # every pass ran the three layers in model order; the untimed shape always with rowmajor
+    calls = [c for c in calls if c[1] <= 3]  # (not the usability check, on MAX_ROWS rows)
+    assert len(calls) == 2 * 3 * 2 * 3  # (warm-up + 1 round) x 3 row counts x 2 strategies x 3 layers
+    assert all(how == "rowmajor" for how, _, shape in calls if shape[1] == 32)
+    assert {how for how, _, shape in calls if shape[1] == 16} == {"rowmajor", "colmajor"}

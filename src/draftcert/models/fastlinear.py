@@ -16,14 +16,13 @@ per (weight shape, rows = 1..MAX_ROWS), the fastest:
   use) on a block-packed copy of W, which it reads once for any rows (float32 only; offered only
   where a C compiler built it).
 
-Timing: for each distinct weight shape, the model's weights of that shape (as many as fit in
-``TIMED_BYTES``, at least one) are applied one after the other (distinct weights, so the pass streams them from memory
-as a real forward does), for every rows in 1..MAX_ROWS and every candidate, interleaved round
-robin ``repeats`` times (load on a shared machine hits all alike); the fastest repeat decides (a
-neighbour only ever adds time, so the minimum is the estimate it disturbs least).  A
-candidate replaces ``rowmajor`` only when it is at least ``MARGIN`` faster (noise does not flip
-the plain path).  A candidate that fails on this build or disagrees with ``F.linear`` beyond
-float32 rounding is dropped.  Rows above MAX_ROWS (prefills) run ``rowmajor``.
+Timing (``measure_passes``): passes over the model's linear layers in order (up to ``TIMED_BYTES``
+of weights), one per (rows in 1..MAX_ROWS, candidate), each layer of a shape run with the candidate
+and timed, so that every kernel reads its weights after a pass's worth of other weights, as inside
+the model; round robin ``repeats`` times after a warm-up, the fastest round decides (a neighbour
+only ever adds time).  A candidate replaces ``rowmajor`` only when it is at least ``MARGIN`` faster
+(noise does not flip the plain path).  A candidate that fails on this build or disagrees with
+``F.linear`` beyond float32 rounding is dropped.  Rows above MAX_ROWS (prefills) run ``rowmajor``.
 
 The choice is cached on disk, one JSON per (CPU model, torch version, thread count, dtype,
 shape) under ``<cache_root>/fastlinear/`` (``draftcert._cache.cache_root``); a file whose
@@ -54,14 +53,13 @@ from .._cache import cache_root
 from ..fileio import write_json
 from . import smallm
 
-__all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measure_shape", "cpu_model", "STRATEGIES", "MAX_ROWS"]
+__all__ = ["enable", "disable", "is_enabled", "plan_of", "plain_kernels", "measure_passes", "measure_shape", "cpu_model", "STRATEGIES", "MAX_ROWS"]
 
 STRATEGIES = ("rowmajor", "colmajor", "mkldnn", "streamed")
 MAX_ROWS = 16  # rows timed and dispatched (a verification of up to 15 drafts: trees with suffix candidates); more: rowmajor
-TIMED_BYTES = 64 << 20  # weights of one shape timed back to back: tens of MB, streamed from memory as in a pass
-# (12 weights of 1.3 MB, the earlier rule, stayed in a large L3 and favoured kernels that lose inside the model)
+TIMED_BYTES = 768 << 20  # weights one timing pass reads (a 135M float32 model whole; a larger one's first layers)
 MARGIN = 0.10  # another kernel must be >= 10 % faster than rowmajor to replace it (timing noise on a shared machine)
-PLAN_VERSION = 6
+PLAN_VERSION = 8
 
 
 def cpu_model() -> str:
@@ -119,41 +117,105 @@ def _usable(how: str, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
         return False
 
 
-def _timed_count(weights: list[torch.Tensor]) -> int:
-    each = weights[0].numel() * weights[0].element_size()
-    return max(1, min(len(weights), TIMED_BYTES // max(each, 1)))
+def _group(mod: nn.Linear) -> tuple:
+    return tuple(mod.weight.shape), mod.weight.dtype, mod.bias is not None
+
+
+def _timed_prefix(mods: list[nn.Linear]) -> list[nn.Linear]:
+    """The layers a timing pass runs: the model's linear layers in order up to ``TIMED_BYTES`` of
+    weights, then the first layer of every shape not among them (a large model's LM head)."""
+    out, total = [], 0
+    for m in mods:
+        size = m.weight.numel() * m.weight.element_size()
+        if total + size <= TIMED_BYTES:
+            out.append(m)
+            total += size
+    seen = {_group(m) for m in out}
+    for m in mods:
+        if _group(m) not in seen:
+            out.append(m)
+            seen.add(_group(m))
+    return out
+
+
+def measure_passes(mods: list[nn.Linear], timed: set | None = None, *, repeats: int = 3,
+                   strategies=STRATEGIES, max_rows: int = MAX_ROWS) -> dict:
+    """Time the kernels inside passes over ``mods`` in order, as a forward pass runs them.
+
+    For every rows r in 1..max_rows and every strategy s, one pass applies every layer of ``mods``
+    (up to ``TIMED_BYTES`` of weights, see ``_timed_prefix``) to r rows, each layer of a group in
+    ``timed`` (default: all groups) with s where s is usable for it, every other layer with rowmajor;
+    a group's time is the sum over its layers.  So each kernel reads its weights after a pass's worth
+    of other weights, from memory, as in the model (timing one shape's weights alone kept them in a
+    large cache and ranked the kernels unlike the model).  ``repeats`` rounds after a warm-up, round
+    robin over (rows, strategy); the fastest round decides (a neighbour only ever adds time).
+
+    Returns ``{group: {"seconds": {strategy: [s for rows 1..max_rows]}, "choice": [strategy per rows]}}``
+    with ``group = (shape, dtype, has_bias)``.  One row always keeps ``rowmajor`` (the target alone
+    runs the unmodified layer); another kernel replaces it only when at least ``MARGIN`` faster.
+    """
+    run_mods = _timed_prefix(mods)
+    groups = {}
+    for m in run_mods:
+        groups.setdefault(_group(m), m)
+    timed = set(groups) if timed is None else set(timed) & set(groups)
+    usable = {g: [s for s in strategies if s == "rowmajor" or _usable(s, groups[g].weight, groups[g].bias)]
+              for g in timed}
+    lay = {}
+    for m in run_mods:
+        for s in usable.get(_group(m), ["rowmajor"]):
+            lay[(id(m), s)] = m.weight.detach() if s == "rowmajor" else _layout(m.weight, s)
+    gen = torch.Generator().manual_seed(0)
+    xs = {}
+    for m in run_mods:
+        k, dt = m.weight.shape[1], m.weight.dtype
+        for r in range(1, max_rows + 1):
+            if (r, k, dt) not in xs:
+                xs[(r, k, dt)] = torch.randn(r, k, generator=gen, dtype=dt)
+    order = [s for s in STRATEGIES if any(s in u for u in usable.values())] or ["rowmajor"]
+    times = {(g, s, r): [] for g in timed for s in usable[g] for r in range(1, max_rows + 1)}
+    with torch.no_grad():
+        for rep in range(repeats + 1):  # the first round warms up and is dropped
+            for r in range(1, max_rows + 1):
+                for s in order:
+                    acc = dict.fromkeys(timed, 0.0)
+                    for m in run_mods:
+                        g = _group(m)
+                        how = s if g in timed and s in usable[g] else "rowmajor"
+                        x = xs[(r, m.weight.shape[1], m.weight.dtype)]
+                        t0 = time.perf_counter()
+                        _apply(how, x, lay[(id(m), how)], m.bias)
+                        if how == s and g in timed:
+                            acc[g] += time.perf_counter() - t0
+                    if rep:
+                        for g in timed:
+                            if s in usable[g]:
+                                times[(g, s, r)].append(acc[g])
+    out = {}
+    for g in timed:
+        sec = {s: [min(times[(g, s, r)]) for r in range(1, max_rows + 1)] for s in usable[g]}
+        choice = ["rowmajor"]
+        for i in range(1, max_rows):
+            best = min(usable[g], key=lambda s: sec[s][i])
+            choice.append(best if sec[best][i] < (1 - MARGIN) * sec["rowmajor"][i] else "rowmajor")
+        out[g] = {"seconds": sec, "choice": choice, "timed_layers": sum(_group(m) == g for m in run_mods)}
+    return out
 
 
 def measure_shape(weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None = None, *,
-                  repeats: int = 5, strategies=STRATEGIES, max_rows: int = MAX_ROWS) -> dict:
-    """Time every usable strategy on ``weights`` (same shape) for rows 1..max_rows.
-
-    Returns ``{"seconds": {strategy: [fastest s for rows 1..max_rows]}, "choice": [strategy per rows]}``.
-    One row is timed (the reference of the cost curve) but always keeps ``rowmajor``: the target
-    alone (greedy decoding, the baseline) runs the unmodified layer.
-    """
-    ws = [w.detach() for w in weights[:_timed_count(weights)]]
-    bs = (list(biases) if biases is not None else [None] * len(weights))[: len(ws)]
-    usable = [s for s in strategies if s == "rowmajor" or _usable(s, ws[0], bs[0])]
-    lay = {s: [_layout(w, s) for w in ws] for s in usable}
-    g = torch.Generator().manual_seed(0)
-    xs = {m: torch.randn(m, ws[0].shape[1], generator=g, dtype=ws[0].dtype) for m in range(1, max_rows + 1)}
-    times = {(s, m): [] for s in usable for m in xs}
-    with torch.no_grad():
-        for rep in range(repeats + 1):  # the first round warms up and is dropped
-            for m, x in xs.items():
-                for s in usable:
-                    t0 = time.perf_counter()
-                    for w, b in zip(lay[s], bs):
-                        _apply(s, x, w, b)
-                    if rep:
-                        times[(s, m)].append(time.perf_counter() - t0)
-    sec = {s: [min(times[(s, m)]) for m in xs] for s in usable}
-    choice = ["rowmajor"]
-    for i in range(1, max_rows):
-        best = min(usable, key=lambda s: sec[s][i])
-        choice.append(best if sec[best][i] < (1 - MARGIN) * sec["rowmajor"][i] else "rowmajor")
-    return {"seconds": sec, "choice": choice}
+                  repeats: int = 3, strategies=STRATEGIES, max_rows: int = MAX_ROWS) -> dict:
+    """``measure_passes`` on layers holding ``weights`` (one shape) alone:
+    ``{"seconds": {strategy: [s for rows 1..max_rows]}, "choice": [strategy per rows]}``."""
+    bs = list(biases) if biases is not None else [None] * len(weights)
+    mods = []
+    for w, b in zip(weights, bs):
+        lin = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, dtype=w.dtype)
+        lin.weight = nn.Parameter(w.detach(), requires_grad=False)
+        if b is not None:
+            lin.bias = nn.Parameter(b.detach(), requires_grad=False)
+        mods.append(lin)
+    res = measure_passes(mods, repeats=repeats, strategies=strategies, max_rows=max_rows)
+    return res[_group(mods[0])]
 
 
 # ----------------------------------------------------------------------------- the cached plan
@@ -203,16 +265,16 @@ def _plans(mods: list[nn.Linear], repeats: int, use_cache: bool) -> dict:
         print(f"draftcert: timing linear kernels for {len(todo)} weight shape(s) on this machine "
               f"({torch.get_num_threads()} thread(s); once, cached in {cache_root() / 'fastlinear'})",
               file=sys.stderr, flush=True)
+        measured = measure_passes(mods, set(todo), repeats=repeats)
         for g in todo:
-            group = groups[g]
-            res = measure_shape([m.weight for m in group], [m.bias for m in group], repeats=repeats)
+            res = measured[g]
             plans[g] = res["choice"]
             key = plan_key(*g)
             if use_cache:
                 try:
                     plan_path(key).parent.mkdir(parents=True, exist_ok=True)
                     write_json(plan_path(key), {"key": key, "choice": res["choice"], "seconds": res["seconds"],
-                                                "timed_layers": _timed_count([m.weight for m in group]), "repeats": repeats})
+                                                "timed_layers": res["timed_layers"], "repeats": repeats})
                 except OSError:  # a read-only cache: the choice holds for this process only
                     pass
         print(f"draftcert: linear kernels timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -255,7 +317,7 @@ def _copy(mod: nn.Linear, how: str) -> torch.Tensor:
     return copies[how][1]
 
 
-def enable(model: nn.Module, *, force: str | None = None, repeats: int = 5, use_cache: bool = True) -> int:
+def enable(model: nn.Module, *, force: str | None = None, repeats: int = 3, use_cache: bool = True) -> int:
     """Give every plain float ``nn.Linear`` of ``model`` on CPU its measured kernel choice, in place.
 
     ``force``: one strategy for every rows 2..MAX_ROWS without timing (tests, comparisons).
