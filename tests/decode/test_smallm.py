@@ -3,6 +3,10 @@ for every row count it takes, odd shapes, bias, threads; a clear "unavailable" w
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -97,3 +101,29 @@ def test_a_failing_compiler_is_reported(monkeypatch, tmp_path):
     finally:
         monkeypatch.undo()
         smallm._library.cache_clear()
+
+
+AVX2_CHECK = """
+import torch, torch.nn.functional as F
+from draftcert.models import smallm
+assert smallm.available(), smallm.unavailable_reason()
+assert smallm.block_width() == 16, smallm.block_width()  # the AVX2 build
+g = torch.Generator().manual_seed(0)
+for n, k in [(48, 32), (37, 19), (200, 64)]:
+    w = torch.randn(n, k, generator=g)
+    p = smallm.pack(w)
+    for rows in range(1, smallm.max_rows() + 1):  # 10..16 rows: a block one vector at a time
+        x = torch.randn(rows, k, generator=g)
+        torch.testing.assert_close(smallm.linear(x, p, n), F.linear(x, w), rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+@needs_kernel
+@pytest.mark.skipif("avx512f" not in smallm._cpu_flags().split() or "avx2" not in smallm._cpu_flags().split(),
+                    reason="needs a CPU with AVX-512 and AVX2 to build and run the AVX2 kernel beside the native one")
+def test_the_avx2_build_agrees_too(tmp_path):
+    """CI runs on AVX-512: build the AVX2 kernel as well (its block is split by vector past 9 rows)."""
+    env = {**os.environ, "DRAFTCERT_NATIVE_CFLAGS": "-mno-avx512f", "DRAFTCERT_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", AVX2_CHECK], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

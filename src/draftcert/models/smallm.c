@@ -18,14 +18,19 @@
 
 #if defined(__AVX512F__)
 #define VW 16
-#define NV 2
+#define NREGS 32
 #elif defined(__AVX__)
 #define VW 8
-#define NV 1
+#define NREGS 16
 #else
 #define VW 4
-#define NV 1
+#define NREGS 16
 #endif
+#define NV 2 /* vectors of output columns per block */
+/* accumulators allowed past the register file before a block is split by vector: a spill or two
+ * (AVX2, 8-9 rows) cost less than reading the block twice (measured with bench_smallm.py built
+ * with -mno-avx512f: 9 rows 1.37 vs 1.49 one row) */
+#define SPILL 2
 #define BW (NV * VW)
 #define SMALLM_MAX_ROWS 16
 #ifndef PF
@@ -36,43 +41,61 @@ typedef float vf __attribute__((vector_size(VW * 4), aligned(4)));
 int dc_block_width(void) { return BW; }
 int dc_max_rows(void) { return SMALLM_MAX_ROWS; }
 
+/* Columns [v0 * VW, (v0 + nv) * VW) of one block, for M rows: M * nv accumulators in registers. */
 static inline __attribute__((always_inline)) void
 block(const float *restrict xt, long K, const float *restrict wp, float *restrict y, long N, long n0,
-      const float *restrict bias, const int M)
+      const float *restrict bias, const int M, const int nv, const int v0)
 {
     vf acc[SMALLM_MAX_ROWS][NV];
 #pragma GCC unroll 16
     for (int m = 0; m < M; m++)
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) acc[m][v] = (vf){0};
+        for (int v = 0; v < nv; v++) acc[m][v] = (vf){0};
     for (long k = 0; k < K; k++) {
         const float *w = wp + k * BW;
+        if (v0 == 0) {
 #pragma GCC unroll 4
-        for (int line = 0; line < BW; line += 16) __builtin_prefetch(w + PF + line, 0, 1);
+            for (int line = 0; line < BW; line += 16) __builtin_prefetch(w + PF + line, 0, 1);
+        }
         vf wv[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; v++) wv[v] = *(const vf *)(w + v * VW);
+        for (int v = 0; v < nv; v++) wv[v] = *(const vf *)(w + (v0 + v) * VW);
 #pragma GCC unroll 16
         for (int m = 0; m < M; m++) {
             float xv = xt[k * M + m];
 #pragma GCC unroll 4
-            for (int v = 0; v < NV; v++) acc[m][v] += xv * wv[v];
+            for (int v = 0; v < nv; v++) acc[m][v] += xv * wv[v];
         }
     }
-    long width = N - n0 < BW ? N - n0 : BW;
+    long c0 = n0 + v0 * VW, width = N - c0 < nv * VW ? N - c0 : nv * VW;
     for (int m = 0; m < M; m++) {
         float t[BW];
-        memcpy(t, acc[m], sizeof t);
+        memcpy(t, acc[m], nv * VW * sizeof(float));
         if (bias)
-            for (long j = 0; j < width; j++) t[j] += bias[n0 + j];
-        memcpy(y + m * N + n0, t, width * sizeof(float));
+            for (long j = 0; j < width; j++) t[j] += bias[c0 + j];
+        if (width > 0) memcpy(y + m * N + c0, t, width * sizeof(float));
+    }
+}
+
+/* A whole block: all NV vectors at once while the M * NV accumulators (about) fit in the registers,
+ * else one vector of columns at a time (the block's lines, read from memory by the first, come from
+ * this core's cache for the others). */
+static inline __attribute__((always_inline)) void
+whole_block(const float *restrict xt, long K, const float *restrict wp, float *restrict y, long N, long n0,
+            const float *restrict bias, const int M)
+{
+    if (M * NV <= NREGS + SPILL) {
+        block(xt, K, wp, y, N, n0, bias, M, NV, 0);
+    } else {
+#pragma GCC unroll 4
+        for (int v0 = 0; v0 < NV; v0++) block(xt, K, wp, y, N, n0, bias, M, 1, v0);
     }
 }
 
 #define ROWS(MM)                                                                                 \
     case MM:                                                                                     \
         _Pragma("omp for schedule(static)")                                                      \
-        for (long b = 0; b < nb; b++) block(xt, K, wp + b * K * BW, y, N, b * BW, bias, MM);      \
+        for (long b = 0; b < nb; b++) whole_block(xt, K, wp + b * K * BW, y, N, b * BW, bias, MM); \
         break;
 
 /* x: [M, K] row-major; wp: W packed as [ceil(N/BW)][K][BW] (zero padded); bias: [N] or NULL;

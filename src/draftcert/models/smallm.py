@@ -9,7 +9,7 @@ whatever ``M`` is (up to 16).  Arithmetic is plain float32 fused multiply-add in
 agrees with ``F.linear`` to float32 rounding (a different summation order, like any two GEMMs).
 
 The kernel is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) and
-``-O3 -march=native`` (plus ``-fopenmp`` where it links: blocks are split over torch's thread count,
+``-O3 -march=native`` (and ``$DRAFTCERT_NATIVE_CFLAGS``; plus ``-fopenmp`` where it links: blocks are split over torch's thread count,
 in torch's own OpenMP runtime), into ``<cache_root>/kernels/``, keyed by the source, the compiler
 and the CPU, then loaded with ``ctypes``.  Where no compiler works, or ``DRAFTCERT_NATIVE=0``,
 :func:`available` is False with the reason in :func:`unavailable_reason`, and
@@ -52,19 +52,26 @@ def _compiler() -> str | None:
     return shutil.which(cc)
 
 
+def _extra_flags() -> list[str]:
+    """``$DRAFTCERT_NATIVE_CFLAGS``: more compiler flags, e.g. ``-mno-avx512f`` for the AVX2 build on
+    an AVX-512 machine (benchmarks/bench_smallm.py compares the two)."""
+    return os.environ.get("DRAFTCERT_NATIVE_CFLAGS", "").split()
+
+
 def library_path(cc: str) -> Path:
-    """Where the compiled kernel for this source, compiler and CPU lives."""
+    """Where the compiled kernel for this source, compiler, flags and CPU lives."""
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    ident = SOURCE.read_bytes() + version.encode() + _cpu_flags().encode() + " ".join(_extra_flags()).encode()
+    key = hashlib.sha256(ident).hexdigest()[:16]
     return cache_root() / "kernels" / f"smallm-{key}.so"
 
 
 def _compile(cc: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
+    base = [cc, "-O3", "-march=native", *_extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
     errors = []
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
