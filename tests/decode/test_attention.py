@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from draftcert.decode import greedy_generate, speculative_generate
+from draftcert.decode import batch_speculative_generate, greedy_generate, speculative_generate
 from draftcert.models import attention, tiny_qwen3
 from draftcert.models.hf import model_forward, new_cache
 
@@ -75,3 +75,16 @@ def test_left_alone_where_it_does_not_apply():
     gqa, _ = tiny_qwen3(0, num_layers=1, hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2)
     gqa.set_attn_implementation("eager")
     assert not attention.use_grouped_sdpa(gqa) and gqa.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("tree", [None, (2, 3)])
+def test_batched_strict_decoding_with_left_padding_is_lossless(pair, tree):
+    """Rows of mixed lengths (left padding in the 4-D mask, per-row positions): every row gets its
+    own greedy output through the grouped attention."""
+    model, grouped = pair
+    g = torch.Generator().manual_seed(11)
+    rows = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 5, 14)]
+    refs = [greedy_generate(model, r, 12, eos_token_id=[]) for r in rows]
+    res = batch_speculative_generate(grouped, "self:skip=1", rows, "strict", k=3, tree=tree, max_new_tokens=12,
+                                     eos_token_id=[])
+    assert res.tokens == refs
