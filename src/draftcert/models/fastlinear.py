@@ -25,7 +25,7 @@ only ever adds time).  A candidate replaces ``rowmajor`` only when it is at leas
 ``F.linear`` beyond float32 rounding is dropped.  Rows above MAX_ROWS (prefills) run ``rowmajor``.
 
 The choice is cached on disk, one JSON per (CPU model, torch version, thread count, dtype,
-shape) under ``<cache_root>/fastlinear/`` (``draftcert._cache.cache_root``); a file whose
+shape, build of the streamed kernel) under ``<cache_root>/fastlinear/`` (``draftcert._cache.cache_root``); a file whose
 recorded key differs from this machine's is never used.  It is made with the thread count
 current when ``enable`` runs.
 
@@ -251,7 +251,7 @@ def _plans(mods: list[nn.Linear], repeats: int, use_cache: bool) -> dict:
     """{(shape, dtype, bias): choice per rows}: cached, else measured now (and cached)."""
     groups: dict[tuple, list[nn.Linear]] = {}
     for mod in mods:
-        groups.setdefault((tuple(mod.weight.shape), mod.weight.dtype, mod.bias is not None), []).append(mod)
+        groups.setdefault(_group(mod), []).append(mod)
     plans, todo = {}, []
     for g in groups:
         key = plan_key(*g)
@@ -337,7 +337,7 @@ def enable(model: nn.Module, *, force: str | None = None, repeats: int = 3, use_
     else:
         plans = _plans(mods, repeats, use_cache)
     for mod in mods:
-        choice = plans[None] if force is not None else plans[(tuple(mod.weight.shape), mod.weight.dtype, mod.bias is not None)]
+        choice = plans[None] if force is not None else plans[_group(mod)]
         mod.__class__ = MeasuredLinear
         mod.__dict__["fl_choice"] = tuple(choice)
         mod.__dict__["fl_copies"] = {}
