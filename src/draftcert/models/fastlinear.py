@@ -172,6 +172,7 @@ def measure_passes(mods: list[nn.Linear], timed: set | None = None, *, repeats: 
         for r in range(1, max_rows + 1):
             if (r, k, dt) not in xs:
                 xs[(r, k, dt)] = torch.randn(r, k, generator=gen, dtype=dt)
+    layers = [(m, _group(m), (m.weight.shape[1], m.weight.dtype)) for m in run_mods]  # (layer, group, x's K and dtype)
     order = [s for s in STRATEGIES if any(s in u for u in usable.values())] or ["rowmajor"]
     times = {(g, s, r): [] for g in timed for s in usable[g] for r in range(1, max_rows + 1)}
     with torch.no_grad():
@@ -179,12 +180,10 @@ def measure_passes(mods: list[nn.Linear], timed: set | None = None, *, repeats: 
             for r in range(1, max_rows + 1):
                 for s in order:
                     acc = dict.fromkeys(timed, 0.0)
-                    for m in run_mods:
-                        g = _group(m)
+                    for m, g, xkey in layers:
                         how = s if g in timed and s in usable[g] else "rowmajor"
-                        x = xs[(r, m.weight.shape[1], m.weight.dtype)]
                         t0 = time.perf_counter()
-                        _apply(how, x, lay[(id(m), how)], m.bias)
+                        _apply(how, xs[(r, *xkey)], lay[(id(m), how)], m.bias)
                         if how == s and g in timed:
                             acc[g] += time.perf_counter() - t0
                     if rep:

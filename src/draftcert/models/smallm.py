@@ -10,8 +10,8 @@ agrees with ``F.linear`` to float32 rounding (a different summation order, like 
 
 The kernel is compiled on first use with the machine's C compiler (``$CC``, else ``cc``) and
 ``-O3 -march=native`` (and ``$DRAFTCERT_NATIVE_CFLAGS``; plus ``-fopenmp`` where it links: blocks are split over torch's thread count,
-in torch's own OpenMP runtime), into ``<cache_root>/kernels/``, keyed by the source, the compiler
-and the CPU, then loaded with ``ctypes``.  Where no compiler works, or ``DRAFTCERT_NATIVE=0``,
+in torch's own OpenMP runtime), into ``<cache_root>/kernels/``, keyed by the source, the compiler,
+the extra flags and the CPU, then loaded with ``ctypes``.  Where no compiler works, or ``DRAFTCERT_NATIVE=0``,
 :func:`available` is False with the reason in :func:`unavailable_reason`, and
 ``draftcert.models.fastlinear`` simply does not offer the candidate.
 """
@@ -116,7 +116,7 @@ def unavailable_reason() -> str:
 
 
 def build_id() -> str:
-    """The loaded kernel's build (source, compiler and CPU hashed), or "" where it is unavailable."""
+    """The loaded kernel's build (source, compiler, flags and CPU hashed), or "" where it is unavailable."""
     return _library()[2]
 
 
