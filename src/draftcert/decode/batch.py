@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import operator
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import reduce
@@ -70,10 +71,11 @@ import torch
 from ..criteria import TreeCoverage
 from ..models.hf import cache_kwarg, eos_token_ids, new_cache, vocab_size_of
 from .drafters import make_drafter
-from .engine import (accept, certify, check_drafter_vocab, check_max_new_tokens, propose_draft, record,
-                     resolve_criterion, summary_size)
+from .engine import (accept, certify, check_drafter_vocab, check_max_new_tokens, check_target, decode_loop,
+                     propose_draft, record, resolve_criterion, summary_size)
+from .state import Layout, layer_masks, layout_of
 from .stats import DecodeStats, RoundLog
-from .tree import DraftTree, additive_mask, tree_allowed, tree_position_ids
+from .tree import DraftTree, tree_allowed, tree_position_ids
 
 __all__ = ["batch_speculative_generate", "BatchDecodeResult", "batch_rows", "fork_drafters", "COMPACT_HOLES"]
 
@@ -217,7 +219,10 @@ def batch_speculative_generate(
 
     Parameters
     ----------
-    target : transformers causal LM with a full-attention ``DynamicCache`` (no sliding window).
+    target : transformers causal LM.  Full-attention and sliding-window layers share one pass
+        (``state.layer_masks`` applies each layer's window); a model the batched pass cannot serve
+        (recurrent state, ALiBi, GPT-Neo's local layers: ``state.Layout.batch_refusal``) is decoded
+        row after row, exactly as at batch 1, with a warning that says why.
     drafter : what ``make_drafter`` accepts (a spec string, a causal LM, a drafter object); it is
         made once and forked per row (``fork_drafters``), so a model is loaded once.
     rows : per-row token id lists (different lengths), or a left-padded LongTensor [B, T] with
@@ -231,6 +236,7 @@ def batch_speculative_generate(
     """
     crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
     check_max_new_tokens(max_new_tokens)
+    layout = check_target(target, tree is not None or isinstance(crit, TreeCoverage))
     prompts = batch_rows(rows, attention_mask, vocab_size_of(target))
     base = make_drafter(drafter, target, tokenizer)
     check_drafter_vocab(target, base, tokenizer)
@@ -242,10 +248,20 @@ def batch_speculative_generate(
     forwards0 = [d.forwards for d in drafters]
     finished = [0.0] * len(states)
 
+    summary_k = summary_size(rule, widths, certificates)
+    serial = layout.batch_refusal() if len(states) > 1 else None
+    if serial is not None:
+        warnings.warn(f"batch_speculative_generate: {layout.model_name} is decoded row after row (as at batch 1, "
+                      f"lossless), not in one batched pass: {serial}", stacklevel=2)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for row in _decode_rounds(target, states, rule, widths, expand_all, summary_size(rule, widths, certificates),
-                                  eos, certificates, max_new_tokens, stop, on_round):
+        if serial is not None:
+            rows_done = _decode_serial(target, states, rule, widths, expand_all, summary_k, eos, certificates,
+                                    max_new_tokens, stop, on_round, layout)
+        else:
+            rows_done = _decode_rounds(target, states, rule, widths, expand_all, summary_k, eos, certificates,
+                                       max_new_tokens, stop, on_round, layout)
+        for row in rows_done:
             finished[row.index] = time.perf_counter() - t0
     seconds = time.perf_counter() - t0
 
@@ -257,15 +273,32 @@ def batch_speculative_generate(
     return BatchDecodeResult([r.out for r in states], merged, [r.stats for r in states], seconds)
 
 
+def _decode_serial(target, states: list[_Row], rule, widths, expand_all, summary_k, eos, certificates,
+                   max_new_tokens, stop, on_round, layout: Layout):
+    """A batch decoded row after row by the batch-1 engine (``engine.decode_loop``); yields each row."""
+    for r in states:
+        row_stop = None if stop is None else (lambda out, b=r.index: _checked_stop(stop, b, out))
+        row_round = None if on_round is None else (lambda log, b=r.index: on_round(b, log))
+        r.out = decode_loop(target, r.drafter, r.prompt, rule, widths, expand_all, summary_k, eos, certificates,
+                            max_new_tokens, r.stats, row_round, row_stop, layout)
+        r.seq = r.prompt + r.out
+        r.done = True
+        yield r
+
+
+def _checked_stop(stop, row: int, out: list[int]):
+    n = stop(row, list(out))
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(out)):
+        raise ValueError(f"stop: row {row} returned {n!r}; expected None or a number of new tokens "
+                         f"to keep in [0, {len(out)}]")
+    return n
+
+
 def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary_k, eos, certificates,
-                   max_new_tokens, stop, on_round):
+                   max_new_tokens, stop, on_round, layout: Layout):
     """The rounds of a batched decode; yields each row as it finishes."""
     with_hidden = bool(getattr(states[0].drafter, "needs_target_hidden", False))
-    cache = new_cache(target)
-    layers = getattr(cache, "layers", [None])
-    if any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in layers):
-        raise ValueError(f"batched decoding rolls back a full-attention DynamicCache per row; {type(target).__name__}'s"
-                         " cache has sliding-window or other layers: decode one row at a time (speculative_generate)")
+    cache = new_cache(target)  # attention layers only (layout.batch_refusal is None); sliding ones kept whole
     for r in states:
         r.drafter.start(r.prompt)
     running = list(states)  # in the cache's row order
@@ -275,7 +308,7 @@ def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary
         drafts = [propose_draft(r.drafter, r.seq, widths, expand_all, max_new_tokens - len(r.out) - 1) for r in running]
         pending = [r.seq[r.n_cached :] for r in running]
         logits, hidden, offsets = verify_batch(target, cache, valid, [r.n_cached for r in running], pending, drafts,
-                                               with_hidden)  # [A, 1 + max N, V], [A, W, H] or None
+                                               with_hidden, layout)  # [A, 1 + max N, V], [A, W, H] or None
         kept = []  # per row: block columns its cache keeps
         for i, (r, draft, pend, off) in enumerate(zip(running, drafts, pending, offsets)):
             n_keep = logits.shape[1]
@@ -293,10 +326,7 @@ def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary
             if on_round is not None:
                 on_round(r.index, log)
             ended = bool(verdict.emitted) and verdict.emitted[-1] in eos
-            if not ended and stop is not None and (n := stop(r.index, list(r.out))) is not None:
-                if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(r.out):
-                    raise ValueError(f"stop: row {r.index} returned {n!r}; expected None or a number of new tokens "
-                                     f"to keep in [0, {len(r.out)}]")
+            if not ended and stop is not None and (n := _checked_stop(stop, r.index, r.out)) is not None:
                 del r.out[n:]
                 ended = True
             r.done = ended or len(r.out) >= max_new_tokens
@@ -313,12 +343,15 @@ def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary
 
 
 def verify_batch(target, cache, valid: torch.Tensor, n_cached: list[int], pending: list[list[int]],
-                 drafts: list[DraftTree], with_hidden: bool = False):
+                 drafts: list[DraftTree], with_hidden: bool = False, layout: Layout | None = None):
     """The target's one forward over every running row's pending tokens and draft nodes.
 
     ``valid`` [A, L]: the cache columns each row may attend (its kept tokens, in order);
     ``n_cached[b]``: how many they are (the row's next real position).  Row b's P_b + N_b
     queries are right-aligned in a block of W columns (module docstring).
+
+    The mask is ``state.layer_masks``' (a sliding layer's window on the rows' positions: a cached
+    column's position is the count of the row's valid columns before it, as columns stay in order).
 
     Returns (logits [A, 1 + max N, V], hidden [A, W, H] or None, offsets): row b's verification
     rows are ``logits[b, -(1 + N_b):]``; its queries start at block column ``offsets[b]``.
@@ -342,7 +375,9 @@ def verify_batch(target, cache, valid: torch.Tensor, n_cached: list[int], pendin
         allowed[b, torch.arange(off), L + torch.arange(off)] = True
         offsets.append(off)
     dev = target.device
-    mask = additive_mask(allowed.to(dev), target.dtype)[:, None]  # [A, 1, W, L + W]
+    k_pos = torch.cat([valid.cpu().long().cumsum(1) - 1, pos], 1)  # [A, L + W] key positions (masked ones unused)
+    mask = layer_masks(layout or layout_of(target), allowed.to(dev), pos.to(dev), k_pos.to(dev),
+                       target.dtype)  # [A, 1, W, L + W] (or one per layer type)
     args = dict(input_ids=ids.to(dev), attention_mask=mask, position_ids=pos.to(dev), use_cache=True)
     if not with_hidden:
         out = target(**args, logits_to_keep=keep, **{cache_kwarg(target): cache})

@@ -41,6 +41,7 @@ from ..models.fastlinear import cpu_model
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .engine import accept, certify, record, verify
 from .stats import DecodeStats
+from .state import CacheState
 from .tree import DraftTree, crop_cache, keep_cache
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
@@ -66,6 +67,9 @@ class Costs:
     prompt_length: int | None = None
     repeats: int | None = None
     note: str = ""
+    # why the timings cannot be trusted (a larger pass timed cheaper than a smaller one, repeats that
+    # disagree); empty: no problem found.  A prediction from them is withheld (``draftcert.replay``).
+    unreliable: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -165,11 +169,17 @@ def overhead_inputs(n: int, V: int, g: torch.Generator, dtype=torch.float32):
     return Strict(), logits, d, 16, DecodeStats("strict", max(1, n - 1), None)
 
 
-def verify_and_keep(target, tcache, ids: list[int], context: int, draft: DraftTree, feature: bool, tree: bool) -> None:
+def verify_and_keep(target, tcache, ids: list[int], context: int, draft: DraftTree, feature: bool, tree: bool,
+                    tstate: CacheState | None = None) -> None:
     """One timed verification as the engine runs it: the pending token ``ids[context]`` plus ``draft``
     after a ``context``-token cache, then the cache rolled back to what a typical round keeps (a
-    chain's drafts but the last; a tree's first path, gathered into place)."""
-    verify(target, tcache, context, ids[context:context + 1], draft, feature)
+    chain's drafts but the last; a tree's first path, gathered into place).  With ``tstate`` (the
+    target's ``state.CacheState``) a model with recurrent state is verified as the engine does
+    (token by token where its layout says so) and rolled back by the caller's ``restore``."""
+    layout = tstate.layout if tstate is not None else None
+    verify(target, tcache, context, ids[context:context + 1], draft, feature, layout)
+    if layout is not None and layout.stateful:
+        return  # the rollback is the restore after the timed job (EngineJobs.rewind_target)
     n = len(draft.tokens)
     if not tree:
         keep_cache(tcache, context + 1, list(range(max(0, n - 1))))
@@ -208,13 +218,18 @@ class EngineJobs:
     trees: dict
     rounds: dict
     work: dict
+    tstate: CacheState | None = None  # the target's cache state, when tcache is its cache (recurrent state)
+
+    def __post_init__(self):
+        self._tpoint = self.tstate.checkpoint(self.context) if self.tstate is not None else None
 
     def run(self, kind, n) -> bool:
         if kind == "t":  # a chain's verification and rollback (the engine's verify + keep_cache)
             verify_and_keep(self.target, self.tcache, self.ids, self.context, chain_for(self.ids, self.context, n),
-                            self.feature, tree=False)
+                            self.feature, tree=False, tstate=self.tstate)
         elif kind == "tt":  # a tree's: the kept path is gathered into place
-            verify_and_keep(self.target, self.tcache, self.ids, self.context, self.trees[n], self.feature, tree=True)
+            verify_and_keep(self.target, self.tcache, self.ids, self.context, self.trees[n], self.feature, tree=True,
+                            tstate=self.tstate)
         elif kind == "dr":
             w, e = self.rounds[n]
             self.drafter.propose(self.seq, w, e)
@@ -230,15 +245,20 @@ class EngineJobs:
     def rewind_target(self, kind) -> None:
         """After a timed job: the target's cache back to ``context`` tokens."""
         if kind in ("t", "tt", "g"):
-            crop_cache(self.tcache, self.context)
+            if self._tpoint is not None:
+                self.tstate.restore(self._tpoint)
+            else:
+                crop_cache(self.tcache, self.context)
 
 
 def time_interleaved(jobs: list, run: Callable, repeats: int, *, before: Callable | None = None,
-                     after: Callable | None = None, on_progress: Callable[[int, int], None] | None = None) -> dict:
+                     after: Callable | None = None, on_progress: Callable[[int, int], None] | None = None,
+                     samples: dict | None = None) -> dict:
     """The median seconds of ``run(job)`` for every job, timed in ``repeats + 1`` round-robin passes
     over ``jobs`` (load on a shared machine then hits every job alike), the first pass a warm-up that
     is dropped.  ``before(job)`` / ``after(job)`` run untimed around each (rewinding caches);
-    ``on_progress(done, total)`` hears of every timed job."""
+    ``on_progress(done, total)`` hears of every timed job; ``samples``, when given, receives every
+    job's timed seconds per pass (``samples[job][r]``, r = 0 .. repeats - 1: the reliability checks)."""
     times: dict = {j: [] for j in jobs}
     total, done = (repeats + 1) * len(jobs), 0
     for rep in range(repeats + 1):
@@ -255,6 +275,8 @@ def time_interleaved(jobs: list, run: Callable, repeats: int, *, before: Callabl
             done += 1
             if on_progress is not None:
                 on_progress(done, total)
+    if samples is not None:
+        samples.update(times)
     return {j: statistics.median(v) for j, v in times.items()}
 
 
@@ -279,15 +301,24 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
     seq = ids[: context + 1]
     feature = bool(getattr(drafter, "needs_target_hidden", False))
-    tcache = new_cache(target)
+    tstate = CacheState(target)
+    tcache = tstate.cache
     drafter.start(seq[:-1])
     if feature:
         _, hidden = forward_with_hidden(target, tcache, ids[:context], 1)
         drafter.observe(hidden)
     else:
         model_forward(target, tcache, ids[:context], 1)
-    drafter.propose(seq, [1])  # the catch-up over the context, once
-    drafter.accept([])
+    rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
+    cached = _cache_holder(drafter)
+    point = None
+    if hasattr(cached, "checkpoint"):  # a model drafter: its cache at the rewind point, restored before each round
+        drafter.propose(seq[:rewind], [1])
+        drafter.accept([])
+        point = cached.checkpoint()
+    else:
+        drafter.propose(seq, [1])  # the catch-up over the context, once
+        drafter.accept([])
     chains = {1, max_rows} | {1 + sum(w) for w, e in shapes if max(w) == 1 and not e}
     chains = set(range(1, max(chains) + 1))
     trees = sorted({1 + _nodes(w, e) for w, e in shapes if max(w) > 1 or e})
@@ -296,15 +327,15 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     jobs += [("o", n) for n in sorted(chains | set(trees))] + [("g", 1)]
     work = {n: overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chains | set(trees))}
     tree_drafts = {n: tree_for(n - 1) for n in trees}
-    rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
-    cached = _cache_holder(drafter)
 
     def before(job):
-        if job[0] == "dr" and cached is not None:
+        if job[0] == "dr" and point is not None:
+            cached.restore(point)
+        elif job[0] == "dr" and cached is not None:
             crop_cache(cached.cache, rewind)
             cached.n_valid = rewind
 
-    engine = EngineJobs(target, tcache, ids, context, feature, drafter, seq, tree_drafts, rounds, work)
+    engine = EngineJobs(target, tcache, ids, context, feature, drafter, seq, tree_drafts, rounds, work, tstate)
     run = lambda job: engine.run(*job)  # noqa: E731
     after = lambda job: engine.rewind_target(job[0])  # noqa: E731
     med = time_interleaved(jobs, run, repeats, before=before, after=after, on_progress=on_progress)

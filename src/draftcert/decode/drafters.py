@@ -27,11 +27,12 @@ import torch
 
 from ..models import load_drafter, parse_drafter_spec
 from ..models.eagle import EagleDrafter
-from ..models.hf import model_forward, new_cache
+from ..models.hf import model_forward
 from .feature import FeatureDrafter
 from .propose import grow_tree
+from .state import CacheState
 from .suffix import HybridDrafter, SuffixDrafter
-from .tree import DraftTree, keep_cache
+from .tree import DraftTree
 
 __all__ = ["ModelDrafter", "PromptLookupDrafter", "make_drafter", "DEFAULT_DRAFTER_TRAINED", "DEFAULT_DRAFTER_UNTRAINED", "FEATURE_K", "MODEL_K"]
 
@@ -50,12 +51,15 @@ class ModelDrafter:
     Cache invariant between rounds: it holds the first ``n_valid`` tokens of
     the accepted sequence.  During a round it additionally holds the tree
     nodes it was fed (``fed``, in cache order); ``accept`` keeps those on the
-    accepted path (gathered into place) and crops the rest.
+    accepted path (gathered into place) and crops the rest, through ``state.CacheState``: a
+    drafter with recurrent state goes back to the state after the round's catch-up unless it
+    fed nothing that was rejected, and catches up on the accepted tokens next round.  Such a
+    drafter drafts chains and (m, depth) trees (only the greedy child is fed), not static full trees.
     """
 
     def __init__(self, model):
         self.model = model
-        self.cache = None
+        self.state: CacheState | None = None
         self.n_valid = 0
         self.fed: list[int] = []
         self.forwards = 0
@@ -64,22 +68,32 @@ class ModelDrafter:
         """A fresh drafter on the same model (shared weights; its own cache and counter)."""
         return ModelDrafter(self.model)
 
+    @property
+    def cache(self):
+        return None if self.state is None else self.state.cache
+
     def start(self, prompt_ids: list[int]) -> None:
-        self.cache = new_cache(self.model)
+        self.state = CacheState(self.model)
         self.n_valid = 0
         self.fed = []
 
     def _fwd(self, ids, keep, mask=None, pos=None):
+        if self.state.layout.stepwise and self.n_valid and len(ids) > 1:  # its multi-token passes lose the state
+            return torch.cat([self._fwd([t], 1) for t in ids])[-keep:]
         self.forwards += 1
-        return model_forward(self.model, self.cache, ids, keep, mask, pos)
+        return model_forward(self.model, self.state.cache, ids, keep, mask, pos)
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
         self.fed = []
         if not widths:
             return DraftTree()
         # Depth 1: catch up on the tokens the drafter has not seen; the last row is q at the root.
+        if expand_all and self.state.layout.tree_refusal() is not None:
+            raise ValueError(f"drafter: static full trees need tree attention in the drafter; "
+                             f"{self.state.layout.tree_refusal()}")
         root_q = self._fwd(seq[self.n_valid :], 1)
         self.n_valid = n_seq = len(seq)
+        self.state.mark(n_seq)
 
         def feed(tree, nodes, mask, pos):
             # a chain (mask None) continues the cache: the model's own positions are the nodes'
@@ -89,6 +103,14 @@ class ModelDrafter:
                                    dtype=self.model.dtype)
         return tree
 
+    def checkpoint(self):
+        """The cache as it is now (``restore`` brings it back: timing repeats)."""
+        return self.state.checkpoint(self.n_valid)
+
+    def restore(self, point) -> None:
+        self.n_valid = self.state.restore(point)
+        self.fed = []
+
     def accept(self, path: list[int]) -> None:
         """Keep the cache entries of the accepted path's fed prefix; drop the rest of the tree."""
         where = {n: i for i, n in enumerate(self.fed)}
@@ -97,8 +119,7 @@ class ModelDrafter:
             if n not in where:
                 break
             offsets.append(where[n])
-        keep_cache(self.cache, self.n_valid, offsets)
-        self.n_valid += len(offsets)
+        self.n_valid = self.state.keep(self.n_valid, offsets, len(self.fed))
         self.fed = []
 
 

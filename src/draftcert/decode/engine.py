@@ -46,11 +46,12 @@ from ..summary import Summary, summarize
 from .drafters import ModelDrafter, make_drafter
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .timing import interleave, median_or_none
-from .tree import DraftTree, keep_cache, parse_tree, tree_attention_mask, tree_position_ids
+from .state import CacheState, Layout, chain_of, layer_masks, layout_of
+from .tree import DraftTree, parse_tree, tree_allowed, tree_position_ids
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "resolve_criterion",
            "propose_draft", "verify", "accept", "certify", "record", "Verdict", "RoundCertificates", "check_drafter_vocab",
-           "check_max_new_tokens", "summary_size"]
+           "check_max_new_tokens", "summary_size", "check_target", "decode_loop"]
 
 
 @dataclass
@@ -148,6 +149,19 @@ def check_drafter_vocab(target, drafter, tokenizer=None) -> None:
         )
 
 
+def check_target(target, tree_shape: bool) -> Layout:
+    """The target's ``state.Layout``, refusing a tree where it cannot verify one (before any work).
+
+    ``tree_shape``: the caller asked for a tree (``tree=`` or a ``tree:M`` criterion).  A chain is
+    exact on every layout; drafters that propose trees on their own (suffix candidates) are cut to
+    their first-ranked path there (``state.chain_of``)."""
+    layout = layout_of(target)
+    why = layout.tree_refusal()
+    if tree_shape and why is not None:
+        raise ValueError(f"tree: {why}")
+    return layout
+
+
 # ---------------------------------------------------------------------------
 # the decoding loops
 
@@ -159,7 +173,7 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     eos = eos_token_ids(target, explicit=eos_token_id)
     out: list[int] = []
     with torch.inference_mode():
-        cache, ids = new_cache(target), prompt
+        cache, ids = new_cache(target), prompt  # sliding layers kept whole (models.hf.new_cache), as the engine
         while len(out) < max_new_tokens:
             tok = int(model_forward(target, cache, ids, 1)[0].argmax())  # lowest index among ties
             out.append(tok)
@@ -251,6 +265,7 @@ def speculative_generate(
     vocab = vocab_size_of(target)
     if max(prompt) >= vocab or min(prompt) < 0:
         raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
+    layout = check_target(target, tree is not None or isinstance(crit, TreeCoverage))
     draft_src = make_drafter(drafter, target, tokenizer)
     check_drafter_vocab(target, draft_src, tokenizer)
     eos = eos_token_ids(target, explicit=eos_token_id)
@@ -262,8 +277,8 @@ def speculative_generate(
 
     def decode(st: DecodeStats, callback) -> tuple[list[int], float]:
         t0 = time.perf_counter()
-        toks = _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                            max_new_tokens, st, callback, stop)
+        toks = decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
+                            max_new_tokens, st, callback, stop, layout)
         return toks, time.perf_counter() - t0
 
     out, first = decode(stats, on_round)  # the streamed decode is the first timed repeat
@@ -295,27 +310,38 @@ def speculative_generate(
     return DecodeResult(tokens=out, stats=stats, baseline_tokens=base)
 
 
-def _decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                 max_new_tokens, stats: DecodeStats, on_round, stop=None) -> list[int]:
-    """The rounds of one speculative decode, counted into ``stats``; returns the new tokens."""
+def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
+                 max_new_tokens, stats: DecodeStats, on_round, stop=None, layout: Layout | None = None) -> list[int]:
+    """The rounds of one speculative decode, counted into ``stats``; returns the new tokens.
+
+    ``layout``: the target's ``state.Layout`` (None: worked out here).  On a target that verifies
+    chains only, a drafter's tree is cut to its first-ranked path (``state.chain_of``)."""
     with_hidden = bool(getattr(draft_src, "needs_target_hidden", False))
     with torch.inference_mode():
-        cache = new_cache(target)
+        state = CacheState(target, layout)  # the target's cache and its rollback (state.py)
+        chains_only = state.layout.tree_refusal() is not None
         draft_src.start(prompt)
-        seq, out, n_cached = list(prompt), [], 0  # n_cached: the target's cache holds seq[:n_cached]
+        seq, out = list(prompt), []
+        n_cached = n_observed = 0  # the target's cache holds seq[:n_cached]; the drafter has seen features of seq[:n_observed]
         while len(out) < max_new_tokens:
             draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
-            logits, hidden = verify(target, cache, n_cached, seq[n_cached:], draft, with_hidden)  # [1 + N, V]
+            if chains_only:
+                draft = chain_of(draft)
+            state.mark(n_cached)
+            logits, hidden = verify(target, state.cache, n_cached, seq[n_cached:], draft, with_hidden,
+                                    state.layout, stats)  # [1 + N, V]
             verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
             certs = certify(rule, verdict, draft) if certificates else None  # per expanded node
             log = record(stats, draft, verdict, certs)  # RoundLog, counted into stats
 
-            keep_cache(cache, len(seq), verdict.path)  # [pending] is now cached; keep only the accepted nodes
-            if with_hidden:  # a feature drafter gets the target's features of every newly cached position
+            if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached
-                draft_src.observe(hidden[list(range(n_pending)) + [n_pending + j for j in verdict.path]])
+                rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
+                draft_src.observe(hidden[rows])
+                n_observed = len(seq) + len(verdict.path)
             draft_src.accept(verdict.path)
-            n_cached = len(seq) + len(verdict.path)
+            # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
+            n_cached = state.keep(len(seq), verdict.path, len(draft))
             seq += verdict.emitted
             out += verdict.emitted
             if on_round is not None:
@@ -341,13 +367,16 @@ def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool
     return draft_src.propose(seq, widths[: min(len(widths), remaining)], expand_all)
 
 
-def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False):
+def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False,
+           layout: Layout | None = None, stats: DecodeStats | None = None):
     """The target's one forward pass over the pending tokens and every draft node.
 
     ``cache`` holds the first ``n_cached`` tokens of the sequence; ``pending`` (P tokens,
     at least the last emitted one) and the N nodes of ``draft`` are fed after it, a tree
-    with the tree attention mask and position ids (``tree.py``).  The cache then holds all
-    P + N of them (``keep_cache`` rolls it back to the accepted path).
+    with the tree attention mask and position ids (``tree.py``; per layer kind, ``state.layer_masks``).
+    The cache then holds all P + N of them (``state.CacheState.keep`` rolls it back to the accepted path).
+    A ``layout.stepwise`` model (multi-token passes do not continue its state) is fed one token at a
+    time after its prefill, the extra passes counted in ``stats.stepwise_forwards``.
 
     Returns (logits [1 + N, V], hidden [P + N, H] or None): logits row 0 is the target's
     next-token distribution after the last pending token, row 1 + i the one after node i;
@@ -356,16 +385,37 @@ def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, w
     """
     n = len(draft)
     fwd = forward_with_hidden if with_hidden else model_forward
+    if layout is not None and layout.stepwise and (n > 0 if n_cached == 0 else len(pending) + n > 1):
+        return _verify_stepwise(target, cache, n_cached, pending, draft, with_hidden, stats)
     if draft.is_chain:  # ordinary causal attention
         out = fwd(target, cache, pending + draft.tokens, n + 1)
     else:
         dev = target.device
         anc = draft.ancestors(dev)  # [N, N]
         nodes = torch.arange(n, device=dev)
-        mask = tree_attention_mask(n_cached, len(pending), anc, nodes, nodes, target.dtype)  # [1, 1, P + N, S + P + N]
         pos = tree_position_ids(n_cached, len(pending), torch.tensor(draft.depths, device=dev))  # [1, P + N]
+        allowed = tree_allowed(n_cached, len(pending), anc, nodes, nodes)  # [P + N, S + P + N]
+        k_pos = torch.cat([torch.arange(n_cached, device=dev), pos[0]])[None]  # [1, S + P + N]
+        mask = layer_masks(layout or layout_of(target), allowed[None], pos, k_pos, target.dtype)  # [1, 1, P + N, S + P + N]
         out = fwd(target, cache, pending + draft.tokens, n + 1, mask, pos)
     return out if with_hidden else (out, None)
+
+
+def _verify_stepwise(target, cache, n_cached, pending, draft, with_hidden, stats):
+    """``verify`` of a chain one token at a time (the prompt's prefill, from an empty state, in one pass)."""
+    fwd = forward_with_hidden if with_hidden else model_forward
+    ids = pending + draft.tokens
+    chunks = [ids[: len(pending)]] + [[t] for t in draft.tokens] if n_cached == 0 else [[t] for t in ids]
+    logits, hidden = [], []
+    for chunk in chunks:
+        res = fwd(target, cache, chunk, 1)
+        lg, h = res if with_hidden else (res, None)
+        logits.append(lg)
+        hidden.append(h)
+    if stats is not None:
+        stats.stepwise_forwards += len(chunks) - 1
+    out = torch.cat(logits[-(len(draft) + 1):])  # [1 + N, V]
+    return (out, torch.cat(hidden)) if with_hidden else (out, None)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from ..models import eagle, parse_drafter_spec
 from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .costs import Costs, engine_costs, round_key, round_seconds
 from .engine import resolve_criterion
+from .state import layout_of
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
            "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args"]
@@ -171,9 +172,15 @@ def auto_shape(target, drafter, drafter_spec: str, *, tree_width: int | None = N
                on_note=None) -> tuple[Choice, str]:
     """``-k auto`` from Python: (the choice, where its figures came from) for a target and a drafter
     object (``make_drafter``'s) named ``drafter_spec``; ``tree_width`` fixes the width (``tree:M``).
+    A target that verifies chains only (``state.Layout.tree_refusal``) weighs chains only.
     The cost curve is measured on first use (``engine_costs``; ``on_note(msg)`` hears of it) and
     cached.  Decode with ``speculative_generate(..., **choice.best.engine_args())``."""
     shapes = candidates_for(tree_width)
+    why = layout_of(target).tree_refusal()
+    if why is not None:  # a model that verifies chains only (recurrent state, ALiBi, ...): chains only
+        if tree_width is not None and tree_width > 1:
+            raise ValueError(f"tree: {why}")
+        shapes = [w for w in shapes if max(w) == 1]
     costs, source = engine_costs(target, drafter, drafter_spec, [(w, False) for w in shapes], use_cache=use_cache,
                                  on_note=on_note)
     acc = acceptance_of(drafter_spec)

@@ -108,7 +108,8 @@ class DecodeStats:
     criterion: str
     k: int
     tree: list[int] | None  # widths per depth, None for a chain of k
-    num_rounds: int = 0  # verification rounds = target forwards
+    num_rounds: int = 0  # verification rounds (one target forward each, but see stepwise_forwards)
+    stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: decode.state)
     emitted: int = 0
     drafter_forwards: int = 0
     num_drafts: int = 0
@@ -216,13 +217,14 @@ class DecodeStats:
 
     @property
     def target_forwards(self) -> int:
-        """One target forward per round: the prefill shares the first verification pass."""
-        return self.num_rounds
+        """One target forward per round (the prefill shares the first verification pass), plus the
+        extra passes of a model verified token by token (``stepwise_forwards``)."""
+        return self.num_rounds + self.stepwise_forwards
 
     @property
     def tokens_per_forward(self) -> float:
         """Emitted tokens / target forwards (rounds without a draft included)."""
-        return self.emitted / self.num_rounds if self.num_rounds else 0.0
+        return self.emitted / self.target_forwards if self.num_rounds else 0.0
 
     @property
     def conditional_acceptance_rate_per_pos(self) -> list[float | None]:

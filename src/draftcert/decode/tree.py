@@ -26,7 +26,8 @@ Rollback
 After acceptance only the accepted path survives.  Its cache entries are
 gathered into place right after the prefix and the rest is cropped
 (``DynamicCache.crop``).  For a chain the accepted path is a prefix of the
-drafts, so this is a plain crop.
+drafts, so this is a plain crop.  These two act on attention layers; ``state.CacheState`` is the
+engine's rollback for every kind of layer (recurrent state included) and calls them.
 """
 
 from __future__ import annotations
@@ -192,6 +193,8 @@ def keep_cache(cache, start: int, offsets: list[int]) -> None:
     if layers is None:  # pragma: no cover - older cache classes
         raise TypeError(f"keep_cache: unsupported cache type {type(cache).__name__}")
     for layer in layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:  # a dummy or uninitialised layer
+            continue
         idx = torch.as_tensor(offsets, dtype=torch.long, device=layer.keys.device) + start
         # Gather the kept entries, write them right after the prefix, then crop.
         for name in ("keys", "values"):

@@ -37,6 +37,7 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     shared_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
     if (groups <= 1 or not shared_mask or query.device.type != "cpu" or kwargs.get("position_bias") is not None
             or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False)
+            or kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None  # attention sinks (gpt-oss)
             or key.shape[-1] != value.shape[-1]):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -59,10 +59,26 @@ def cache_kwarg(model) -> str:
 
 
 def new_cache(model=None, *, config=None):
-    """An empty ``DynamicCache`` for ``model`` (its ``config``), or for ``config`` when given."""
-    from transformers import DynamicCache  # optional: models extra
+    """An empty ``DynamicCache`` for ``model`` (its ``config``), or for ``config`` when given.
 
-    return DynamicCache(config=model.config if config is None else config)
+    Sliding-window layers get a full layer: transformers' ``DynamicSlidingWindowLayer`` keeps only
+    the last W - 1 positions and cannot be cropped back once the window is crossed, which a
+    speculative round must do.  The window is still applied: by the model's own sliding mask (it
+    measures the window in cache indices, which a full layer keeps equal to positions) or by the
+    engine's masks (``decode.state.layer_masks``).  The price is a full layer's memory.
+    """
+    from transformers import DynamicCache  # optional: models extra
+    from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
+                                          LinearAttentionAndFullAttentionLayer,
+                                          LinearAttentionAndSlidingWindowAttentionLayer)
+
+    cache = DynamicCache(config=model.config if config is None else config)
+    for i, layer in enumerate(cache.layers):
+        if type(layer) is DynamicSlidingWindowLayer:
+            cache.layers[i] = DynamicLayer()
+        elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
+            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
+    return cache
 
 
 def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
