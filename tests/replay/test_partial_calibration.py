@@ -20,6 +20,8 @@ import pytest
 import torch
 
 from draftcert.cli import main
+
+pytestmark = pytest.mark.usefixtures("sound_timings")  # plumbing, not the timings' noise (conftest)
 from draftcert.decode.costs import Costs
 from draftcert.replay import Shape, load_replay_trace, replay
 from draftcert.replay import report as replay_report

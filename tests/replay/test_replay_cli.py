@@ -10,6 +10,8 @@ import torch
 
 from draftcert.cli import main
 
+pytestmark = pytest.mark.usefixtures("sound_timings")  # plumbing, not the timings' noise (conftest)
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

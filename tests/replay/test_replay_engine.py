@@ -94,7 +94,7 @@ def test_trace_replay_columns(trace, profiled):
     np.testing.assert_array_equal(rank == 0, t.column("accepted/strict").to_numpy())
 
 
-def test_calibrate_and_predict(pair, trace):
+def test_calibrate_and_predict(pair, trace, sound_timings):
     from draftcert.replay.api import replay
     from draftcert.decode.costs import Costs
     from draftcert.replay.speed import calibrate

@@ -19,7 +19,7 @@ from ..replay.api import calibration_shapes, format_table, parse_ks, replay, wri
 from ..replay.data import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..decode.costs import Costs, forward_count_costs
-from ..replay.speed import calibrate
+from ..replay.speed import RETIMES, calibrate
 from .checks import set_threads
 
 _REPLAY_EXAMPLES = """examples:
@@ -164,8 +164,12 @@ def _calibrate_run(trace, shapes, repeats: int, progress: bool = True):
             bar.total = total
             bar.update(done - bar.n)
 
+        def on_retime(attempt: int, problems: list[str]) -> None:  # impossible or disagreeing timings: again
+            print(f"calibrate: timings unreliable ({'; '.join(problems)}); timing again "
+                  f"(attempt {attempt} of {1 + RETIMES})", file=sys.stderr)
+
         return calibrate(target, drafter, shapes, context=ctx, prompt_length=plen, repeats=repeats,
-                         on_progress=on_progress)
+                         on_progress=on_progress, on_retime=on_retime)
 
 
 def _wrap(text: str) -> str:

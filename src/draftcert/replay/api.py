@@ -29,7 +29,7 @@ from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
 __all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes",
-           "missing_costs_note", "REPLAY_FORMAT"]
+           "missing_costs_note", "unreliable_note", "REPLAY_FORMAT"]
 
 REPLAY_FORMAT = "draftcert-replay/1"
 
@@ -46,6 +46,8 @@ class ReplayResult:
     # made without their draft shapes); their acceptance figures are whole, "predicted" is None
     missing_costs: dict[str, list[str]] = field(default_factory=dict)
     calibrate_command: str | None = None  # what fills missing_costs
+    # the calibration's timing problems (``Costs.unreliable``): predicted speed-ups withheld when not empty
+    unreliable: list[str] = field(default_factory=list)
 
     def row(self, spec: str, label: str) -> dict:
         return next(r for r in self.rows[spec] if r["shape"]["label"] == label)
@@ -68,6 +70,7 @@ class ReplayResult:
             "rules": {s: {"exact": rule_kind(s)[0] in ("strict", "tree"), "configs": self.rows[s],
                           "recommended": self.recommended.get(s)} for s in self.rows},
             "missing_costs": self.missing_costs,
+            "timings_unreliable": self.unreliable,
             "notes": self.notes,
         })
 
@@ -88,6 +91,7 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
     ks = _check_ks(ks)
     specs = _rule_specs(tr, rules)
     res = ReplayResult(tr, {}, costs, notes=list(tr.notes))
+    res.unreliable = list(costs.unreliable) if costs is not None else []
     baseline = sum(len(p) for p in tr.prompts)
     for spec, cand in _shapes_by_rule(tr, specs, ks, tree_widths, static, shapes).items():
         if not cand:
@@ -101,6 +105,8 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
             row["predicted"] = None
             if costs is not None and missing_costs(c, costs):
                 res.missing_costs.setdefault(spec, []).append(c.shape.label)
+            elif costs is not None and res.unreliable:  # kept in replay.json, marked; never quoted plainly
+                row["predicted_unreliable"] = predict(c, costs, baseline, len(tr.prompts))
             elif costs is not None:
                 row["predicted"] = predict(c, costs, baseline, len(tr.prompts))
             rows.append(row)
@@ -115,10 +121,21 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
         res.notes.append("no costs: predicted speed and recommendations need `--calibrate` (or --drafter-cost R)")
     elif costs.note:
         res.notes.append(costs.note)
+    if res.unreliable:
+        res.notes.append(unreliable_note(res))
     if res.missing_costs:
         res.calibrate_command = _calibrate_command(tr, res.configs, res.missing_costs, ks, tree_widths, static, shapes)
         res.notes.append(missing_costs_note(res))
     return res
+
+
+def unreliable_note(res: ReplayResult) -> str:
+    """One line: the calibration's timing problems, and that no speed-up is predicted from them."""
+    d = shlex.quote(str(res.trace.out_dir)) if res.trace.out_dir else "DIR"
+    return (f"timings unreliable: {'; '.join(res.unreliable)}. No speed-up is predicted and no configuration "
+            f"is chosen from them (replay.json keeps them as predicted_unreliable); the acceptance figures need "
+            f"no timing. `draftcert replay {d} --calibrate` times again (on a quieter machine, or with fewer "
+            f"--threads than idle cores)")
 
 
 def missing_costs_note(res: ReplayResult) -> str:
@@ -275,6 +292,8 @@ def format_table(res: ReplayResult, full: bool = False) -> str:
                          f"{_f(acc[0] if acc else None, 6)} {_f(acc[-1] if acc else None, 6)} "
                          f"{_f(r['exact_fraction'], 6)} {_f(sp, 8)}")
         rec = res.recommended.get(spec)
+        if res.unreliable and res.costs is not None:
+            lines.append("  best: not chosen: timings unreliable (see the note)")
         if rec:
             lines.append(f"  best: {rec['shape']}, predicted speedup {rec['speedup']:.3f}"
                          + (" (estimated)" if rec["estimated"] else "")

@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 
 from ..fileio import json_value
-from .api import missing_costs_note, replay
+from .api import missing_costs_note, replay, unreliable_note
 from .data import trace_has_drafter
 from .explain import DEFAULT_EPSILON, explain
 from .figures import FIGURE_NAMES, MIN_TRIES, write_figures
@@ -65,6 +65,8 @@ def replay_section(out_dir, fig_dir: Path | None = None) -> dict:
     res = replay(out_dir, ks=tuple(range(1, 9)), tree_widths=(4,), static=(), costs=costs)
     if res.missing_costs:
         missing.append(missing_costs_note(res))
+    if res.unreliable:  # no predicted speed-up from impossible or disagreeing timings
+        missing.append(f"predicted speed: {unreliable_note(res)}")
     ex = explain(res, k=4, epsilon=DEFAULT_EPSILON)
     figs = write_figures(res, fig_dir or out_dir / "figures")
     head = ["rule"] + [f"tok/fwd k={k}" for k in _KS] + [

@@ -37,11 +37,17 @@ import torch
 from ..decode.costs import (Costs, EngineJobs, overhead_inputs, round_key, round_seconds, time_interleaved,
                             tree_for)
 from ..decode.drafters import make_drafter
+from ..decode.timing import SPREAD_LIMIT, spread
 from ..decode.tree import crop_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
-__all__ = ["calibrate", "predict", "missing_costs"]
+__all__ = ["calibrate", "predict", "missing_costs", "timing_problems", "RETIMES"]
+
+# re-timings of a calibration whose timings fail ``timing_problems`` (then it is kept, marked unreliable)
+RETIMES = 2
+# the forwards whose timings set the predicted speed (verification, drafting, prefills, the target alone)
+_MAIN_JOBS = ("t", "tt", "g", "d", "dr", "tp", "dp")
 
 
 def missing_costs(rep: ConfigReplay, costs: Costs) -> list[str]:
@@ -99,13 +105,19 @@ def _sizes(shapes: list[Shape]) -> tuple[set[int], set[int], set[int]]:
 @torch.inference_mode()
 def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, prompt_length: int = 64,
               repeats: int = 5, vocab: int | None = None, seed: int = 0,
-              on_progress: Callable[[int, int], None] | None = None) -> Costs:
+              on_progress: Callable[[int, int], None] | None = None, retimes: int = RETIMES,
+              on_retime: Callable[[int, list[str]], None] | None = None) -> Costs:
     """Time target and drafter forwards on this machine for every size the shapes need.
 
     The target's cache holds ``context`` tokens; each timed forward appends n tokens and
     is cropped back.  Sizes are interleaved round-robin ``repeats`` times (load on a shared
     machine then hits every size alike) and the median is kept.  ``on_progress(done, total)``
-    hears of every timed forward (a progress bar).
+    hears of every timed forward (a progress bar).  Timings that fail ``timing_problems`` (a
+    larger pass timed cheaper than a smaller one, passes that disagree by > 20 %) are timed
+    again, at most ``retimes`` times; the attempt with the fewest problems is returned, its
+    problems in ``Costs.unreliable`` (the replay then withholds its predicted speed-ups).
+    ``on_progress`` follows the first attempt; ``on_retime(attempt, problems)`` hears of each
+    re-timing (attempt = 2, 3, ...) and why.
     """
     if repeats < 1 or context < 1 or prompt_length < 1:
         raise ValueError("calibrate: repeats, context and prompt_length must be >= 1")
@@ -175,7 +187,73 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
             src.propose(seq, [1])
             src.accept([])
 
-    med = time_interleaved(jobs, run, repeats, before=before, after=after, on_progress=on_progress)
+    best = None
+    for attempt in range(1 + max(0, int(retimes))):
+        if attempt and on_retime is not None:
+            on_retime(attempt + 1, costs.unreliable)
+        samples: dict = {}
+        med = time_interleaved(jobs, run, repeats, before=before, after=after,
+                               on_progress=on_progress if attempt == 0 else None, samples=samples)
+        costs = _costs(med, chain, tree, draft, rounds, feature, context, prompt_length, repeats)
+        costs.unreliable = timing_problems(costs, samples)
+        if best is None or len(costs.unreliable) <= len(best.unreliable):
+            best = costs  # the latest of the attempts with the fewest problems
+        if not costs.unreliable:
+            break
+    if best.unreliable:
+        best.note += f"; timings unreliable after {attempt + 1} attempts"
+    elif attempt:
+        best.note += f"; re-timed {attempt} time(s) after unreliable timings"
+    return best
+
+
+def timing_problems(costs: Costs, samples: dict | None = None, limit: float = SPREAD_LIMIT) -> list[str]:
+    """Why a calibration's timings cannot be trusted (empty: no problem found).
+
+    * **impossible order**: a pass of more tokens timed cheaper than a pass of fewer by more than
+      the noise ``limit`` (``T(n_large) * (1 + limit) < T(n_small)``; a forward over more rows does
+      more work), in the target's chain and tree verifications (the tree's against T(1) too), the
+      drafter's forwards, and the target's prefill against T(1); the worst pair of each table is named;
+    * **disagreeing repeats**: the timing passes' totals over the main forwards (verification,
+      drafting, prefills, the target alone) spread by more than ``limit``
+      (``decode.timing.spread``: (max - min) / median; the same 20 % as ``decode --baseline``).
+
+    ``samples``: ``time_interleaved``'s per-pass seconds by job (None: the order checks alone).
+    """
+    out = []
+
+    def order(name: str, table: dict[int, float]) -> None:
+        sizes = sorted(n for n, v in table.items() if v is not None)
+        worst = None
+        for j, big in enumerate(sizes):
+            for small in sizes[:j]:
+                ratio = table[small] / table[big] if table[big] > 0 else float("inf")
+                if ratio > 1 + limit and (worst is None or ratio > worst[0]):
+                    worst = (ratio, small, big)
+        if worst:
+            _, small, big = worst
+            out.append(f"a {big}-token {name} timed {table[big]:.3g} s, cheaper than a {small}-token one "
+                       f"({table[small]:.3g} s)")
+
+    order("target pass", costs.target)
+    if costs.target_tree:
+        order("target tree pass", {**({1: costs.target[1]} if 1 in costs.target else {}), **costs.target_tree})
+    if not costs.feature:
+        order("drafter pass", costs.drafter)
+    if costs.target_prefill is not None and costs.prompt_length and 1 in costs.target and costs.prompt_length > 1:
+        order("target prefill", {1: costs.target[1], costs.prompt_length: costs.target_prefill})
+    if samples:
+        main = [v for j, v in samples.items() if isinstance(j, tuple) and j and j[0] in _MAIN_JOBS]
+        passes = min((len(v) for v in main), default=0)
+        totals = [sum(v[r] for v in main) for r in range(passes)]
+        s = spread(totals)
+        if s is not None and s > limit:
+            out.append(f"the {passes} timing passes disagree by {s:.0%} (more than {limit:.0%}: the machine's "
+                       "load changed while timing)")
+    return out
+
+
+def _costs(med, chain, tree, draft, rounds, feature, context, prompt_length, repeats) -> Costs:
     return Costs(
         "calibrated",
         target={n: med[("t", n)] for n in sorted(chain)},
