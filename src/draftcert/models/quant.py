@@ -1,0 +1,364 @@
+"""Linear layers that keep a GGUF tensor's blocks as stored, and GGUF files loaded through them.
+
+:class:`GGUFLinear` replaces ``nn.Linear`` for a weight held as GGUF blocks (``[N, row_bytes]``
+uint8, as ``gguf.GGUFReader`` returns a tensor's ``.data``) of a type the native kernel decodes
+(``quantmm.SUPPORTED``: Q4_1, Q5_0, Q8_0, Q4_K, Q6_K).  Its forward, for float32 CPU inputs, is
+``quantmm.linear``: exactly the dequantised weights (gguf-py's values, those the float32 checkpoints
+hold), float32 activations and accumulation, one fixed reduction order per output, so a row's
+output bits do not depend on how many rows share the pass (batch invariant, any M: prefills too).
+That is the numeric contract ``"gguf-exact-f32"`` (:data:`CONTRACT`, :func:`numerics_of`).  Versus
+``F.linear`` on the float32 weights the two differ only by float32 summation order:
+
+    |y_kernel - y_exact| <= gamma_n * sum_k |w_k x_k|,  n = K / VW + log2(VW),  gamma_n = n u / (1 - n u),
+
+with ``u = 2**-24`` and VW the kernel's lanes (16 on AVX-512); ``F.linear``'s own error is at most
+``gamma_K`` of the same sum, so the two agree within ``(gamma_n + gamma_K) * sum_k |w_k x_k|``
+(``quantmm.error_bound``).  Other inputs (another dtype or device, or no native kernel) use the
+dequantised weights with ``F.linear``.
+
+``.weight`` is the float32 weight: for an output layer tied to the embedding, the embedding's own
+parameter (the same values, no copy); otherwise dequantised on each access (a full decode: read it
+rarely; writing to it changes nothing).
+
+:func:`load_gguf_causal_lm` builds the transformers model from a GGUF file as transformers' own
+GGUF loading does (config, names, the llama q/k row permutation), but installs a ``GGUFLinear`` for
+every linear weight of a supported type instead of dequantising it; everything else (norms, biases,
+the embedding, weights of other types, with one line naming them) is dequantised at load.  Where the
+native kernel is unavailable every weight is dequantised (one line says why) and the model is the
+plain float32 one.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import quantmm
+
+__all__ = ["CONTRACT", "GGUFLinear", "numerics_of", "load_gguf_causal_lm", "dequantize_gguf"]
+
+CONTRACT = quantmm.CONTRACT
+
+
+def dequantize_gguf(data, qtype: int) -> np.ndarray:
+    """float32 values of GGUF tensor data of GGML type ``qtype``: gguf-py's own dequantisation, or
+    for a ``quantmm.SUPPORTED`` type the native kernel's decode (the same values, tested, faster)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = np.asarray(data)
+    if int(qtype) in quantmm.SUPPORTED and quantmm.available() and data.ndim == 2 and data.dtype == np.uint8:
+        qk, qb = quantmm.block_shape(int(qtype))
+        n, k = data.shape[0], data.shape[1] // qb * qk
+        return quantmm.dequantize(torch.from_numpy(np.ascontiguousarray(data)), int(qtype), n, k).numpy()
+
+    return np.asarray(dequantize(np.asarray(data), GGMLQuantizationType(int(qtype))), dtype=np.float32)
+
+
+class GGUFLinear(nn.Module):
+    """``y = x @ dequant(W).T + b`` with ``W`` kept as GGUF blocks (see the module docstring).
+
+    ``blocks``: ``[out_features, row_bytes]`` uint8 (a buffer, ``qweight``); ``qtype``: the GGML type
+    number; ``bias``: float32 ``[out_features]`` or None; ``tied``: a float32 parameter holding the
+    same values (an embedding the output layer is tied to), returned as ``.weight``.
+    """
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, out_features: int,
+                 bias: torch.Tensor | None = None, tied: torch.Tensor | None = None):
+        super().__init__()
+        qtype = int(qtype)
+        qk, qb = quantmm.block_shape(qtype)
+        if in_features % qk or tuple(blocks.shape) != (out_features, in_features // qk * qb) or blocks.dtype != torch.uint8:
+            raise ValueError(f"GGUFLinear: {tuple(blocks.shape)} {blocks.dtype} blocks do not hold a "
+                             f"{quantmm.SUPPORTED[qtype]} weight [{out_features}, {in_features}]")
+        self.in_features, self.out_features, self.qtype = int(in_features), int(out_features), qtype
+        self.register_buffer("qweight", blocks.contiguous())
+        self.bias = nn.Parameter(bias.detach().to(torch.float32), requires_grad=False) if bias is not None else None
+        self.__dict__["_tied"] = tied
+
+    @property
+    def qtype_name(self) -> str:
+        return quantmm.SUPPORTED[self.qtype]
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 ``[out, in]`` weight the blocks encode (decoded now)."""
+        q = self.qweight.cpu().contiguous()
+        if quantmm.available():
+            w = quantmm.dequantize(q, self.qtype, self.out_features, self.in_features)
+        else:
+            w = torch.from_numpy(dequantize_gguf(q.numpy(), self.qtype)).reshape(self.out_features, self.in_features)
+        return w.to(self.qweight.device)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        tied = self.__dict__.get("_tied")
+        return tied if tied is not None else self.dequantized()
+
+    @weight.setter
+    def weight(self, value) -> None:  # transformers' tie_weights(): keep the blocks, remember the tie
+        if tuple(value.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"GGUFLinear: cannot tie a {tuple(value.shape)} weight to [{self.out_features}, {self.in_features}]")
+        self.__dict__["_tied"] = value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        if x.dtype == torch.float32 and x.device.type == "cpu" and self.qweight.device.type == "cpu" and quantmm.available():
+            return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
+        return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, type={self.qtype_name}, "
+                f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}")
+
+
+def numerics_of(model: nn.Module) -> str:
+    """The numeric contract a model computes under: ``"gguf-exact-f32"`` where any layer is a
+    ``GGUFLinear`` run by the native kernel, else the dtype of its parameters (``"float32"``, ...)."""
+    if quantmm.available() and any(isinstance(m, GGUFLinear) for m in model.modules()):
+        return CONTRACT
+    p = next(iter(model.parameters()), None)
+    return str(p.dtype).removeprefix("torch.") if p is not None else "float32"
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file: ``data`` is a view of the mapped file (uint8 ``[rows, row_bytes]``
+    for block types, the element dtype otherwise), ``shape`` in numpy order (rows last to first
+    GGUF dimension)."""
+
+    name: str
+    qtype: int
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+_SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
+    """``(scalar and string metadata, {name: GGUFTensor})`` of a GGUF file (versions 2 and 3).
+
+    Reads only the header and the tensor table, skipping metadata arrays (the tokenizer's): what
+    ``gguf.GGUFReader`` gives as ``.tensors`` (``.data``, ``.tensor_type``), without the seconds it
+    spends on building every metadata field (6 s for SmolLM2's vocabulary here).
+    """
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    mm = np.memmap(str(path), dtype=np.uint8, mode="c")
+    buf = memoryview(mm)
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version < 2:
+        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    pos = 24
+
+    def string(p):
+        (n,) = struct.unpack_from("<Q", buf, p)
+        return bytes(buf[p + 8:p + 8 + n]).decode("utf-8", "replace"), p + 8 + n
+
+    def skip(p, vtype):
+        if vtype == 8:
+            (n,) = struct.unpack_from("<Q", buf, p)
+            return p + 8 + n
+        if vtype == 9:
+            itype, count = struct.unpack_from("<IQ", buf, p)
+            p += 12
+            if itype in _SCALAR:
+                return p + count * np.dtype(_SCALAR[itype]).itemsize
+            for _ in range(count):
+                p = skip(p, itype)
+            return p
+        return p + np.dtype(_SCALAR[vtype]).itemsize
+
+    meta = {}
+    for _ in range(n_kv):
+        key, pos = string(pos)
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if vtype == 8:
+            meta[key], pos = string(pos)
+        elif vtype in _SCALAR:
+            meta[key] = np.frombuffer(buf, dtype=_SCALAR[vtype], count=1, offset=pos)[0].item()
+            pos = skip(pos, vtype)
+        else:
+            pos = skip(pos, vtype)
+    infos = []
+    for _ in range(n_tensors):
+        name, pos = string(pos)
+        (nd,) = struct.unpack_from("<I", buf, pos)
+        dims = struct.unpack_from(f"<{nd}Q", buf, pos + 4)
+        qtype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * nd)
+        pos += 4 + 8 * nd + 12
+        infos.append((name, qtype, dims, offset))
+    align = int(meta.get("general.alignment", 32))
+    start = -(-pos // align) * align
+    tensors = {}
+    for name, qtype, dims, offset in infos:
+        elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        shape = tuple(int(d) for d in reversed(dims))
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        row_bytes = shape[-1] // elems * nbytes
+        raw = mm[start + offset:start + offset + rows * row_bytes]
+        if qtype in (0, 1):  # F32, F16: the elements themselves (as GGUFReader gives them)
+            data = raw.view({0: np.float32, 1: np.float16}[qtype]).reshape(shape)
+        else:
+            data = raw.reshape(*shape[:-1], row_bytes) if len(shape) > 1 else raw
+        tensors[name] = GGUFTensor(name, qtype, shape, data)
+    return meta, tensors
+
+
+@contextmanager
+def _parameters_on_meta():
+    """Inside: new module parameters are created on the meta device (no memory, no init), buffers
+    as usual (rotary tables are computed in ``__init__``)."""
+    orig = nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        orig(self, name, param)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = orig
+
+
+def _log(msg: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"draftcert: {msg}", file=sys.stderr, flush=True)
+
+
+def _row_order(processor, name: str, n: int) -> np.ndarray | None:
+    """The row permutation transformers' tensor processor applies to GGUF tensor ``name`` (llama's
+    q/k un-permutation), found by running it on the row numbers; None when it does more than
+    reorder rows."""
+    idx = np.arange(n, dtype=np.float64).reshape(n, 1)
+    try:
+        out = processor.process(weights=idx, name=name, tensor_key_mapping={}, parsed_parameters={"tensors": {}})
+    except Exception:  # noqa: BLE001 - a processor that needs the real tensor: not a pure permutation
+        return None
+    w = np.asarray(out.weights)
+    if out.name != name or w.shape != (n, 1) or not np.array_equal(np.sort(w[:, 0]), idx[:, 0]):
+        return None
+    return w[:, 0].astype(np.int64)
+
+
+def _set_param(model: nn.Module, hf_name: str, value: torch.Tensor) -> None:
+    mod_name, _, attr = hf_name.rpartition(".")
+    mod = model.get_submodule(mod_name)
+    old = getattr(mod, attr)
+    if tuple(old.shape) != tuple(value.shape):
+        raise ValueError(f"GGUF tensor for {hf_name} has shape {tuple(value.shape)}, the model expects {tuple(old.shape)}")
+    mod._parameters[attr] = nn.Parameter(value.to(old.dtype), requires_grad=False)
+
+
+def _hf_names(model: nn.Module, arch: str, processor) -> dict[str, str]:
+    """{GGUF tensor name: transformers parameter name} for ``model`` (what transformers'
+    ``get_gguf_hf_weights_map`` computes, with gguf-py's name map built once instead of per module)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
+
+    key = next((k for k, v in MODEL_ARCH_NAMES.items() if v == arch), None)
+    if key is None:
+        return get_gguf_hf_weights_map(model, processor)
+    tmap = get_tensor_name_map(key, model.config.num_hidden_layers)
+    out = {}
+    for hf_name in model.state_dict():
+        base, dot, suffix = processor.preprocess_name(hf_name).rpartition(".")
+        if suffix not in ("weight", "bias"):
+            base, dot, suffix = hf_name, "", ""
+        g = tmap.get_name(base)
+        if g is not None:
+            out[g + dot + suffix] = hf_name
+    return out
+
+
+def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
+    """A transformers causal LM from the GGUF file ``gguf_path``, linear weights kept as blocks.
+
+    ``config``: its transformers config (``AutoConfig.from_pretrained(dir, gguf_file=name)``, or
+    that saved once).  Returns the model (CPU, eval, no grad), with ``model.draftcert_gguf``
+    recording the file, the quantised layers and their types.
+    """
+    from gguf import GGMLQuantizationType
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    gguf_path = Path(gguf_path)
+    meta, tensors = read_gguf(gguf_path)  # copy on write: the blocks stay in the mapped file
+    arch = meta.get("general.architecture", "")
+    native = quantmm.available()
+    if not native:
+        _log(f"GGUF linear weights dequantised to float32 at load (no native kernel: {quantmm.unavailable_reason()})", quiet)
+    with _parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
+    name_map = _hf_names(model, arch, processor)
+    linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    quantised: dict[str, tuple[torch.Tensor, int]] = {}  # hf module name -> (blocks, qtype)
+    other_types: dict[str, int] = {}
+    by_hf = {}
+    plain = (int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16), int(GGMLQuantizationType.BF16))
+    for t in tensors.values():
+        hf = name_map.get(t.name)
+        if hf is None:
+            continue
+        by_hf[hf] = t
+        mod_name = hf.removesuffix(".weight")
+        if hf.endswith(".weight") and mod_name in linears:
+            lin = linears[mod_name]
+            if native and t.qtype in quantmm.SUPPORTED and t.shape == (lin.out_features, lin.in_features):
+                order = _row_order(processor, t.name, lin.out_features)
+                if order is not None:
+                    same = np.array_equal(order, np.arange(lin.out_features))
+                    quantised[mod_name] = (torch.from_numpy(t.data if same else t.data[order]), t.qtype)
+                    continue
+            if t.qtype not in plain:
+                name = GGMLQuantizationType(t.qtype).name
+                other_types[name] = other_types.get(name, 0) + 1
+        w = dequantize_gguf(t.data, t.qtype).reshape(t.shape)
+        w = processor.process(weights=w, name=t.name, tensor_key_mapping=name_map, parsed_parameters={"tensors": {}}).weights
+        _set_param(model, hf, torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
+    if native and other_types:
+        _log("GGUF linear weights of types without a kernel dequantised to float32 at load: "
+             + ", ".join(f"{k} ({v})" for k, v in sorted(other_types.items())), quiet)
+    # an output layer tied to the embedding (no output.weight in the file) computes from the embedding's blocks
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    names = {id(m): n for n, m in model.named_modules()}
+    head_name = names.get(id(head)) if head is not None else None
+    head_tie = None
+    if head is not None and head_name not in quantised and head.weight.device.type == "meta" \
+            and emb is not None and emb.weight.device.type != "meta":
+        head_tie = emb.weight
+        t = by_hf.get(names[id(emb)] + ".weight")
+        if native and t is not None and t.qtype in quantmm.SUPPORTED and t.shape == tuple(head.weight.shape):
+            quantised[head_name] = (torch.from_numpy(t.data), t.qtype)
+        else:
+            head.weight = head_tie  # tied, dequantised (no kernel for its type)
+    for mod_name, (blocks, qtype) in quantised.items():
+        lin = linears[mod_name]
+        bias = lin.bias  # set from its GGUF tensor above
+        if bias is not None and bias.device.type == "meta":
+            raise ValueError(f"{gguf_path.name}: no GGUF tensor for {mod_name}.bias")
+        layer = GGUFLinear(blocks, qtype, lin.in_features, lin.out_features, bias=bias,
+                           tied=head_tie if mod_name == head_name else None)
+        parent_name, _, attr = mod_name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
+    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    if missing:
+        raise ValueError(f"{gguf_path.name}: no GGUF tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    model.eval()
+    model.requires_grad_(False)
+    model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
+                            "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()})}
+    return model

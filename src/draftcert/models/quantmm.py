@@ -1,0 +1,207 @@
+"""The native kernel for GGUF blocks (``quantmm.c``): decode each weight row once, apply it to every row.
+
+``linear(x, blocks, qtype, n, k, bias)`` computes ``x @ dequantize(W).T (+ bias)`` for ``x`` of any
+number of rows with ``W`` kept as the GGUF tensor's block bytes (``[N, row_bytes]`` uint8, the
+layout ``gguf.GGUFReader`` returns): types Q4_1, Q5_0, Q8_0, Q4_K, Q6_K (``SUPPORTED``).  Each weight
+row is decoded once per call into an L1 buffer and fed to every input row, so the block bytes are
+read once whatever M is.  The contract (:data:`CONTRACT`, ``"gguf-exact-f32"``): the weights are
+exactly gguf-py's dequantised values (``gguf.quants.dequantize``, what the float32 checkpoints hold),
+activations and accumulation float32, one fixed reduction order per output that depends on nothing
+but ``K`` and the build (``quantmm.c`` states it), so outputs are batch invariant: a row's bits are
+the same alone and inside a pass of any size, at any thread count.  Error bound: see
+:func:`error_bound`.
+
+Compiled on first use like ``smallm``: ``$CC`` (else ``cc``) with ``-O3 -march=native
+-ffp-contract=off`` (and ``$DRAFTCERT_NATIVE_CFLAGS``; ``-fopenmp`` where it links, output rows split
+over torch's thread count in torch's own OpenMP runtime), into ``<cache_root>/kernels/``, keyed by
+the source, the compiler, the flags and the CPU, loaded with ``ctypes``.  ``-ffp-contract=off``
+keeps every multiply and add of a decode rounded on its own, as numpy's are; the accumulation uses
+explicit fused multiply-adds.  Where no compiler works, or ``DRAFTCERT_NATIVE=0``, :func:`available`
+is False with the reason in :func:`unavailable_reason`; callers then use the dequantised float32
+weights (``draftcert.models.quant``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from .._cache import cache_root
+
+__all__ = ["SUPPORTED", "CONTRACT", "available", "unavailable_reason", "build_id", "vector_width", "block_shape",
+           "linear", "dequantize", "error_bound", "reduction_roundings", "library_path"]
+
+SOURCE = Path(__file__).with_name("quantmm.c")
+CONTRACT = "gguf-exact-f32"
+# GGMLQuantizationType values -> names (the kernel's types)
+SUPPORTED = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+_BLOCKS = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-Werror=implicit-function-declaration")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _extra_flags() -> list[str]:
+    """``$DRAFTCERT_NATIVE_CFLAGS`` (shared with smallm): e.g. ``-mno-avx512f`` for the AVX2 build."""
+    return os.environ.get("DRAFTCERT_NATIVE_CFLAGS", "").split()
+
+
+def library_path(cc: str) -> Path:
+    """Where the compiled kernel for this source, compiler, flags and CPU lives."""
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    ident = b"\0".join([SOURCE.read_bytes(), version.encode(), _cpu_flags().encode(),
+                        " ".join([*FLAGS, *_extra_flags()]).encode()])
+    return cache_root() / "kernels" / f"quantmm-{hashlib.sha256(ident).hexdigest()[:16]}.so"
+
+
+def _compile(cc: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = [cc, *FLAGS, *_extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
+    errors = []
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        tmp_out = Path(tmp) / out.name
+        for extra in (["-fopenmp"], []):  # without OpenMP the kernel runs on one thread
+            r = subprocess.run(base + extra + ["-o", str(tmp_out)], capture_output=True, text=True, timeout=300)
+            if r.returncode == 0:
+                os.replace(tmp_out, out)  # atomic: a concurrent process sees the old file or the new one
+                return
+            errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
+    raise RuntimeError(f"{cc} could not build {SOURCE.name}: {errors[0][0]}")
+
+
+@lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str, str]:
+    """(the loaded kernel, "", its build id) or (None, why it is unavailable, "")."""
+    if os.environ.get("DRAFTCERT_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by DRAFTCERT_NATIVE=0", ""
+    cc = shutil.which(os.environ.get("CC") or "cc")
+    if cc is None:
+        return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)", ""
+    try:
+        path = library_path(cc)
+        if not path.exists():
+            _compile(cc, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return None, str(e), ""
+    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+    lib.dq_linear.argtypes = [I, P, L, L, L, P, L, P, P, I]
+    lib.dq_linear.restype = I
+    lib.dq_dequantize.argtypes = [I, P, L, L, L, P, I]
+    lib.dq_dequantize.restype = I
+    return lib, "", path.stem
+
+
+def available() -> bool:
+    """Is the kernel built (or buildable now) and loaded?"""
+    return _library()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ("" when it is True)."""
+    return _library()[1]
+
+
+def build_id() -> str:
+    """The loaded kernel's build (source, compiler, flags and CPU hashed), or "" where unavailable."""
+    return _library()[2]
+
+
+def vector_width() -> int:
+    """Float32 lanes of the build's vectors (16 AVX-512, 8 AVX2, 4 otherwise); 0 where unavailable."""
+    lib = _library()[0]
+    return lib.dq_vector_width() if lib is not None else 0
+
+
+def block_shape(qtype: int) -> tuple[int, int]:
+    """(elements, bytes) of one block of GGML type ``qtype`` (a ``SUPPORTED`` key)."""
+    try:
+        return _BLOCKS[int(qtype)]
+    except KeyError:
+        raise ValueError(f"quantmm: GGML type {qtype} has no kernel (supported: {', '.join(SUPPORTED.values())})") from None
+
+
+def reduction_roundings(k: int, vw: int | None = None) -> int:
+    """Roundings one product passes through in the kernel's sum over ``k`` terms: ``k / vw``
+    fused multiply-adds in its lane and ``log2(vw)`` adds of the lanes' tree."""
+    vw = vw or vector_width() or 4
+    return -(-k // vw) + int(math.log2(vw))
+
+
+def error_bound(abs_products: torch.Tensor, k: int, *, extra_roundings: int = 0) -> torch.Tensor:
+    """``gamma_n * abs_products`` with ``n = reduction_roundings(k) + extra_roundings`` and
+    ``gamma_n = n u / (1 - n u)``, ``u = 2**-24``: the bound on ``|y_kernel - y_exact|`` where
+    ``abs_products = sum_k |w_k x_k|`` (Higham, Accuracy and Stability, Lemma 3.1 / eq. 3.5: each
+    product is rounded at most ``n`` times on its way into the sum).  Add ``error_bound(.., k)`` of
+    another summation (``F.linear``'s, whose order is unknown: take ``n = k``) to compare two kernels."""
+    n = reduction_roundings(k) + extra_roundings
+    u = 2.0 ** -24
+    return abs_products * (n * u / (1 - n * u))
+
+
+def _check(blocks: torch.Tensor, qtype: int, n: int, k: int) -> int:
+    qk, qb = block_shape(qtype)
+    if k % qk:
+        raise ValueError(f"quantmm: K={k} is not a multiple of the {SUPPORTED[qtype]} block of {qk}")
+    row_bytes = k // qk * qb
+    if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (n, row_bytes) or not blocks.is_contiguous():
+        raise ValueError(f"quantmm: expected contiguous uint8 blocks of shape ({n}, {row_bytes}) for a "
+                         f"{SUPPORTED[qtype]} weight [{n}, {k}], got {blocks.dtype} {tuple(blocks.shape)}")
+    return row_bytes
+
+
+def linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, dequantize(blocks), bias)`` for float32 CPU ``x`` of shape ``(..., k)``, any rows."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    row_bytes = _check(blocks, qtype, n, k)
+    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"quantmm.linear: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
+    rows = x.numel() // max(k, 1)
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    if rows == 0:
+        return y
+    x2 = x.reshape(rows, k).contiguous()
+    b = None
+    if bias is not None:
+        b = bias.detach().to(torch.float32).contiguous()
+    rc = lib.dq_linear(int(qtype), blocks.data_ptr(), row_bytes, n, k, x2.data_ptr(), rows,
+                       b.data_ptr() if b is not None else None, y.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"quantmm kernel refused the call ({rc}): {SUPPORTED.get(qtype)} [{n}, {k}], {rows} rows")
+    return y
+
+
+def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    """The ``[n, k]`` float32 weights ``blocks`` encode (the kernel's own decode)."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    row_bytes = _check(blocks, qtype, n, k)
+    out = torch.empty(n, k, dtype=torch.float32)
+    if lib.dq_dequantize(int(qtype), blocks.data_ptr(), row_bytes, n, k, out.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError(f"quantmm could not decode {SUPPORTED.get(qtype)} [{n}, {k}]")
+    return out

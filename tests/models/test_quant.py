@@ -1,0 +1,251 @@
+"""GGUF blocks computed as stored (models/quantmm.c, models/quant.py): exact weights, the derived
+float32 bound, batch invariance, the fallback without a kernel, and GGUF files through both paths.
+
+The bound (quantmm.error_bound): the kernel sums the K products of an output in VW lanes by fused
+multiply-add in k order, then a pairwise tree over the lanes, so each product is rounded at most
+n = K / VW + log2(VW) times and |y_kernel - y_exact| <= gamma_n sum_k |w_k x_k| (gamma_n =
+n u / (1 - n u), u = 2^-24); against F.linear (order unknown, at most gamma_K) the two differ by at
+most (gamma_n + gamma_K) sum_k |w_k x_k|.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as QT  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
+
+from draftcert.models import quantmm  # noqa: E402
+from draftcert.models.quant import GGUFLinear, dequantize_gguf, load_gguf_causal_lm, numerics_of, read_gguf  # noqa: E402
+
+needs_kernel = pytest.mark.skipif(not quantmm.available(), reason=f"no quantmm kernel: {quantmm.unavailable_reason()}")
+TYPES = sorted(quantmm.SUPPORTED)
+# fp16 scale fields: (byte offset, scale) per type, the rest of a block random bytes
+SCALES = {3: [(0, 0.02), (2, 0.1)], 6: [(0, 0.02)], 8: [(0, 0.01)], 12: [(0, 0.002), (2, 0.002)], 14: [(208, 0.002)]}
+
+
+def random_blocks(qtype: int, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Valid random blocks ``[n, row_bytes]``: random bytes, sane (finite, normal) fp16 scales."""
+    rng = np.random.default_rng(seed)
+    qk, qb = quantmm.block_shape(qtype)
+    b = rng.integers(0, 256, size=(n, k // qk, qb), dtype=np.uint8)
+    for off, scale in SCALES[qtype]:
+        v = (rng.standard_normal((n, k // qk)) * scale).astype(np.float16)
+        b[..., off:off + 2] = v.view(np.uint8).reshape(n, k // qk, 2)
+    return b.reshape(n, -1)
+
+
+def shapes(qtype: int):
+    qk = quantmm.block_shape(qtype)[0]
+    return [(37, 3 * qk), (64, 2 * qk), (5, qk)] if qk == 32 else [(19, 512), (64, 256)]
+
+
+def _ref(blocks: np.ndarray, qtype: int) -> torch.Tensor:
+    return torch.from_numpy(dequantize(blocks, QT(qtype))).reshape(blocks.shape[0], -1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=[quantmm.SUPPORTED[t] for t in TYPES])
+def test_decode_is_gguf_dequantize_bit_for_bit(qtype):
+    for n, k in shapes(qtype):
+        b = random_blocks(qtype, n, k, seed=n + k)
+        got = quantmm.dequantize(torch.from_numpy(b), qtype, n, k)
+        assert torch.equal(got.view(torch.int32), _ref(b, qtype).view(torch.int32))
+        assert np.array_equal(dequantize_gguf(b, qtype).view(np.int32), _ref(b, qtype).numpy().view(np.int32))
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=[quantmm.SUPPORTED[t] for t in TYPES])
+def test_linear_within_the_derived_bound(qtype):
+    g = torch.Generator().manual_seed(qtype)
+    for n, k in shapes(qtype):
+        b = random_blocks(qtype, n, k, seed=n * k)
+        w = _ref(b, qtype)
+        bias = torch.randn(n, generator=g)
+        for m in range(1, 17):
+            x = torch.randn(m, k, generator=g)
+            for bb in (None, bias):
+                y = quantmm.linear(x, torch.from_numpy(b), qtype, n, k, bb)
+                exact = x.double() @ w.double().T + (0 if bb is None else bb.double())
+                mass = x.double().abs() @ w.double().abs().T + (0 if bb is None else bb.double().abs())
+                bound = quantmm.error_bound(mass, k, extra_roundings=int(bb is not None)) + 1e-300
+                assert ((y.double() - exact).abs() <= bound).all(), (n, k, m)
+                lin = F.linear(x, w, bb)
+                both = bound + mass * (k * 2.0 ** -24 / (1 - k * 2.0 ** -24))
+                assert ((y.double() - lin.double()).abs() <= both).all(), (n, k, m)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=[quantmm.SUPPORTED[t] for t in TYPES])
+def test_rows_alone_and_in_passes_of_any_size_are_identical(qtype):
+    n, k = 70, 512  # 70 rows: every tail of the row groups; 512: the K-quants' 2 blocks
+    b = torch.from_numpy(random_blocks(qtype, n, k, seed=3))
+    x = torch.randn(80, k, generator=torch.Generator().manual_seed(1))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([quantmm.linear(x[i:i + 1], b, qtype, n, k, bias) for i in range(80)])
+    for m in list(range(2, 17)) + [65, 80]:  # 65, 80: past one group of inputs (MGROUP = 64)
+        for start in (0, 80 - m):
+            assert torch.equal(quantmm.linear(x[start:start + m], b, qtype, n, k, bias), alone[start:start + m]), m
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # outputs split over threads: each still computed whole by one
+        assert torch.equal(quantmm.linear(x[:9], b, qtype, n, k, bias), alone[:9])
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_gguflinear_module():
+    qtype, n, k = 12, 40, 512
+    b = torch.from_numpy(random_blocks(qtype, n, k, seed=5))
+    bias = torch.randn(n)
+    lay = GGUFLinear(b, qtype, k, n, bias=bias)
+    w = _ref(b.numpy(), qtype)
+    assert torch.equal(lay.weight, w) and lay.qtype_name == "Q4_K"
+    x = torch.randn(3, 7, k)
+    y = lay(x)
+    assert y.shape == (3, 7, n)
+    assert torch.equal(y[1, 2:3], lay(x[1, 2:3]))  # batch invariant through the module
+    mass = x.double().abs() @ w.double().abs().T + bias.double().abs()
+    assert ((y.double() - (x.double() @ w.double().T + bias.double())).abs()
+            <= quantmm.error_bound(mass, k, extra_roundings=1)).all()
+    yb = lay(x.to(torch.bfloat16))  # another dtype: the dequantised weights through F.linear
+    assert yb.dtype == torch.bfloat16 and torch.allclose(yb.float(), y, rtol=0.05, atol=0.5)
+    with pytest.raises(ValueError):
+        GGUFLinear(b[:, :-1].contiguous(), qtype, k, n)
+    emb = torch.nn.Parameter(w.clone(), requires_grad=False)
+    assert GGUFLinear(b, qtype, k, n, tied=emb).weight is emb
+
+
+def test_native_disabled_falls_back_with_the_reason():
+    code = ("from draftcert.models import quantmm, quant; import torch, numpy as np\n"
+            "print(quantmm.available(), '|', quantmm.unavailable_reason())\n"
+            "b = torch.zeros(4, 34, dtype=torch.uint8)\n"
+            "lay = quant.GGUFLinear(b, 8, 32, 4)\n"
+            "print(tuple(lay(torch.ones(2, 32)).shape), quant.numerics_of(torch.nn.Sequential(lay)))\n")
+    env = {**os.environ, "DRAFTCERT_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()[:2]
+    assert first == "False | disabled by DRAFTCERT_NATIVE=0"
+    assert second == "(2, 4) float32"
+
+
+# ----------------------------------------------------------------------------- GGUF files
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (transformers reverses it on load)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int]):
+    """A 2-layer llama GGUF: hidden 256 (the K-quants' block), 4 heads (2 kv), vocab 96. Weights of
+    type Q8_0/Q4_1/Q5_0 are quantised from random floats; Q4_K/Q6_K are random blocks."""
+    rng = np.random.default_rng(7)
+    H, I, V, L, nh, nkv = 256, 512, 96, 2, 4, 2
+    hd = H // nh
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-test")
+    w.add_context_length(128)
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(I)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(V)
+    w.add_rope_dimension_count(hd)
+
+    def tensor(name, shape, kind):
+        qt = qtypes.get(kind, 0)
+        if qt in (12, 14):
+            blocks = random_blocks(qt, shape[0], shape[1], seed=len(name) + shape[0])
+            w.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=QT(qt))
+            return
+        x = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if kind in ("q", "k"):
+            x = _permute(x, nh if kind == "q" else nkv)
+        if qt:
+            q = gguf.quants.quantize(x, QT(qt))
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=QT(qt))
+        else:
+            w.add_tensor(name, x)
+
+    tensor("token_embd.weight", (V, H), "emb")
+    for i in range(L):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+        tensor(p + "attn_q.weight", (H, H), "q")
+        tensor(p + "attn_k.weight", (nkv * hd, H), "k")
+        tensor(p + "attn_v.weight", (nkv * hd, H), "v")
+        tensor(p + "attn_output.weight", (H, H), "o")
+        tensor(p + "ffn_gate.weight", (I, H), "gate")
+        tensor(p + "ffn_up.weight", (I, H), "up")
+        tensor(p + "ffn_down.weight", (H, I), "down")
+    w.add_tensor("output_norm.weight", np.ones(H, dtype=np.float32))
+    if not tied:
+        tensor("output.weight", (V, H), "out")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@needs_kernel
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_tiny_gguf_files_give_the_float32_logits_within_the_bound(tmp_path, tied):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    qtypes = {"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8, "down": 3, "out": 14}
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=tied, qtypes=qtypes)
+    meta, tensors = read_gguf(path)
+    reader = gguf.GGUFReader(str(path))
+    assert meta["general.architecture"] == "llama" and len(tensors) == len(reader.tensors)
+    for t in reader.tensors:  # the tensor table read as gguf's own reader reads it
+        assert int(t.tensor_type) == tensors[t.name].qtype and np.array_equal(np.asarray(t.data), tensors[t.name].data)
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32).eval()
+    model = load_gguf_causal_lm(path, config, quiet=True)
+    quant = {n: m for n, m in model.named_modules() if isinstance(m, GGUFLinear)}
+    assert len(quant) == 2 * 7 + 1 and numerics_of(model) == "gguf-exact-f32"
+    assert isinstance(model.lm_head, GGUFLinear) and model.lm_head.qtype == (8 if tied else 14)
+    for name, m in quant.items():  # exact weights, the llama q/k rows un-permuted as transformers does
+        assert torch.equal(m.weight, ref.get_submodule(name).weight), name
+    if tied:
+        assert model.lm_head.weight is model.get_input_embeddings().weight
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = model(ids).logits, ref(ids).logits
+        one = model(ids[1:]).logits
+    # the logits' error: float32 GEMMs through 2 layers, softmax and norms; the kernel's own share is
+    # gamma_n (n = K / VW + 4) of sum |w x| per layer. A loose float32 tolerance tied to that:
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * float(b.abs().max()))
+    # a prompt alone and in a batch of two: identical bits.  (Not yet across query lengths: torch's
+    # attention sums in an order that depends on the number of query rows; the linears do not.)
+    assert torch.equal(one, a[1:])
+
+
+@needs_kernel
+def test_unsupported_types_are_dequantised_with_one_line(tmp_path, capsys):
+    from transformers import AutoConfig
+
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=True, qtypes={"emb": 8, "q": 2, "k": 2, "up": 8})  # Q4_0: no kernel
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    model = load_gguf_causal_lm(path, config)
+    err = capsys.readouterr().err
+    assert err.count("without a kernel dequantised to float32 at load: Q4_0 (4)") == 1
+    assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
+    assert isinstance(model.model.layers[0].mlp.up_proj, GGUFLinear)
