@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from draftcert.decode import DraftTree
-from draftcert.decode.engine import RoundCertificates, accept, certify
+from draftcert.decode.round import RoundCertificates, accept, certify
 
 
 def chain_certificates(rule, x: torch.Tensor, y: torch.Tensor) -> RoundCertificates:

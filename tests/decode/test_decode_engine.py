@@ -18,6 +18,7 @@ from draftcert.decode import (
     speculative_generate,
 )
 from draftcert.decode import engine as engine_mod
+from draftcert.decode import round as round_mod
 from draftcert.models import derive_drafter, tiny_qwen3
 
 N_NEW = 24
@@ -129,7 +130,7 @@ def test_relaxed_rule_actually_relaxes(tiny, prompts):
 def test_certified_but_rejected_raises(tiny, prompts, monkeypatch):
     """Sabotage the radius: every position looks certified, so a rejection must raise."""
     target, drafter, _ = tiny
-    monkeypatch.setattr(engine_mod, "radius_rows", lambda crit, summ, kind: torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64))
+    monkeypatch.setattr(round_mod, "radius_rows", lambda crit, summ, kind: torch.full((summ.top_probs.shape[0],), torch.inf, dtype=torch.float64))
     with pytest.raises(CertificateViolation, match="certified but rejected"):
         speculative_generate(target, drafter, prompts[1], "strict", k=4, max_new_tokens=N_NEW)
 

@@ -10,15 +10,15 @@ import time
 from .. import models
 from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timing_footnote
 from ..decode.drafters import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
-from ..decode.engine import resolve_criterion, speculative_generate
+from ..decode.engine import speculative_generate
+from ..decode.round import resolve_criterion
 from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
 from ..fileio import dumps_json
-from ..models.hf import parse_dtype
 from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
 from ..textfit import terminal_width
-from .checks import PAIR_HELP, apply_pair, check_drafter, check_specs, set_threads
+from .checks import PAIR_HELP, apply_pair, check_drafter, check_dtype, check_specs, set_threads
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
@@ -130,10 +130,7 @@ def _load(args):
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
     set_threads(args.threads)
-    try:
-        args.dtype = parse_dtype(args.dtype)  # a typo costs no model load
-    except ValueError as exc:
-        raise ValueError(f"--dtype: {exc}") from None
+    args.dtype = check_dtype(args.dtype)  # a typo costs no model load
     embedded = args.target in (None, "embedded")
     drafter = args.drafter
     if drafter is None:

@@ -11,7 +11,8 @@
 
 from .batch import BatchDecodeResult, batch_speculative_generate
 from .drafters import ModelDrafter, PromptLookupDrafter, make_drafter
-from .engine import DecodeResult, greedy_generate, resolve_criterion, speculative_generate
+from .engine import DecodeResult, greedy_generate, speculative_generate
+from .round import resolve_criterion
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .suffix import HybridDrafter, SuffixDrafter, SuffixIndex, SuffixStore
 from .tree import DraftTree, parse_tree

@@ -71,8 +71,8 @@ import torch
 from ..criteria import TreeCoverage
 from ..models.hf import cache_kwarg, eos_token_ids, new_cache, vocab_size_of
 from .drafters import make_drafter
-from .engine import (accept, certify, check_drafter_vocab, check_max_new_tokens, check_target, decode_loop,
-                     propose_draft, record, resolve_criterion, summary_size)
+from .engine import check_drafter_vocab, check_max_new_tokens, check_target, decode_loop
+from .round import accept, certify, propose_draft, record, resolve_criterion, summary_size
 from .state import Layout, layer_masks, layout_of
 from .stats import DecodeStats, RoundLog
 from .tree import DraftTree, tree_allowed, tree_position_ids

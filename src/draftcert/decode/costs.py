@@ -39,7 +39,7 @@ from ..criteria import Strict
 from ..fileio import write_json
 from ..models.fastlinear import cpu_model
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
-from .engine import accept, certify, record, verify
+from .round import accept, certify, record, verify
 from .stats import DecodeStats
 from .state import CacheState
 from .tree import DraftTree, crop_cache, keep_cache

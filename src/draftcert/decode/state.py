@@ -112,7 +112,7 @@ class Layout:
         if self.stateful:
             return f"its recurrent state ({self._state_classes()}) cannot skip another row's padding or holes"
         if self.positions_ignored:
-            return self.positions_ignored.replace("sets attention", "set")
+            return self.positions_ignored
         if self.sliding and not self._masks_expressible():
             return "it mixes sliding-window and full-attention layers but takes one attention mask"
         return None
