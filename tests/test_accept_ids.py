@@ -7,8 +7,8 @@ import draftcert as dc
 from draftcert.criteria import parse_criterion
 from draftcert.summary import summarize
 
-RULES = ["strict", "additive:0.05", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "typical:0.09:0.3",
-         "mars:0.3", dc.LevelSet(lambda p: 0.7 * p.max(-1).values, name="user:0.7")]
+RULES = ["strict", "additive:0.05", "multiplicative:0.5", "topm:2", "relaxed:2:0.05", "relaxed:3:0.5", "entropy:0.09:0.3",
+         "typical:0.09:0.3", "mars:0.3", dc.LevelSet(lambda p: 0.7 * p.max(-1).values, name="user:0.7")]
 
 
 def test_accept_ids_2d_equals_columnwise():

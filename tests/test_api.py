@@ -20,6 +20,8 @@ SPECS = [
     "multiplicative:0.5",
     "topm:2",
     "topm:5",
+    "relaxed:2:0.1",
+    "relaxed:5:0.3",
     "entropy",
     "entropy:0.5:2",
     "mars:0.5",

@@ -138,7 +138,8 @@ def test_tree_bound_below_radius_structured(args):
 @st.composite
 def single_family(draw):
     """(a, c x k, b, copies of b, flat tail) with intermediates at the rules' breakpoints."""
-    spec = draw(st.sampled_from(["mars:0.1", "mars:0.5", "mars:2", "multiplicative:0.5", "topm:3", "additive:0.1", "entropy", "entropy:0.3:2"]))
+    spec = draw(st.sampled_from(["mars:0.1", "mars:0.5", "mars:2", "multiplicative:0.5", "topm:3", "additive:0.1", "entropy", "entropy:0.3:2",
+                                 "relaxed:2:0.1", "relaxed:3:0.05", "relaxed:2:0.5"]))
     kind = draw(st.sampled_from(KINDS))
     a = draw(st.floats(0.02, 1.0))
     b = a * draw(st.floats(0, 1))
@@ -155,7 +156,7 @@ def single_family(draw):
 @given(single_family())
 def test_single_token_bound_below_radius_structured(args):
     spec, kind, p = args
-    assume(not spec.startswith("topm:") or int(spec[5:]) <= p.shape[0])
+    assume(not spec.startswith(("topm:", "relaxed:")) or int(spec.split(":")[1]) <= p.shape[0])
     b = float(dc.margin_bound(spec, p, kind))
     r = float(dc.radius(spec, p, kind))
     assert b <= r * (1 + 1e-12) + 1e-15, (spec, kind, b, r)
@@ -200,6 +201,96 @@ def test_mars_extremal_family_attains_bound(theta, kind):
         bound = float(dc.margin_bound_from_statistic(spec, np.array(G), kind))
         assert bound <= best
         assert bound >= best * (1 - 1e-4), (theta, kind, G, bound, best)
+
+
+# --- relaxed:N:DELTA (TensorRT-LLM's relaxed acceptance; docs/theory.md section 5) ----------
+
+RELAXED = ((1, 0.1), (2, 0.1), (2, 0.5), (3, 0.05), (5, 0.3), (10, 0.01), (2, 0.0), (3, 1.0))
+
+
+def _relaxed_extremal(n: int, delta: float, G: float) -> np.ndarray:
+    """The extremal distribution of docs/theory.md 5 at rejection gap G: for G > DELTA the pair
+    ((1+G)/2, (1-G)/2) (b fails p >= p(1st) - DELTA); for G <= DELTA (s_0, N-1 tokens just above
+    b, b, the rest in copies of b) with s_0 + N b -> 1 (b is rejected for lying outside the top
+    N).  Zero padding to N tokens (zeros are inert: rejected, never the most probable one)."""
+    if G > delta:
+        top = [(1 + G) / 2, (1 - G) / 2]
+    else:
+        b = (1 - G) / (n + 1) * (1 - 1e-9)
+        top = [b + G] + [b * (1 + 1e-9)] * (n - 1) + [b]
+        rest = 1 - sum(top)
+        k = int(math.ceil(rest / b - 1e-9)) if rest > 1e-15 else 0
+        top += [rest / k] * k if k else []
+    return np.array(top + [0.0] * max(0, n - len(top)))
+
+
+@pytest.mark.parametrize("n,delta", RELAXED)
+@pytest.mark.parametrize("kind", KINDS)
+def test_relaxed_extremal_family_attains_bound(n, delta, kind):
+    """The bound is H_D(G, 1) for G > DELTA (additive's) and H_D(G, G + 2(1-G)/(N+1)) for
+    G <= DELTA (topm:N's); the family above has that statistic and a radius within the
+    documented rounding (plus the 1e-9 nudges) of the bound, never below it."""
+    spec = f"relaxed:{n}:{delta}"
+    Gs = [G for G in (1e-3, 0.01, 0.05, 0.2, 0.45, 0.7, 0.95, 0.999) if abs(G - delta) > 1e-6]
+    Gs += [g for g in (delta * (1 - 1e-3), delta * (1 + 1e-3)) if 0 < g < 1]
+    for G in Gs:
+        p = _relaxed_extremal(n, delta, G)
+        assert abs(float(dc.margin_statistic(spec, p)) - G) <= 1e-12 * max(1.0, 1 / (1 - G)), (spec, G)
+        r = float(dc.radius(spec, p, kind))
+        b = float(dc.margin_bound(spec, p, kind))
+        g = float(dc.margin_bound_from_statistic(spec, np.array(float(dc.margin_statistic(spec, p))), kind))
+        assert b <= r and g <= r * (1 + 1e-12) + 1e-15, (spec, kind, G, b, g, r)
+        assert g >= r * (1 - 1e-6) - 1e-13, (spec, kind, G, g, r)
+        # the two regimes are exactly the bounds of additive:DELTA and topm:N at that G
+        twin = f"additive:{delta}" if G > delta else f"topm:{n}"
+        assert g == float(dc.margin_bound_from_statistic(twin, np.array(float(dc.margin_statistic(spec, p))), kind))
+
+
+@pytest.mark.parametrize("n,delta", ((2, 0.1), (3, 0.05), (2, 0.5)))
+def test_relaxed_bound_below_every_radius_independent_search(n, delta):
+    """Independent of the derivation: over random targets (V <= 9, Dirichlet, ties, a block of
+    intermediates) and a scipy minimisation over (s_0, t x (N-1), b, rest) at fixed G, no radius
+    is below margin_bound_from_statistic at its own statistic (away from G = DELTA, where the
+    float64 statistic may fall on the other side of the bound's step)."""
+    spec = f"relaxed:{n}:{delta}"
+    rng = np.random.default_rng(31)
+    P = []
+    for _ in range(400):
+        V = int(rng.integers(n + 1, 10))
+        w = rng.dirichlet(np.full(V, rng.choice([0.2, 1.0, 5.0])))
+        if rng.random() < 0.3:
+            w[rng.integers(1, V)] = w[0]
+        P.append(np.concatenate([w, np.zeros(9 - V)]) / w.sum())
+    P = np.stack(P)
+    G = np.asarray(dc.margin_statistic(spec, P))
+    keep = np.isfinite(G) & (np.abs(G - delta) > 1e-9)
+    for kind in KINDS:
+        r = np.asarray(dc.radius(spec, P[keep], kind))
+        g = np.asarray(dc.margin_bound_from_statistic(spec, G[keep], kind))
+        assert np.all(g <= r * (1 + 1e-12) + 1e-15), (kind, P[keep][np.argmax(g - r)])
+        for G0 in (0.02, delta / 2, min(0.9, 2 * delta + 0.05)):
+            if G0 <= 0 or G0 >= 1:
+                continue
+
+            def rad(x, G0=G0):
+                b = x[0] * (1 - G0) / (n + 1)
+                t = b + x[1] * G0
+                p = np.array([b + G0] + [t] * (n - 1) + [b])
+                rest = 1 - p.sum()
+                if rest < 0:
+                    return 10.0
+                k = int(math.ceil(rest / b)) if rest > 0 else 0
+                p = np.concatenate([p, np.full(k, rest / k)]) if k else p
+                if abs(float(dc.margin_statistic(spec, p)) - G0) > 1e-12:
+                    return 10.0
+                return float(dc.radius(spec, p, kind))
+
+            from scipy.optimize import minimize
+            best = min(minimize(rad, x0, method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-14)).fun
+                       for x0 in ([0.99, 0.01], [0.5, 0.5], [0.9, 1.0]))
+            bound = float(dc.margin_bound_from_statistic(spec, np.array(G0), kind))
+            assert bound <= best * (1 + 1e-12) + 1e-15, (kind, G0, bound, best)
+            assert best <= 10.0  # the search found members of the family
 
 
 @pytest.mark.parametrize("m", M_VALUES)

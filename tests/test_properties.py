@@ -21,6 +21,9 @@ SINGLE = [
     "multiplicative:0.1",
     "topm:2",
     "topm:3",
+    "relaxed:2:0.05",  # N <= 2 <= V for every drawn p (N > V is a ValueError, as for topm)
+    "relaxed:2:0.3",
+    "relaxed:1:0.1",
     "entropy",
     "entropy:0.3:2",
     "typical",
@@ -149,6 +152,7 @@ def test_random_drafters_near_p(p, seed, sigma):
 #   additive: accept p(x) >= max - DELTA        -> larger DELTA relaxes
 #   multiplicative: accept p(x) >= ALPHA max    -> smaller ALPHA relaxes
 #   topm / tree: larger M relaxes
+#   relaxed: accept top N and p(x) >= max - DELTA -> larger N or DELTA relaxes
 #   mars: accept runner-up when log(p1/p2) <= THETA -> larger THETA relaxes
 #   entropy: reject p(x) <= min(EPS, DELTA e^-H)  -> SMALLER EPS or DELTA relaxes
 
@@ -162,12 +166,14 @@ def _pairs(draw_lo, draw_hi):
     kind=st.sampled_from(KINDS),
     a=st.floats(0, 1),
     b=st.floats(0, 1),
-    fam=st.sampled_from(["additive", "multiplicative", "mars", "entropy_eps", "entropy_delta"]),
+    fam=st.sampled_from(["additive", "multiplicative", "mars", "entropy_eps", "entropy_delta", "relaxed"]),
 )
 def test_monotone_in_parameters(p, kind, a, b, fam):
     lo, hi = min(a, b), max(a, b)
     if fam == "additive":
         tight, relaxed = f"additive:{lo!r}", f"additive:{hi!r}"
+    elif fam == "relaxed":  # relaxed:N:DELTA: larger DELTA (and larger N) relaxes
+        tight, relaxed = f"relaxed:1:{lo!r}", f"relaxed:2:{hi!r}"
     elif fam == "multiplicative":
         assume(lo > 0)
         tight, relaxed = f"multiplicative:{hi!r}", f"multiplicative:{lo!r}"
@@ -285,7 +291,7 @@ def test_certified_path_is_exercised():
     p = np.array([0.5, 0.3, 0.2])
     q = np.array([0.49, 0.31, 0.2])
     for kind in KINDS:
-        for spec in ["strict", "additive:0.05", "topm:2", "tree:1", "tree:2", "mars:0.3"]:
+        for spec in ["strict", "additive:0.05", "topm:2", "relaxed:2:0.05", "tree:1", "tree:2", "mars:0.3"]:
             assert bool(dc.certified(spec, p, q, kind)) and bool(dc.accepts(spec, p, q))
 
 

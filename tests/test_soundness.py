@@ -30,9 +30,9 @@ from tests.oracles import exact_truth as X
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 KINDS = ("forward", "reverse", "tv")
 USER = dc.LevelSet(lambda p: 0.7 * p.max(-1).values, name="user:0.7")
-RULES = ["strict", "additive:0.05", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "typical:0.09:0.3",
-         "mars:0.3", "tree:1", "tree:3", USER]
-TINY_RULES = ["multiplicative:1e-20", "additive:1e-12", "typical:1e-9:0.5", "strict", "tree:2"]
+RULES = ["strict", "additive:0.05", "multiplicative:0.5", "topm:2", "relaxed:2:0.05", "relaxed:1:0.3",
+         "entropy:0.09:0.3", "typical:0.09:0.3", "mars:0.3", "tree:1", "tree:3", USER]
+TINY_RULES = ["multiplicative:1e-20", "additive:1e-12", "relaxed:2:1e-12", "typical:1e-9:0.5", "strict", "tree:2"]
 
 
 def _spec(r) -> str:

@@ -135,8 +135,10 @@ def _exact_additive_accepts(row, is_logits, x, delta):
     return bool(P[x] >= max(P) - mpmath.mpf(delta))
 
 
+# token 1 is 2nd (probabilities) or 4th (logits): inside relaxed:4's top 4, outside relaxed:2's in the logit row
+@pytest.mark.parametrize("spec", ["additive:0.1", "relaxed:4:0.1", "relaxed:2:0.1"])
 @pytest.mark.parametrize("is_logits,row", _NEAR_ADDITIVE)
-def test_trace_accepted_column_is_exact(is_logits, row):
+def test_trace_accepted_column_is_exact(is_logits, row, spec):
     from draftcert.certificates import accepts_rows
     from draftcert.certificates import accepts_from_topk
     from draftcert.profile.trace import draft_topk
@@ -145,24 +147,30 @@ def test_trace_accepted_column_is_exact(is_logits, row):
     x = torch.tensor([row], dtype=torch.float64)
     q = torch.full((1, 6), -5.0, dtype=torch.float64)
     q[0, 1] = 0.0  # the drafter proposes token 1
-    truth = _exact_additive_accepts(row, is_logits, 1, 0.1)
-    crit = dc.parse_criterion("additive:0.1")
+    truth = _exact_additive_accepts(row, is_logits, 1, 0.1) and _in_top(row, 1, spec)
+    crit = dc.parse_criterion(spec)
     s = summarize(**({"logits": x} if is_logits else {"probs": x}), k=6)
     dv, di = draft_topk(q, 4)
-    got = accepts_from_topk([crit], s, dv, di, q)["additive:0.1"]
+    got = accepts_from_topk([crit], s, dv, di, q)[spec]
     assert bool(got[0]) == truth == bool(accepts_rows(crit, s, q)[0])
 
 
-def test_engine_acceptance_is_exact():
+def _in_top(row, x, spec):
+    """relaxed:N:DELTA also needs x among the N largest (ties counted); other rules: no condition."""
+    return not spec.startswith("relaxed:") or row[x] >= sorted(row, reverse=True)[int(spec.split(":")[1]) - 1]
+
+
+@pytest.mark.parametrize("spec", ["additive:0.1", "relaxed:4:0.1", "relaxed:2:0.1"])
+def test_engine_acceptance_is_exact(spec):
     from draftcert.decode import DraftTree, engine as engine_mod
 
     row = _NEAR_ADDITIVE[1][1]
-    truth = _exact_additive_accepts(row, True, 1, 0.1)
+    truth = _exact_additive_accepts(row, True, 1, 0.1) and _in_top(row, 1, spec)
     t = DraftTree()
     t.add(1, -1)
     logits = torch.full((2, 6), -5.0, dtype=torch.float64)
     logits[0] = torch.tensor(row, dtype=torch.float64)
-    verdict = engine_mod.accept(dc.parse_criterion("additive:0.1"), logits, t, 16)
+    verdict = engine_mod.accept(dc.parse_criterion(spec), logits, t, 16)
     assert (verdict.path == [0]) == truth
 
 
@@ -200,7 +208,7 @@ def test_redteam_sweep(seed):
     rng = np.random.default_rng(seed)
     DT = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
     specs = ["strict", "topm:2", "additive:0.1", "additive:0", "multiplicative:0.5", "multiplicative:1",
-             "entropy:0.09:0.3", "typical:0.09:0.3", "mars:0.5", "tree:2"]
+             "relaxed:2:0.1", "relaxed:2:0", "entropy:0.09:0.3", "typical:0.09:0.3", "mars:0.5", "tree:2"]
     certified = 0
     for _ in range(25):
         V = int(rng.choice([3, 5, 8]))

@@ -4,9 +4,21 @@ Every deterministic verification rule rejects a drafted token exactly when it
 lies in a lower level set of the target distribution p.  ``radius`` gives the
 smallest divergence D(p, q) that can cause a rejection; ``D(p, q) < radius(p)``
 certifies acceptance.
+
+Importing draftcert before torch bounds the OpenMP threads' idle spin (``GOMP_SPINCOUNT=3000``,
+as the ``draftcert`` command does, ``draftcert_launcher``), unless the environment sets
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``: next to a busy process, torch's default spin makes
+one-token decoding several times slower (docs/speed.md).  After ``import torch`` it is too late
+(libgomp reads the variable when torch loads) and nothing is set.
 """
 
 import importlib
+import sys
+
+from draftcert_launcher import set_wait_policy  # torch-free (outside this package), so it can run first
+
+if "torch" not in sys.modules:  # libgomp reads the policy once, when torch is first imported (just below)
+    set_wait_policy()
 
 from .bounds import margin_bound, margin_bound_from_statistic, margin_statistic
 from .certificates import accepts, certified, certified_run_length, radii, radius
@@ -17,6 +29,7 @@ from .criteria import (
     LevelSet,
     MarginAware,
     Multiplicative,
+    RelaxedAcceptance,
     Strict,
     TopM,
     TreeCoverage,
@@ -47,6 +60,7 @@ __all__ = [
     "Additive",
     "Multiplicative",
     "TopM",
+    "RelaxedAcceptance",
     "EntropyThreshold",
     "TypicalAcceptance",
     "MarginAware",

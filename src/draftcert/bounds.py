@@ -35,6 +35,7 @@ from .criteria import (
     LevelSet,
     MarginAware,
     Multiplicative,
+    RelaxedAcceptance,
     Strict,
     TopM,
     TreeCoverage,
@@ -67,6 +68,10 @@ def _lo_mass(crit: Criterion, G: torch.Tensor, co: torch.Tensor) -> torch.Tensor
         return co if crit.alpha >= 1 else torch.minimum(co, G * 2 * crit.alpha / (1 - crit.alpha))
     if isinstance(crit, TopM):
         return 2 * co / (crit.m + 1)
+    if isinstance(crit, RelaxedAcceptance):
+        # G > DELTA: b fails p >= p(1st) - DELTA whatever the rest is (the pair at s = 1);
+        # G <= DELTA: b passes it, so it is rejected for lying outside the top N: the top-M cap
+        return torch.where(G > crit.delta, co, 2 * co / (crit.n + 1))
     if isinstance(crit, TypicalAcceptance):
         # b <= tau <= EPSILON, and H~ >= -log(p(1st) + 1e-5) (every p <= p(1st)) gives
         # b <= DELTA (p(1st) + 1e-5) = DELTA (G + b + 1e-5), i.e. b <= DELTA (G + 1e-5) / (1 - DELTA)
@@ -253,8 +258,8 @@ def margin_bound(
     """Lower bound on ``radius(criterion, probs, divergence)`` through one margin statistic.
 
     Never exceeds the radius.  Sharp (the infimum of the radius over all distributions with
-    the same statistic, up to rounding down) for strict, additive, multiplicative, topm, mars
-    and tree:M in all three divergences; for ``strict``: forward g(Δ), reverse
+    the same statistic, up to rounding down) for strict, additive, multiplicative, topm,
+    relaxed, mars and tree:M in all three divergences; for ``strict``: forward g(Δ), reverse
     -½ log(1 - Δ²), tv Δ/2 with Δ = p(1st) - p(2nd).  For entropy and typical: sharp in tv
     (G/2; for typical at every G when EPSILON <= 1/3) and in forward KL (the exact infimum
     over the tied-pool family, certified from below by branch and bound to within 3e-4;

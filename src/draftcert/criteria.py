@@ -13,7 +13,7 @@ greedy token must be among the drafter's top-m.
 
 Spec grammar (``parse_criterion``)::
 
-    strict | additive:DELTA | multiplicative:ALPHA | topm:M
+    strict | additive:DELTA | multiplicative:ALPHA | topm:M | relaxed:N:DELTA
     | entropy[:EPSILON[:DELTA]] | typical[:EPSILON[:DELTA]] | mars:THETA | tree:M
 """
 
@@ -36,6 +36,7 @@ __all__ = [
     "Additive",
     "Multiplicative",
     "TopM",
+    "RelaxedAcceptance",
     "EntropyThreshold",
     "TypicalAcceptance",
     "MarginAware",
@@ -342,6 +343,70 @@ class TopM(LevelSet):
         return sorted(P, reverse=True)[self.m - 1]
 
 
+class RelaxedAcceptance(LevelSet):
+    """TensorRT-LLM's relaxed acceptance (DeepSeek-R1 MTP, ``relaxed_topk`` = N,
+    ``relaxed_delta`` = DELTA): accept x iff x is among the N most probable tokens of p
+    AND p(x) >= max p - DELTA.
+
+    tau(p) = max(p_(N), max p - DELTA),  R(p) = {y : p(y) < tau(p)}  (not inclusive),
+    N >= 1 an integer, DELTA >= 0.  Both sides are *probabilities* (softmax of the logits),
+    not log-probabilities: TensorRT-LLM takes ``torch.topk`` (k = relaxed_topk) of
+    ``torch.softmax(logits)`` (``gen_logprobs`` in ``_torch/speculative/mtp.py`` holds
+    probabilities despite its name), and ``mtpRelaxedAcceptanceKernel`` (``mtpKernels.cu``)
+    accepts the draft when it is one of those k indices whose value is at least
+    ``top-1 value - relaxed_delta`` (the top-1 itself always).  So the accepted set is
+    topm:N intersected with additive:DELTA, and the rejection region is the union of
+    theirs: a lower level set with the larger of the two thresholds.
+
+    Ties at the N-th place: p_(N) is the N-th largest value counted with ties (as topm:N),
+    so every token whose probability equals the N-th largest is inside the top N, and the
+    rule is a function of p alone.  This matches TensorRT-LLM's definition exactly except
+    at such ties: ``torch.topk`` keeps only N indices, in an implementation-defined order
+    among equal values, so TensorRT-LLM may reject a token tied with the N-th that this
+    rule accepts (it never accepts one this rule rejects).  And as for every rule here,
+    the decision is the rule evaluated exactly on the given values; TensorRT-LLM evaluates
+    it on its own rounded softmax (model dtype) with a float32 threshold, so a token
+    within that rounding of max p - DELTA can be decided differently.  TensorRT-LLM also
+    applies DELTA only inside the thinking phase (DELTA = 0 elsewhere): this is the rule
+    inside it.  relaxed:1:DELTA and relaxed:N:0 are strict; relaxed:N:DELTA with
+    DELTA >= 1 is topm:N.
+    """
+
+    def __init__(self, n: int, delta: float):
+        if isinstance(n, float) and not float(n).is_integer():
+            raise ValueError(f"N: relaxed:N:DELTA needs an integer N >= 1, got {n!r}")
+        self.n = int(_check_param("N", n, float(n) >= 1, "relaxed:N:DELTA needs an integer N >= 1"))
+        self.delta = _check_param("DELTA", delta, float(delta) >= 0, "relaxed:N:DELTA needs DELTA >= 0")
+        self._top, self._add = TopM(self.n), Additive(self.delta)
+        self.inclusive = False
+        self.spec = f"relaxed:{self.n}:{_fmt(self.delta)}"
+        self.min_k = self.n + 1
+
+    def threshold_from_summary(self, s: Summary) -> torch.Tensor:
+        return torch.maximum(self._top.threshold_from_summary(s), self._add.threshold_from_summary(s))
+
+    def tau_bounds(self, s: Summary):
+        t = self._top.threshold_from_summary(s)
+        e = s.common_err() + s.top_entry_err()[:, self.n - 1] + 4 * U
+        a_lo, a_hi = self._add.tau_bounds(s)
+        return torch.maximum(t * (1 - e), a_lo), torch.maximum(t * (1 + e), a_hi)
+
+    def sure(self, s: Summary, rows: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # the top-N part is an exact comparison of given values (the order of p is theirs);
+        # the additive part is decided as additive:DELTA decides it
+        self._top.threshold_from_summary(s)  # the V check
+        in_top = vals >= s.top_vals[rows, self.n - 1]
+        acc, rej = self._add.sure(s, rows, vals)
+        return acc & in_top, rej | ~in_top
+
+    def rejection_cut(self, s: Summary) -> torch.Tensor:
+        dt = s.cut_dtype()
+        return torch.maximum(self._top.rejection_cut(s).to(dt), self._add.rejection_cut(s).to(dt))
+
+    def exact_tau(self, P, tau_hat, mp):
+        return max(sorted(P, reverse=True)[self.n - 1], max(P) - mp.mpf(self.delta))
+
+
 class EntropyThreshold(LevelSet):
     """Medusa's typical acceptance with the textbook Shannon entropy:
     accept x iff p(x) > min(EPSILON, DELTA * exp(-H(p))),  H(p) = -sum p log p.
@@ -485,6 +550,7 @@ _DEFAULTS = {
     "additive": (Additive, (float,)),
     "multiplicative": (Multiplicative, (float,)),
     "topm": (TopM, (int,)),
+    "relaxed": (RelaxedAcceptance, (int, float)),
     "entropy": (EntropyThreshold, (float, float)),
     "typical": (TypicalAcceptance, (float, float)),
     "mars": (MarginAware, (float,)),
@@ -492,12 +558,14 @@ _DEFAULTS = {
 }
 
 # The rules draftcert profiles, decodes and tabulates when none are named: one of each family
-# at its usual parameter (Medusa's entropy defaults) and three tree widths.
+# at its usual parameter (Medusa's entropy defaults; TensorRT-LLM's relaxed rule as the
+# intersection of the topm and additive defaults) and three tree widths.
 DEFAULT_CRITERIA = (
-    "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5", "tree:2", "tree:4", "tree:8",
+    "strict", "additive:0.1", "multiplicative:0.5", "topm:2", "relaxed:2:0.1", "entropy:0.09:0.3", "mars:0.5",
+    "tree:2", "tree:4", "tree:8",
 )
 
-SPEC_HELP = ("strict | additive:DELTA | multiplicative:ALPHA | topm:M | entropy[:EPSILON[:DELTA]] "
+SPEC_HELP = ("strict | additive:DELTA | multiplicative:ALPHA | topm:M | relaxed:N:DELTA | entropy[:EPSILON[:DELTA]] "
              "| typical[:EPSILON[:DELTA]] | mars:THETA | tree:M")
 
 
@@ -514,6 +582,8 @@ def parse_criterion(spec: str | Criterion) -> Criterion:
     cls, types = _DEFAULTS[key]
     if len(args) > len(types):
         raise ValueError(f"criterion spec: {spec!r} has too many parameters; expected {SPEC_HELP}")
+    if key == "relaxed" and len(args) != 2:
+        raise ValueError(f"criterion spec: {spec!r} needs both parameters, relaxed:N:DELTA (e.g. relaxed:2:0.1)")
     vals = []
     for a, t in zip(args, types):
         try:

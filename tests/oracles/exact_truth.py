@@ -110,6 +110,8 @@ def truth_accepts(spec: str, t: np.ndarray, t_logits: bool, q: np.ndarray) -> np
         return tx >= srt[:, 0]
     if name == "topm":
         return tx >= srt[:, int(args[0]) - 1]
+    if name == "relaxed":  # top N (ties counted) and p(x) >= max p - DELTA
+        return (tx >= srt[:, int(args[0]) - 1]) & truth_accepts(f"additive:{args[1]!r}", t, t_logits, q)
     if name == "tree":
         m = int(args[0])
         a = t.argmax(1)

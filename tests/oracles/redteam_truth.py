@@ -29,6 +29,9 @@ def accept(spec, row, is_logits, x, qrow=None):
     if name == "topm":
         M = int(par[0]); srt = sorted(vals, reverse=True); return vals[x] >= srt[min(M, len(vals))-1]
     if name == "additive": return px >= p1 - mp.mpf(float(par[0]))
+    if name == "relaxed":
+        M = int(par[0]); srt = sorted(vals, reverse=True)
+        return vals[x] >= srt[min(M, len(vals))-1] and px >= p1 - mp.mpf(float(par[1]))
     if name == "multiplicative": return px >= mp.mpf(float(par[0]))*p1
     if name == "entropy":
         tau = min(mp.mpf(float(par[0])), mp.mpf(float(par[1]))*mp.e**(-H(P))); return px > tau

@@ -72,6 +72,8 @@ def rejected_set(spec: str, p: np.ndarray, user=None) -> np.ndarray:
         return np.flatnonzero(p < srt[0])
     if name == "topm":
         return np.flatnonzero(p < srt[int(args[0]) - 1])
+    if name == "relaxed":  # TensorRT-LLM: accepted iff in the top N (ties counted) and p >= max p - DELTA
+        return np.union1d(rejected_set(f"topm:{args[0]}", p), rejected_set(f"additive:{args[1]}", p))
     if name == "mars":
         import mpmath
 

@@ -8,7 +8,7 @@ GPU protocol (``reproduce_paper``; our choice where the study leaves freedom):
   targets     Qwen/Qwen3-1.7B, Qwen/Qwen3-4B (no drafter: radii are properties of the target)
   prompts     HuggingFaceH4/ultrachat_200k, first 256 prompts (via draftcert.prompts.load_prompts)
   decoding    greedy, 128 new tokens, bfloat16, CUDA
-  criteria    the profile defaults (strict, additive:0.1, multiplicative:0.5, topm:2,
+  criteria    the profile defaults (strict, additive:0.1, multiplicative:0.5, topm:2, relaxed:2:0.1,
               entropy:0.09:0.3, mars:0.5, tree:2, tree:4, tree:8); epsilons 0.05, 0.1, 0.3, 0.5
 Each target's run goes to OUT/<model name>/ and is resumable like any profile run.
 
