@@ -249,3 +249,65 @@ def test_unsupported_types_are_dequantised_with_one_line(tmp_path, capsys):
     assert err.count("without a kernel dequantised to float32 at load: Q4_0 (4)") == 1
     assert type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     assert isinstance(model.model.layers[0].mlp.up_proj, GGUFLinear)
+
+
+# ----------------------------------------------------------------------------- the embedded model
+
+
+@pytest.fixture(scope="module")
+def embedded_both():
+    from draftcert.models import ModelUnavailable, load_target
+
+    try:
+        q = load_target(weights="gguf", fast_linear=False)
+        f = load_target(weights="float32", fast_linear=False)
+    except ModelUnavailable as e:
+        pytest.skip(f"embedded model unavailable: {e}")
+    return q, f
+
+
+@needs_kernel
+def test_embedded_gguf_is_the_float32_model_computed_from_its_blocks(embedded_both):
+    from draftcert.models.eagle import target_fingerprint
+    from draftcert.prompts import encode_prompt
+
+    (q, tok), (f, _) = embedded_both
+    assert numerics_of(q) == "gguf-exact-f32" and numerics_of(f) == "float32"
+    layers = {n: m for n, m in q.named_modules() if isinstance(m, GGUFLinear)}
+    assert len(layers) == 30 * 7 + 1 and {m.qtype_name for m in layers.values()} == {"Q4_1", "Q8_0"}
+    assert q.lm_head.qtype_name == "Q8_0" and q.lm_head.weight is q.get_input_embeddings().weight
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.7.self_attn.k_proj", "model.layers.29.mlp.down_proj"):
+        assert torch.equal(layers[name].weight, f.get_submodule(name).weight), name  # exact, q/k rows un-permuted
+    assert target_fingerprint(q) == target_fingerprint(f)  # the shipped drafter binds to it
+    ids = torch.tensor([encode_prompt(tok, "What is the capital of France?")])
+    with torch.no_grad():
+        a, b = q(ids).logits, f(ids).logits
+    # 30 layers of float32 sums in two orders (each layer within (gamma_n + gamma_K) sum |w x|)
+    assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
+@needs_kernel
+def test_strict_decoding_on_the_gguf_target_is_its_greedy_decoding(embedded_both):
+    from draftcert.decode import speculative_generate
+    from draftcert.prompts import encode_prompt
+
+    (q, tok), _ = embedded_both
+    ids = torch.tensor([encode_prompt(tok, "Name three primary colours.")])
+    with torch.no_grad():
+        greedy = q.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)[0, ids.shape[1]:]
+    res = speculative_generate(q, "default", ids, "strict", k=3, max_new_tokens=16)
+    assert list(res.tokens) == greedy.tolist()[:len(res.tokens)] and len(res.tokens) == len(greedy)
+
+
+def test_weights_option(monkeypatch):
+    from draftcert.models import load_target
+    from draftcert.models.loading import DEFAULT_WEIGHTS, resolve_weights
+
+    monkeypatch.delenv("DRAFTCERT_WEIGHTS", raising=False)
+    assert resolve_weights(None) == DEFAULT_WEIGHTS and resolve_weights("GGUF") == "gguf"
+    monkeypatch.setenv("DRAFTCERT_WEIGHTS", "gguf")
+    assert resolve_weights(None) == "gguf" and resolve_weights("float32") == "float32"
+    with pytest.raises(ValueError, match="weights must be one of"):
+        resolve_weights("int8")
+    with pytest.raises(ValueError, match="computes in float32"):
+        load_target(weights="gguf", dtype="bfloat16")

@@ -11,7 +11,8 @@
 Submodules: ``hf`` (the transformers adapter: cache argument and creation, forward passes with or
 without hidden states, EOS and pad ids, left padding, dtype names), ``fastlinear`` (linear
 kernels measured per weight shape and row count on CPU, for cheaper multi-token passes), ``smallm``
-(draftcert's own few-row linear kernel, compiled on first use), ``attention`` (grouped-query SDPA
+(draftcert's own few-row linear kernel, compiled on first use), ``quant`` / ``quantmm`` (GGUF blocks
+computed as stored: ``load_target(weights="gguf")``), ``attention`` (grouped-query SDPA
 without the KV-cache copy), ``eagle`` (the feature drafter).
 """
 
@@ -32,14 +33,18 @@ from .loading import (
     ModelUnavailable,
     embedded_checkpoint_dir,
     ensure_embedded_checkpoint,
+    ensure_embedded_gguf,
     load_target,
 )
-from .pair import PAIR_DTYPE, PAIR_MODELS, PAIRS, PairDownloadError, ensure_pair_checkpoint, get_pair, pair_checkpoint_dir
+from .pair import (PAIR_DTYPE, PAIR_MODELS, PAIRS, PairDownloadError, ensure_pair_checkpoint, ensure_pair_gguf, get_pair,
+                   pair_checkpoint_dir)
+from .quant import GGUFLinear, numerics_of
 from .tiny import tiny_qwen3, tiny_tokenizer
 
 __all__ = [
     "DEFAULT_DRAFTER",
     "DrafterSpec",
+    "GGUFLinear",
     "EMBEDDED_WHEEL",
     "PROMPT_LOOKUP",
     "ModelUnavailable",
@@ -51,10 +56,13 @@ __all__ = [
     "derive_drafter",
     "embedded_checkpoint_dir",
     "ensure_embedded_checkpoint",
+    "ensure_embedded_gguf",
     "ensure_pair_checkpoint",
+    "ensure_pair_gguf",
     "get_pair",
     "load_drafter",
     "load_target",
+    "numerics_of",
     "pair_checkpoint_dir",
     "parse_drafter_spec",
     "parse_self_spec",

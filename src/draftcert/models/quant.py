@@ -30,6 +30,7 @@ plain float32 one.
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 from contextlib import contextmanager
@@ -43,7 +44,8 @@ from torch import nn
 
 from . import quantmm
 
-__all__ = ["CONTRACT", "GGUFLinear", "numerics_of", "load_gguf_causal_lm", "dequantize_gguf"]
+__all__ = ["CONTRACT", "GGUFLinear", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
+           "write_gguf_metadata", "load_gguf_folder", "GGUF_FILE"]
 
 CONTRACT = quantmm.CONTRACT
 
@@ -51,7 +53,7 @@ CONTRACT = quantmm.CONTRACT
 def dequantize_gguf(data, qtype: int) -> np.ndarray:
     """float32 values of GGUF tensor data of GGML type ``qtype``: gguf-py's own dequantisation, or
     for a ``quantmm.SUPPORTED`` type the native kernel's decode (the same values, tested, faster)."""
-    from gguf import GGMLQuantizationType
+    from gguf import GGMLQuantizationType  # optional: models extra (gguf, transformers)
     from gguf.quants import dequantize
 
     data = np.asarray(data)
@@ -121,7 +123,7 @@ class GGUFLinear(nn.Module):
 def numerics_of(model: nn.Module) -> str:
     """The numeric contract a model computes under: ``"gguf-exact-f32"`` where any layer is a
     ``GGUFLinear`` run by the native kernel, else the dtype of its parameters (``"float32"``, ...)."""
-    if quantmm.available() and any(isinstance(m, GGUFLinear) for m in model.modules()):
+    if quantmm.available() and any(isinstance(m, GGUFLinear) and m.qweight.device.type == "cpu" for m in model.modules()):
         return CONTRACT
     p = next(iter(model.parameters()), None)
     return str(p.dtype).removeprefix("torch.") if p is not None else "float32"
@@ -149,7 +151,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
     ``gguf.GGUFReader`` gives as ``.tensors`` (``.data``, ``.tensor_type``), without the seconds it
     spends on building every metadata field (6 s for SmolLM2's vocabulary here).
     """
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # optional: models extra (gguf, transformers)
 
     mm = np.memmap(str(path), dtype=np.uint8, mode="c")
     buf = memoryview(mm)
@@ -265,7 +267,7 @@ def _set_param(model: nn.Module, hf_name: str, value: torch.Tensor) -> None:
 def _hf_names(model: nn.Module, arch: str, processor) -> dict[str, str]:
     """{GGUF tensor name: transformers parameter name} for ``model`` (what transformers'
     ``get_gguf_hf_weights_map`` computes, with gguf-py's name map built once instead of per module)."""
-    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map  # optional: models extra (gguf, transformers)
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 
     key = next((k for k, v in MODEL_ARCH_NAMES.items() if v == arch), None)
@@ -290,7 +292,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
     that saved once).  Returns the model (CPU, eval, no grad), with ``model.draftcert_gguf``
     recording the file, the quantised layers and their types.
     """
-    from gguf import GGMLQuantizationType
+    from gguf import GGMLQuantizationType  # optional: models extra (gguf, transformers)
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -362,3 +364,33 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
     model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
                             "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()})}
     return model
+
+
+# ----------------------------------------------------------------------------- cached GGUF models
+
+GGUF_FILE = "model.gguf"
+MARKER = "draftcert.json"  # written last: the directory is complete
+
+
+def write_gguf_metadata(folder: Path, record: dict) -> None:
+    """Next to ``folder/model.gguf``: the transformers config and tokenizer parsed from it (once:
+    parsing a large vocabulary from GGUF metadata takes seconds) and the marker ``draftcert.json``."""
+    from transformers import AutoConfig, AutoTokenizer  # optional: models extra
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(str(folder), gguf_file=GGUF_FILE)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(str(folder))
+    AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_FILE).save_pretrained(str(folder))
+    (folder / MARKER).write_text(json.dumps({**record, "weights": "gguf"}, indent=2) + "\n")
+
+
+def load_gguf_folder(folder: str | Path, *, quiet: bool = False):
+    """``(model, tokenizer)`` from a folder made by :func:`write_gguf_metadata` (GGUF blocks kept)."""
+    from transformers import AutoConfig, AutoTokenizer  # optional: models extra
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return load_gguf_causal_lm(folder / GGUF_FILE, config, quiet=quiet), tok

@@ -49,6 +49,7 @@ from ..criteria import DEFAULT_CRITERIA
 from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
 from ..models.hf import parse_dtype
 from ..models.loading import transformers_progress
+from ..models.quant import numerics_of
 from ..prompts import encode_prompt
 from ..tracefile import list_shards
 from . import distributed as dist_mod
@@ -248,7 +249,7 @@ def profile(
             (out / "trace").mkdir(exist_ok=True)
             run_record = RunRecord(
                 settings, info.world_size, batch_size, str(dev),
-                str(next(model.parameters()).dtype).removeprefix("torch."),
+                numerics_of(model),  # the dtype, or "gguf-exact-f32" for GGUF blocks computed as stored
                 list(command) if command is not None else list(sys.argv))
             run_record.write(out, "running")
             record = run_record  # from here on a stop rewrites run.json ("interrupted" or "failed")
