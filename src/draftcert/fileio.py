@@ -6,6 +6,10 @@ hidden temporary sibling, is flushed to disk, and only then takes the final name
 ``os.replace``.  A run interrupted at any moment leaves either the old file or the new one,
 never a torn one, so a rerun can trust every file it finds.
 
+Before a command loads a model it can ask :func:`check_writable_dir` whether a folder can be
+written at all (a read-only mount, ``/proc``, a folder without write permission), so that the
+mistake costs no model load and ends with one line instead of a traceback.
+
 JSON rule: draftcert writes strict JSON (no bare ``Infinity``/``NaN`` tokens, which most
 parsers reject).  A non-finite float (+inf, -inf, NaN) is written as ``null``; numpy
 scalars become Python numbers.  Where ``null`` can mean an infinite value (an infinite
@@ -15,13 +19,16 @@ radius: no drafter is ever rejected there), the field's documentation says so.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_write", "atomic_path", "remove_stale_temporaries", "json_value", "dumps_json", "write_json"]
+__all__ = ["atomic_write", "atomic_path", "remove_stale_temporaries", "check_writable_dir", "settings_changes",
+           "json_value", "dumps_json", "write_json"]
 
 
 def _tmp_sibling(path: Path) -> Path:
@@ -52,8 +59,9 @@ def atomic_path(path) -> Iterator[Path]:
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        if os.path.lexists(tmp):  # on a read-only file system even unlinking a missing file fails (EROFS)
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
 
 
 def remove_stale_temporaries(folder, name_glob: str = "*") -> int:
@@ -64,6 +72,42 @@ def remove_stale_temporaries(folder, name_glob: str = "*") -> int:
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
+
+
+def check_writable_dir(path) -> Path:
+    """``path`` if files can be written into it, creating it when missing; else the ``OSError``
+    the first write would meet (its ``filename`` the folder that refused).
+
+    Writes nothing that stays: an existing folder gets a probe file, a missing one a probe
+    folder in its deepest existing ancestor (what creating it needs), each removed at once, with
+    a unique name (ranks of one ``torchrun`` may probe the same folder together).  A file in the
+    way raises ``NotADirectoryError``.  The root user passes permission bits, so only a real
+    write tells (a read-only mount refuses root too)."""
+    p = Path(os.path.expanduser(str(path)))
+    q = p
+    while not q.exists() and q.parent != q:
+        q = q.parent
+    if not q.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "Not a directory", str(q))
+    try:
+        if q == p:
+            fd, probe = tempfile.mkstemp(prefix=".draftcert-probe-", dir=q)
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".draftcert-probe-", dir=q))
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror or str(exc), str(q)) from None
+    return p
+
+
+def settings_changes(old: dict, new: dict, keys=None) -> str:
+    """How the settings a run folder records differ from this run's: ``"key: was A, now B; ..."``
+    over ``keys`` (default: every key of either dict), empty when they agree.  The one wording of
+    every "holds a run with other settings" refusal (profile's ``run.json``, train-drafter's
+    ``config.json``)."""
+    keys = list(dict.fromkeys([*old, *new])) if keys is None else keys
+    return "; ".join(f"{k}: was {old.get(k)!r}, now {new.get(k)!r}" for k in keys if old.get(k) != new.get(k))
 
 
 def atomic_write(path, data: bytes | str) -> Path:

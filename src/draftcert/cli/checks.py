@@ -3,9 +3,10 @@
 ``check_specs(value, option)`` parses criterion specs the way the library does and, on a
 bad one, raises a ValueError naming the option, the spec and the closest valid spec
 (``difflib``), so that a typo costs no model load.  ``check_drafter`` does the same for a
-drafter spec (``defualt`` -> ``default``), and ``set_threads`` applies ``--threads``.  (The
-output-directory check, ``check_out_dir``, belongs to the profiler's settings:
-``draftcert.profile.settings``.)
+drafter spec (``defualt`` -> ``default``), ``check_dtype`` a ``--dtype``, ``check_divergences`` a
+``--divergences`` list, ``check_run_dir_writable`` that ``report``/``replay``/``explain`` can write
+into a run folder, and ``set_threads`` applies ``--threads``.  (The output-directory check,
+``check_out_dir``, belongs to the profiler's settings: ``draftcert.profile.settings``.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from pathlib import Path
 import torch
 
 from ..criteria import DEFAULT_CRITERIA, SPEC_HELP, Criterion, parse_criterion
+from ..divergences import DIVERGENCES
+from ..fileio import check_writable_dir
 from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafter_spec
+from ..models.hf import parse_dtype
+from ..profile.settings import parse_divergences
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
 EXAMPLE_SPECS = DEFAULT_CRITERIA
@@ -158,3 +163,51 @@ def set_threads(threads: int | None, option: str = "--threads") -> None:
     if threads < 1:
         raise ValueError(f"{option}: expected an integer >= 1, got {threads}")
     torch.set_num_threads(threads)
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # --dtype's values (fp32, bf16, fp16 and torch.NAME too)
+
+
+def check_dtype(value, option: str = "--dtype"):
+    """``--dtype`` parsed (``models.hf.parse_dtype``; None: the default) and one of ``COMPUTE_DTYPES``,
+    before any model loads; anything else raises a ValueError naming the option and its values."""
+    try:
+        dtype = parse_dtype(value)
+    except ValueError:
+        dtype = False
+    if dtype is not None and str(dtype).removeprefix("torch.") not in COMPUTE_DTYPES:
+        raise ValueError(f"{option}: {value!r} is not a compute dtype draftcert runs models in; pass "
+                         f"{', '.join(COMPUTE_DTYPES[:-1])} or {COMPUTE_DTYPES[-1]} (or fp32, bf16, fp16), "
+                         f"or leave {option} out for the default")
+    return dtype
+
+
+_DIVERGENCE_WORDS = "forward (KL(p||q)), reverse (KL(q||p)) or tv (total variation)"
+
+
+def check_divergences(value, option: str = "--divergences") -> list[str]:
+    """A ``--divergences`` list (``profile.settings.parse_divergences``) before any model loads; an
+    unknown name raises a ValueError naming the option, the names it takes and an example."""
+    for d in str(value or "").split(","):
+        d = d.strip()
+        if d and d not in DIVERGENCES:
+            hint = " (did you mean forward, KL(p||q)?)" if d.lower() == "kl" else ""
+            raise ValueError(f"{option}: unknown divergence {d!r}{hint}; pass {_DIVERGENCE_WORDS}, "
+                             f"comma-separated, e.g. {option} forward,reverse,tv")
+    return parse_divergences(value)
+
+
+def check_run_dir_writable(path, command: str) -> None:
+    """``report DIR``, ``replay DIR`` and ``explain DIR`` write into the run folder (and its
+    ``figures/``): one that cannot be written (a read-only mount) raises a ValueError saying so
+    and what to do, before any work.  A missing folder is left to the reader's own error."""
+    run = Path(path).expanduser()
+    for folder in (run, run / "figures"):
+        if not folder.is_dir():
+            continue
+        try:
+            check_writable_dir(folder)
+        except OSError as exc:
+            raise ValueError(f"DIR: {str(folder)!r} cannot be written ({exc.strerror}), and `draftcert {command}` "
+                             f"writes its results there; copy the run somewhere writable (cp -r {path} COPY) and "
+                             f"run `draftcert {command} COPY`") from None
