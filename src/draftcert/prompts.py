@@ -23,7 +23,8 @@
   (multi-line prompts keep their inner newlines); otherwise one prompt per non-empty line.
   Id ``<file stem>/<1-based index>``.
 - any other string of the form ``org/name[:split]``: a Hugging Face dataset through ``datasets``
-  (first user turn of "messages"/"conversations", or "prompt"/"text"/"question").
+  (first user turn of "messages"/"conversations", or "prompt"/"text"/"question"); no extra
+  installs that package: ``DATASETS_INSTALL`` (``datasets_missing()`` says whether it is needed).
   UltraChat 200k is ``HuggingFaceH4/ultrachat_200k`` (split ``test_sft`` by default).
 
 ``encode_prompt(tokenizer, text) -> list[int]`` applies the tokenizer's chat template as a single
@@ -33,6 +34,7 @@ user turn with ``add_generation_prompt=True`` when the tokenizer has one, else p
 from __future__ import annotations
 
 import codecs
+import importlib.util
 import gzip
 import hashlib
 import json
@@ -74,6 +76,20 @@ SHAREGPT_HOLDOUT_MOD = 10  # one conversation in 10 is held out (profiling); the
 SHAREGPT_MAX_CHARS = 4000  # longer first turns are pasted documents: a CPU profile would be all prefill
 
 BUILTIN_SOURCES = ("mt-bench", "humaneval", "sharegpt", "sharegpt-train")
+DATASETS_INSTALL = "pip install datasets"  # a Hugging Face dataset as the prompt source needs it (no extra has it)
+
+
+def datasets_missing() -> bool:
+    """True when the ``datasets`` package, which loads a Hugging Face dataset, is not installed."""
+    return importlib.util.find_spec("datasets") is None
+
+
+def limit_note(source: str, limit: int | None, available: int) -> str | None:
+    """The line saying that ``--limit`` asked for more prompts than ``source`` has (None otherwise):
+    the run uses all of them, which is what such a limit can mean, but not silently."""
+    if limit is None or available >= limit:
+        return None
+    return f"note: --limit {limit}: {source} has {available} prompts; using all {available}"
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input")
 
 
@@ -289,7 +305,7 @@ def _hf_dataset(name: str) -> list[Prompt]:
     except ImportError:
         raise ValueError(
             f"prompt source {name!r} looks like a Hugging Face dataset but the `datasets` package is "
-            "not installed; pass 'mt-bench', 'humaneval', or a .jsonl/.txt file"
+            f"not installed ({DATASETS_INSTALL}, then rerun); or pass 'mt-bench', 'humaneval', or a .jsonl/.txt file"
         ) from None
     if not split:
         split = "test_sft" if repo == "HuggingFaceH4/ultrachat_200k" else "test"

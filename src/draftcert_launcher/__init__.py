@@ -16,10 +16,13 @@ target, greedy, 2 threads), tokens/s alone -> next to a ``while True: pass`` pro
 
 libgomp reads these variables once, when it is loaded, i.e. when torch is first imported, and
 ``import draftcert`` imports torch.  So this module lives outside the ``draftcert`` package
-(importing anything inside it would import torch first) and sets the variable only for the
-command's own process (and its children), never when draftcert is imported as a library, and
-never when the user chose a policy: with ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the
-environment nothing is set (``OMP_WAIT_POLICY=ACTIVE draftcert ...`` spins as asked).
+(importing anything inside it would import torch first) and imports nothing: the command calls
+``set_wait_policy`` before it imports the CLI, and ``import draftcert`` calls it first thing when
+torch is not loaded yet (a Python program that decodes gets the same bound as the command; after
+``import torch`` it would be too late, and nothing is set).  Never when the user chose a policy:
+with ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` in the environment nothing is set
+(``OMP_WAIT_POLICY=ACTIVE draftcert ...`` spins as asked, ``GOMP_SPINCOUNT=300000`` restores
+torch's default).  The variable is set in ``os.environ``, so child processes inherit it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``python -m draftcert_launcher``: the ``draftcert`` command, wait policy included (``python -m
-draftcert`` imports torch before anything can set it)."""
+draftcert`` gets it too, from ``import draftcert``)."""
 
 import sys
 

@@ -170,9 +170,17 @@ def test_launcher_sets_the_spin_before_torch_loads(user, expected):
     assert out.stdout.split()[-4:] == expected + ["True", "2"], out.stderr
 
 
-def test_importing_the_library_leaves_the_environment_alone():
+@pytest.mark.parametrize("first,user,expected", [
+    ("", {}, f"None {draftcert_launcher.SPIN_COUNT}"),  # the Python API gets the command's bound (issue 31)
+    ("", {"OMP_WAIT_POLICY": "PASSIVE"}, "PASSIVE None"),  # the user's choice stands
+    ("", {"GOMP_SPINCOUNT": "300000"}, "None 300000"),
+    ("import torch; ", {}, "None None"),  # too late once torch (libgomp) is loaded: nothing is set
+])
+def test_importing_the_library_bounds_the_spin_before_torch_loads(first, user, expected):
     env = {k: v for k, v in os.environ.items() if k not in draftcert_launcher.USER_KNOBS}
     env["PYTHONPATH"] = str(ROOT / "src")
-    code = "import os, draftcert, draftcert.cli; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    env.update(user)
+    code = (f"import os, sys; {first}import draftcert; assert 'torch' in sys.modules; "
+            "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "None None", out.stderr
+    assert out.stdout.strip() == expected, out.stderr

@@ -10,6 +10,7 @@ shorter ``--help``.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -49,6 +50,10 @@ def name_option(message: str, args: argparse.Namespace) -> str:
     return f"{'-' if len(name) == 1 else '--'}{name.replace('_', '-')}: {rest}"
 
 
+# Write failures the machine, not draftcert, decided (read-only, no permission, no space): one line, no traceback.
+_UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`draftcert demo | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except OSError as exc:  # after BrokenPipeError (an OSError too): a folder that became unwritable mid-run
+        if exc.errno not in _UNWRITABLE or not exc.filename:
+            raise
+        print(f"draftcert: error: cannot write {str(exc.filename)!r} ({exc.strerror}); "
+              "rerun with an output folder you can write to", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

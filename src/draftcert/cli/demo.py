@@ -79,10 +79,24 @@ def run_demo(criteria: list[str], divergences: list[str], vocab: int = 32, width
         lines += ["", wrap(f"radius, {_DIV_TITLE.get(div, div)} (nats)" if div != "tv" else "radius, total variation"),
                   header, "-" * len(header)]
         lines += [r[0].ljust(w0) + "".join(f"  {c:>{w}}" for c, w in zip(r[1:], ws)) for r in body]
+    if any(c.startswith("tree:") for c in criteria):
+        lines += ["", wrap(TIED_TOP_NOTE)]
     return "\n".join(lines)
 
 
+# Why a tree can be below strict on the tied top (docs/theory.md, section 3, "Ties").
+TIED_TOP_NOTE = (
+    "Note (tied top): there tree:M can be below strict, and both are right. strict accepts either of "
+    "the two tied top tokens, so a drafter is rejected only when a third token rises above both. "
+    "tree:M fixes one greedy token a and counts the other tied token against it (tree:1 has radius 0 "
+    "there), so tree:2 is rejected as soon as one more token reaches a, which is cheaper "
+    "(docs/theory.md, section 3, \"Ties\").")
+
+
 def _main(args: argparse.Namespace) -> int:
+    if args.vocab < 4:  # the examples fix their three largest probabilities and spread the rest over a tail
+        raise ValueError(f"--vocab: expected an integer >= 4 (each example fixes its 3 largest probabilities and "
+                         f"spreads the rest over the other tokens), got {args.vocab}; e.g. --vocab 32 (the default)")
     crits = [c.spec for c in check_specs(args.criteria, "--criteria")]  # clear error before any output
     divs = [d.strip() for d in args.divergences.split(",") if d.strip()]
     for d in divs:
@@ -92,11 +106,20 @@ def _main(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_EXAMPLES = """\
+examples:
+  draftcert demo                       # every default rule, three divergences
+  draftcert demo --criteria strict,tree:2,tree:4 --divergences forward
+  draftcert demo --criteria additive:0.1,entropy:0.09:0.3 --vocab 1000
+"""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="print a certificate table for a few example distributions (no model needed)",
         description=__doc__,
+        epilog=DEMO_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--criteria", default=DEFAULT_CRITERIA, help=f"comma-separated criterion specs (default: {DEFAULT_CRITERIA})")

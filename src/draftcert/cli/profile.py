@@ -33,7 +33,7 @@ from ..profile.settings import check_out_dir
 from ..replay.report import section_for_report
 from ..report import write_report
 from ..textfit import terminal_width
-from .checks import PAIR_HELP, apply_pair, check_drafter, check_specs, set_threads
+from .checks import PAIR_HELP, apply_pair, check_divergences, check_drafter, check_dtype, check_specs, set_threads
 
 PROFILE_EPILOG = """\
 examples:
@@ -79,7 +79,8 @@ properties of the target), prompts HuggingFaceH4/ultrachat_200k (first --limit
 prompts, default 256), greedy continuations of --max-new-tokens (default 128)
 tokens in bfloat16 on a CUDA GPU, the default criteria and epsilons.  Each
 target goes to OUT/<model name>/.  Needs a GPU, hub access to both models and
-the dataset; otherwise it lists exactly what is missing and exits with status 3.
+the dataset, and the datasets package (pip install datasets; no extra installs
+it); otherwise it lists exactly what is missing and exits with status 3.
 
 --pair NAME runs the same measurement on the CPU on a named target + drafter
 pair instead: chat prompts (sharegpt, held-out ShareGPT first turns) into
@@ -124,7 +125,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
     p.add_argument("--prompts", required=True, metavar="SOURCE",
                    help="mt-bench, humaneval, sharegpt (held-out ShareGPT first turns), a .jsonl/.txt file, or a "
-                        "Hugging Face dataset name")
+                        "Hugging Face dataset name ORG/NAME (needs the datasets package: pip install datasets)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
                    help="use the first N prompts (raise it on a rerun to extend the run)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="T", help="tokens per continuation (default 128)")
@@ -173,7 +174,9 @@ def add_parser(subparsers) -> None:
 def _run_profile(args) -> int:
     apply_pair(args)  # --pair NAME -> --target/--drafter
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
-    check_drafter(args.drafter)
+    _check_profiled_drafter(check_drafter(args.drafter))
+    check_divergences(args.divergences)
+    check_dtype(args.dtype)
     check_out_dir(args.out, "--out")
     set_threads(args.threads)
     res = profile(
@@ -195,6 +198,15 @@ def _run_profile(args) -> int:
         if report is not None:
             print(f"profile: report in {report}")
     return 1 if res.soundness_violations else 0
+
+
+def _check_profiled_drafter(parsed) -> None:
+    """A drafter the profiler can score: one with a distribution q at every step (a model).  The
+    model-free drafters draft from the text inside the decoding loop, so they are for ``decode``."""
+    if parsed is not None and (parsed.kind in ("prompt-lookup", "suffix") or parsed.suffix):
+        raise ValueError(f"--drafter: {parsed.spec!r} drafts from the text (no model, no distribution q), so there is "
+                         "nothing to profile; profile a model drafter (default, self:skip=L, a drafter.safetensors, "
+                         f"a hub id), or decode with it: `draftcert decode --drafter {parsed.spec}`")
 
 
 def _command_line(args) -> list[str]:

@@ -20,7 +20,7 @@ from ..replay.data import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..decode.costs import Costs, forward_count_costs
 from ..replay.speed import RETIMES, calibrate
-from .checks import set_threads
+from .checks import check_run_dir_writable, set_threads
 
 _REPLAY_EXAMPLES = """examples:
   draftcert profile --drafter default --prompts mt-bench --limit 8 --out runs/r8
@@ -50,6 +50,10 @@ Categories (a partition of the rejections; D = KL(p||q), r = the rule's radius):
                  rejected, so r < eps: p is nearly tied here (relax the rule)
   far off        not certified and D > eps: the drafter was further than eps
                  from p (fix the drafter)
+  own features   a feature drafter's draft at depth >= 2, made from its own
+                 predicted features: its D is not recorded, so it is left out
+                 of the split above
+  nonfinite      the step's target or drafter logits were not finite
 Surprise = log p(greedy) - max log p(drafter's candidates), nats.
 Writes DIR/explain.json.
 """
@@ -180,12 +184,24 @@ def _wrap(text: str) -> str:
                          break_on_hyphens=False).replace("\0", " ")
 
 
+def _ks(text) -> tuple[int, ...]:
+    """``-k`` as ``replay.api.parse_ks`` reads it, a range written high-low refused by name first."""
+    if isinstance(text, str):
+        a, dash, b = text.partition("-")
+        if dash and "," not in text and a.strip().isdigit() and b.strip().isdigit() and int(a) > int(b):
+            raise ValueError(f"-k: the range {text!r} is empty (a range counts up, and {a.strip()} is above {b.strip()}); "
+                             f"write it low-high, e.g. -k {b.strip()}-{a.strip()}, or list the lengths: -k 1,2,4")
+        return parse_ks(text)
+    return tuple(text)
+
+
 def run_replay(args) -> int:
-    ks = parse_ks(args.k) if isinstance(args.k, str) else tuple(args.k)
+    ks = _ks(args.k)
     tw, st = _widths(args.trees), _static(args.static)
     if args.repeats < 1:
         raise ValueError(f"--repeats: expected an integer >= 1, got {args.repeats}")
     set_threads(args.threads)
+    check_run_dir_writable(args.dir, "replay")
     trace = load_replay_trace(args.dir)
     res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st)  # validates before any model work
     # a calibration times every shape of every rule (the defaults) and those asked for, so that a later
@@ -216,6 +232,7 @@ def run_explain(args) -> int:
         raise ValueError(f"--top: expected an integer >= 0, got {args.top}")
     if args.k < 1:
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
+    check_run_dir_writable(args.dir, "explain")
     trace = load_replay_trace(args.dir)
     res = replay(trace, rules=args.rules, ks=(args.k,), tree_widths=(), static=())
     ex = explain(res, k=args.k, epsilon=args.epsilon)

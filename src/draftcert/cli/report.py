@@ -6,6 +6,7 @@ import argparse
 
 from ..replay.report import section_for_report
 from ..report import write_report
+from .checks import check_run_dir_writable
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,5 +32,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_run_dir_writable(args.dir, "report")  # a read-only run folder: one line, before any reading
     write_report(args.dir, replay=section_for_report(args.dir), verbose=not args.quiet)
     return 0

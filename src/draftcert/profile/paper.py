@@ -36,6 +36,7 @@ import torch
 from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
 from ..models import PAIR_MODELS, get_pair
+from ..prompts import DATASETS_INSTALL, datasets_missing
 from ..textfit import compact_number, markdown_tables
 from .run import ProfileResult, profile
 
@@ -146,6 +147,8 @@ def check_requirements(targets=PAPER_TARGETS, dataset=PAPER_PROMPTS) -> list[str
     ok, why = _hub_reachable(dataset, "dataset")
     if not ok:
         missing.append(f"dataset {dataset}: {why}")
+    if datasets_missing():  # the prompts load through it; no extra of draftcert installs it
+        missing.append(f"the `datasets` package, which loads {dataset}: not installed ({DATASETS_INSTALL})")
     return missing
 
 
@@ -160,11 +163,12 @@ def reproduce_paper(out="draftcert-paper", *, limit=PAPER_LIMIT, max_new_tokens=
         print("reproduce-paper: cannot run the reference protocol here; missing:", file=sys.stderr)
         for line in missing:
             print(f"  - {line}", file=sys.stderr)
-        print("Provide these (a CUDA GPU, HF hub access or a pre-filled HF cache with HF_HOME) and rerun; "
+        print("Provide these (a CUDA GPU, HF hub access or a pre-filled HF cache with HF_HOME, the packages "
+              "named) and rerun; "
               "`draftcert profile` runs the same measurement on any model and prompt set.", file=sys.stderr)
         return MISSING_STATUS
     if check_only:
-        print("reproduce-paper: all requirements present (GPU, models, dataset)")
+        print("reproduce-paper: all requirements present (GPU, models, dataset, the datasets package)")
         return 0
     status = 0
     for target in targets:

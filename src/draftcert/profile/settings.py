@@ -37,10 +37,10 @@ import torch
 from .. import __version__ as DRAFTCERT_VERSION
 from ..criteria import Criterion, TreeCoverage, parse_criterion
 from ..divergences import check_divergence
-from ..fileio import write_json
+from ..fileio import check_writable_dir, settings_changes, write_json
 from ..models import DEFAULT_DRAFTER
 from ..models.eagle import resolve_spec
-from ..prompts import Prompt, load_prompts
+from ..prompts import Prompt, limit_note, load_prompts
 from ..tracefile import TOPK_STORED, TRACE_FORMAT, list_shards, shard_prompt_ids
 from .rollout import ROLLOUT_DEPTH, ROLLOUT_TOPK, is_feature_model
 
@@ -109,7 +109,9 @@ def parse_divergences(value) -> list[str]:
 
 
 def check_out_dir(path, option: str = "--out") -> Path:
-    """An output directory that exists as a directory or can be created (no file in the way)."""
+    """An output directory that exists as a directory or can be created (no file in the way), and
+    that files can be written into (``fileio.check_writable_dir``: not a read-only mount, not under
+    ``/proc``, not a folder without write permission); nothing is left behind."""
     p = Path(os.path.expanduser(str(path)))
     for q in (p, *p.parents):
         if q.exists():
@@ -118,6 +120,11 @@ def check_out_dir(path, option: str = "--out") -> Path:
                 raise ValueError(f"{option}: {str(p)!r} {where}, not a directory; pass a directory path "
                                  "(it is created if missing)")
             break
+    try:
+        check_writable_dir(p)
+    except OSError as exc:
+        how = "cannot be written" if p.exists() else f"cannot be created in {exc.filename!r}"
+        raise ValueError(f"{option}: {str(p)!r} {how} ({exc.strerror}); pass a directory you can write to") from None
     return p
 
 
@@ -134,6 +141,9 @@ def resolve_prompts(prompts, limit: int | None) -> tuple[list[Prompt], str]:
     if isinstance(prompts, (str, os.PathLike)):
         source = str(prompts)
         raw = load_prompts(source, limit=limit)
+        note = limit_note(source, limit, len(raw))
+        if note and os.environ.get("RANK", "0") == "0":  # one line per run, not per torchrun rank
+            print(f"profile: {note}", file=sys.stderr)
     else:
         source = "inline"
         raw = list(prompts)[:limit] if limit else list(prompts)
@@ -249,9 +259,8 @@ def check_resume(out: Path, settings: dict, plist: Sequence[Prompt]) -> set[str]
             old = json.loads(run_json.read_text()).get("settings", {})
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"out: {run_json} is unreadable ({exc}); choose a new --out or delete the directory") from None
-        diff = {k: (old.get(k), settings[k]) for k in TRACE_KEYS if old.get(k) != settings[k]}
-        if diff:
-            lines = "; ".join(f"{k}: was {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        lines = settings_changes(old, settings, TRACE_KEYS)
+        if lines:
             raise ValueError(
                 f"out: {out} already holds a profile run with different settings ({lines}). "
                 "Rerun with the same settings to resume it, or choose a new --out directory"
