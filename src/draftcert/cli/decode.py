@@ -14,9 +14,10 @@ from ..decode.engine import speculative_generate
 from ..decode.round import resolve_criterion
 from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
+from ..decode.tree import parse_tree
 from ..fileio import dumps_json
 from ..models.loading import transformers_progress
-from ..prompts import encode_prompt, load_prompts
+from ..prompts import encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
 from .checks import PAIR_HELP, apply_pair, check_drafter, check_dtype, check_specs, set_threads
 
@@ -246,6 +247,7 @@ def run_decode(args) -> int:
     )
     s = res.stats.summary()
     s["warmup_seconds"] = warm
+    s["tree_shape"] = tree_shape(args.tree, s["tree_widths"])
     if args.json:
         out.write(dumps_json({"summary": s, "drafter": dspec}, indent=None))
         return 0
@@ -268,6 +270,16 @@ def run_decode(args) -> int:
     if args.baseline or args.repeats > 1:  # a plain decode's tokens/s is one figure among others
         print(timing_note(s, args.baseline), file=sys.stderr)
     return 0
+
+
+def tree_shape(tree, widths) -> str | None:
+    """``decode --json``'s ``tree_shape``: the drafted tree as the command line writes it, ``"3x2"``
+    (width x depth: ``--tree 3,2``, the "tree 3x2" of the ``-k auto`` line, or a ``tree:M`` rule's own
+    tree), ``"4,2,1"`` for a static full tree (Python's ``tree=[4, 2, 1]``); None for a chain."""
+    if not widths:
+        return None
+    static = tree is not None and parse_tree(tree, 1)[1]
+    return ",".join(map(str, widths)) if static else f"{widths[0]}x{len(widths)}"
 
 
 def _check_tree(args) -> None:
@@ -325,6 +337,9 @@ def run_bench(args) -> int:
         if args.limit < 1:
             raise ValueError(f"--limit: expected an integer >= 1, got {args.limit}")
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
+        note = limit_note(args.prompts, args.limit, len(texts))
+        if note:
+            print(f"bench: {note}", file=sys.stderr)
     ids = [encode_prompt(tok, t) for t in texts]
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype)
     _default_k(args, drafter)

@@ -59,7 +59,8 @@ def add_parser(subparsers) -> None:
                    help=f"kl: forward-KL distillation; certificate: optimise KL(p||q) < radius(p) (default {d.objective})")
     p.add_argument("--criterion", default=d.criterion, help=f"rule whose radius the certificate objective targets (default {d.criterion})")
     p.add_argument("--examples", type=int, default=d.examples, help=f"self-generated training examples (default {d.examples})")
-    p.add_argument("--heldout-examples", type=int, default=d.heldout_examples, help="extra self-generated examples for progress evaluation")
+    p.add_argument("--heldout-examples", type=int, default=d.heldout_examples, help=f"extra examples held out for the progress evaluation (default {d.heldout_examples}; 0: none, "
+                        "and train.json records heldout_eval_fp16 and draft_vocab_coverage as null, not evaluated)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=f"response length per example (default {d.max_new_tokens})")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help=f"draft vocabulary size (default {d.draft_vocab})")
     p.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the data (default {d.epochs})")
@@ -96,6 +97,8 @@ def run(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
     if args.batch_tokens < 2:
         raise ValueError(f"--batch-tokens: expected an integer >= 2, got {args.batch_tokens}")
+    if args.heldout_examples < 0:
+        raise ValueError(f"--heldout-examples: expected an integer >= 0 (0 evaluates nothing), got {args.heldout_examples}")
     if args.user_eval_prompts < 0:
         raise ValueError(f"--user-eval-prompts: expected an integer >= 0 (0 skips it), got {args.user_eval_prompts}")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:

@@ -318,8 +318,8 @@ class DecodeStats:
         """Headline numbers of a decode (``decode --json``'s summary; JSON-ready)."""
         return {
             "criterion": self.criterion,
-            "k": self.k,
-            "tree": self.tree,
+            "k": self.depth,  # draft depth: a chain's length, a tree's levels (not the unused -k of --tree)
+            "tree_widths": list(self.tree) if self.tree else None,  # drafted children per depth; null: a chain
             **self.acceptance_metrics(),
             "drafter_forwards": self.drafter_forwards,
             "divergence_spent": self.divergence_spent,  # nats

@@ -2,7 +2,8 @@
 
 Prompts come from one of two places (``TrainConfig.prompts``, ``--prompts``):
 
-- ``"self"`` (the default; nothing downloaded): Magpie-style, see 1. below (``write_prompts``).
+- ``"self"`` (the default; no training data downloaded, only the evaluation sets that
+  ``heldout_texts`` keeps out of it): Magpie-style, see 1. below (``write_prompts``).
 - any ``draftcert.prompts.load_prompts`` source, e.g. ``"sharegpt-train"`` (ShareGPT V3 human
   turns, the training split) or a .txt/.jsonl file: ``select_prompts`` takes the first ``n``
   usable ones in a seeded shuffle, each cut to ``max_prompt_tokens`` tokens.

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..criteria import parse_criterion
-from ..fileio import atomic_path, dumps_json, write_json
+from ..fileio import atomic_path, dumps_json, settings_changes, write_json
 from ..models import load_target
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids
@@ -171,8 +171,10 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     if cfg_path.is_file():
         # settings added since the run started take their defaults (an older run directory still resumes)
         old = {**dataclasses.asdict(TrainConfig()), **json.loads(cfg_path.read_text())}
-        if {k: v for k, v in old.items() if k != "data"} != {k: v for k, v in cfg_dict.items() if k != "data"}:
-            raise ValueError(f"{out} holds a run with other settings ({cfg_path}); use a new --out or the same settings")
+        changed = settings_changes(old, cfg_dict, [k for k in cfg_dict if k != "data"])
+        if changed:
+            raise ValueError(f"--out: {out} holds a run with other settings ({changed}; in {cfg_path}); rerun with "
+                             "the same settings to resume it, or choose a new --out")
     write_json(cfg_path, cfg_dict)
 
     data = load_or_make_data(cfg, target, tokenizer, out, log, heldout, progress=progress, deadline=deadline)
@@ -193,9 +195,11 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     drafter.train()
     head_w = drafter.head_weight().detach()
     vocab_dev = drafter.vocab_ids
-    coverage = _coverage(held_ex, vocab_ids, V)
+    coverage = _coverage(held_ex, vocab_ids, V) if held_ex else None  # --heldout-examples 0: not evaluated
+    covers = (f"covers {coverage:.3f} of held-out tokens" if coverage is not None
+              else "held-out coverage not evaluated: --heldout-examples 0")
     log(f"drafter: {sum(p.numel() for p in drafter.parameters())} trainable parameters, draft vocabulary {len(vocab_ids)} "
-        f"(covers {coverage:.3f} of held-out tokens), objective {cfg.objective} ({cfg.criterion})")
+        f"({covers}), objective {cfg.objective} ({cfg.criterion})")
 
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -264,7 +268,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
             loss_ema = lv if loss_ema is None else 0.9 * loss_ema + 0.1 * lv
             el = seconds_before + time.perf_counter() - t_run
             rec = {"step": step, "loss": lv, "lr": lr_at(step - 1), "tokens": tokens_seen, "tok_s": tokens_seen / max(el, 1e-9)}
-            if step % cfg.eval_every == 0 or step == total_steps:
+            if held_ex and (step % cfg.eval_every == 0 or step == total_steps):  # nothing held out: no eval
                 last_eval = evaluate(drafter, held_ex, cfg, head_w, vocab_dev, V)
                 rec["eval"] = last_eval
                 history.append(rec)
@@ -288,7 +292,8 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     save_eagle(drafter, final, extra={"objective": cfg.objective, "criterion": cfg.criterion, "steps": step,
                                       "train_seconds": round(seconds, 1)})
     shipped = load_eagle(final, target, dtype=dtype)  # evaluate exactly what was written (fp16-rounded)
-    ev = evaluate(shipped, held_ex, cfg, shipped.head_weight(), shipped.vocab_ids, V)
+    # null: not evaluated (--heldout-examples 0), never a loss of 0 over no examples
+    ev = evaluate(shipped, held_ex, cfg, shipped.head_weight(), shipped.vocab_ids, V) if held_ex else None
     result = {"objective": cfg.objective, "criterion": cfg.criterion, "prompts": cfg.prompts, "steps": step,
               "train_seconds": round(seconds, 1), "tokens_seen": tokens_seen, "data": data.get("info"),
               "draft_vocab_coverage": coverage, "heldout_eval_fp16": ev}
