@@ -59,6 +59,8 @@ def write_figures(res, fig_dir: Path) -> list[Path]:
 
 
 def _write_figures(plt, res, fig_dir: Path) -> list[Path]:
+    from matplotlib.ticker import MaxNLocator  # optional (models extra), as matplotlib itself
+
     fig_dir.mkdir(parents=True, exist_ok=True)
     out = []
     chains = {s: _chains(rows) for s, rows in res.rows.items() if _chains(rows)}
@@ -82,6 +84,7 @@ def _write_figures(plt, res, fig_dir: Path) -> list[Path]:
         if name == "replay_speedup.png":
             ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("k (draft tokens per round; tree depth for tree:M)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # draft lengths are whole numbers
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         _legend(fig, ax)
@@ -95,6 +98,7 @@ def _write_figures(plt, res, fig_dir: Path) -> list[Path]:
     ax.set_xlabel(f"draft position within a round\n(positions tried fewer than {MIN_TRIES} times are left out;"
                   " the report's table gives their counts)")
     ax.set_ylabel("conditional acceptance rate (accepted / attempted)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # no tick at position 1.5
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     _legend(fig, ax)

@@ -219,7 +219,7 @@ def certified_length(summary: dict, plot: dict, path: Path) -> None:
         # Runs cannot outlast their sequence: with every step certified the mean run is this cap,
         # and the curves flatten there at small eps (and at large eps where radii are +inf).
         ax.axhline(cap, color="k", lw=1.0, ls=(0, (6, 3)), zorder=1)
-        ax.annotate(f"cap = {cap:.3g} tokens: every step certified\n(runs end with their sequence, "
+        cap_box = ax.annotate(f"cap = {cap:.3g} tokens: every step certified\n(runs end with their sequence, "
                     f"<= {plot.get('max_run', '?')} steps)", xy=(grid[-1], cap), xytext=(-4, 4),
                     textcoords="offset points", ha="right", va="bottom", fontsize=MIN_FONT_PT,
                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "0.7", "alpha": 0.9})
@@ -232,7 +232,28 @@ def certified_length(summary: dict, plot: dict, path: Path) -> None:
     ax.set_title("Certified acceptance length: consecutive steps with radius >= eps")
     ax.grid(True, which="both", alpha=0.25)
     _legend(fig, ax, 4, title="criterion (dotted verticals: the run's epsilons)")
+    if cap is not None and np.isfinite(cap) and cap > 0:
+        _raise_top_to_fit(fig, ax, cap_box)  # the box sits over the line: inside the plot, under the title
     save_png(fig, path)
+
+
+def _raise_top_to_fit(fig, ax, text, margin_px: float = 4.0) -> None:
+    """Raise the y-axis top until ``text`` (and its box) lies inside the axes: the space above a
+    line near the top depends on the scale (symlog here), the font and the layout, so it is measured
+    on the drawn figure rather than guessed as a factor of the data."""
+    for _ in range(6):
+        fig.canvas.draw()  # the constrained layout and the text's extent
+        r = fig.canvas.get_renderer()
+        patch = text.get_bbox_patch()
+        box = (patch if patch is not None else text).get_window_extent(r)
+        axes = ax.get_window_extent(r)
+        excess = box.y1 + margin_px - axes.y1
+        if excess <= 0:
+            return
+        lo, hi = ax.get_ylim()
+        x0 = ax.transData.transform((ax.get_xlim()[0], hi))[0]
+        new_hi = ax.transData.inverted().transform((x0, axes.y1 + 1.2 * excess))[1]
+        ax.set_ylim(lo, max(new_hi, hi * 1.05))
 
 
 @_page_style
