@@ -63,7 +63,10 @@ def test_other_settings_are_named(tiny, tmp_path):
     assert "lr: was 0.001, now 0.0001" in msg and "seed: was 0, now 7" in msg and "epochs" not in msg
 
 
-def test_negative_heldout_examples_is_refused(capsys, tmp_path):
+def test_negative_heldout_examples_is_refused(capsys, tmp_path, monkeypatch):
+    import draftcert.cli.train as cli_train
+
+    monkeypatch.setattr(cli_train, "train_drafter", lambda *a, **kw: pytest.fail("trained with -1 held out"))
     assert main(["train-drafter", "--out", str(tmp_path / "t"), "--heldout-examples", "-1"]) == 2
     assert capsys.readouterr().err.strip().startswith("draftcert: error: --heldout-examples:")
 
