@@ -15,7 +15,7 @@ from ..fileio import write_json
 from ..models import load_drafter, load_target
 from ..models.loading import transformers_progress
 from ..prompts import encode_prompt, load_prompts
-from ..replay.api import calibration_shapes, format_table, parse_ks, replay, write_replay
+from ..replay.api import calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
 from ..replay.data import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..decode.costs import Costs, forward_count_costs
@@ -71,6 +71,12 @@ def add_parser(subparsers) -> None:
                    "(loads the run's models) for every rule's default shapes and those asked for, and predict "
                    "tokens/s and speedup")
     p.add_argument("--repeats", type=int, default=5, help="timing repeats per size with --calibrate (default 5)")
+    p.add_argument("--drafter", default=None, metavar="SPEC",
+                   help="the drafter to simulate: the trace's (e.g. default) or it with suffix-match candidates, as "
+                   "`draftcert decode` drafts them (default+suffix; the prompts are read again from the run's "
+                   "prompt source, in its order, one suffix index across them). Default: decode's default when "
+                   "the trace allows (default+suffix for the embedded target and the shipped drafter), else the "
+                   "trace's drafter")
     p.add_argument("--drafter-cost", type=float, default=None, metavar="R",
                    help="without calibration: predict speedup with a drafter forward costing R target forwards")
     p.add_argument("--full", action="store_true", help="print every configuration (default: chains, best depth per tree width, static trees)")
@@ -203,18 +209,23 @@ def run_replay(args) -> int:
     set_threads(args.threads)
     check_run_dir_writable(args.dir, "replay")
     trace = load_replay_trace(args.dir)
-    res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st)  # validates before any model work
+    drafter, prompts, dnote = choose_drafter(trace, args.drafter)  # decode's default where the trace allows
+    res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, drafter=drafter,
+                 prompts=prompts)  # validates before any model work
     # a calibration times every shape of every rule (the defaults) and those asked for, so that a later
     # `replay DIR` with other options and the report's Replay section find their costs in calibration.json
     shapes = calibration_shapes(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st) if args.calibrate else []
     costs = _load_costs(args, trace, shapes)
     if costs is not None:
-        res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs)
+        res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs, drafter=drafter,
+                     prompts=prompts)
+    if dnote:
+        res.notes.append(dnote)
     paths = write_replay(args.dir, res, figures=not args.no_figures)
     tr = res.trace
     wrap = _wrap
     print(wrap(f"replay of {tr.steps} steps ({len(tr.prompts)} prompts x <= {tr.max_new_tokens} tokens), "
-               f"drafter {tr.run.get('drafter')}"))
+               f"drafter {res.drafter or tr.run.get('drafter')}"))
     print(format_table(res, full=args.full), end="")
     for n in res.notes:
         print(wrap(f"note: {n}"))

@@ -22,14 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..fileio import json_value, write_json
-from .data import ReplayTrace, load_replay_trace
+from ..models import DEFAULT_DRAFTER, parse_drafter_spec
+from .data import ReplayTrace, load_replay_trace, load_tokenizer, prompt_token_ids
 from .figures import write_figures
 from ..decode.costs import Costs
 from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
 __all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes",
-           "missing_costs_note", "unreliable_note", "REPLAY_FORMAT"]
+           "missing_costs_note", "unreliable_note", "replay_drafter", "decode_default_drafter", "choose_drafter", "REPLAY_FORMAT"]
+
+SUFFIX = "+suffix"
 
 REPLAY_FORMAT = "draftcert-replay/1"
 
@@ -48,6 +51,8 @@ class ReplayResult:
     calibrate_command: str | None = None  # what fills missing_costs
     # the calibration's timing problems (``Costs.unreliable``): predicted speed-ups withheld when not empty
     unreliable: list[str] = field(default_factory=list)
+    drafter: str | None = None  # the drafter replayed: the trace's, or the trace's + "+suffix"
+    prompt_order: list[str] | None = None  # with suffix candidates: the decode order of the prompts
 
     def row(self, spec: str, label: str) -> dict:
         return next(r for r in self.rows[spec] if r["shape"]["label"] == label)
@@ -62,7 +67,9 @@ class ReplayResult:
             "format": REPLAY_FORMAT,
             "trace": str(tr.out_dir) if tr.out_dir else None,
             "target": tr.run.get("target"),
-            "drafter": tr.run.get("drafter"),
+            "drafter": self.drafter or tr.run.get("drafter"),
+            "trace_drafter": tr.run.get("drafter"),
+            "prompt_order": self.prompt_order,
             "prompts": len(tr.prompts),
             "steps": tr.steps,
             "max_new_tokens": tr.max_new_tokens,
@@ -76,7 +83,8 @@ class ReplayResult:
 
 
 def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS, static=DEFAULT_STATIC,
-           shapes: list[Shape] | None = None, costs: Costs | None = None) -> ReplayResult:
+           shapes: list[Shape] | None = None, costs: Costs | None = None, drafter: str | None = None,
+           prompts=None) -> ReplayResult:
     """Replay a profile trace (a directory or a loaded ``ReplayTrace``) under every rule and shape.
 
     rules: subset of the trace's criteria (default all); ks: chain lengths / tree depths;
@@ -86,18 +94,46 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
     configuration the costs cannot price (``speed.missing_costs``: a calibration made without
     its draft shape) keeps its acceptance figures, gets ``predicted = None``, is listed in
     ``missing_costs`` and named in one note with the command that times it.
+
+    drafter: None or the trace's drafter (the model drafter alone), or ``DRAFTER+suffix`` with DRAFTER
+    the trace's (``default+suffix`` for the shipped default, ``draftcert decode``'s default): its tree
+    plus suffix-match candidates, as ``decode.suffix.HybridDrafter`` drafts (``walk.walk_prompt_suffix``).
+    The candidates come from the prompt, the output so far and the earlier prompts' outputs, so the
+    prompts are replayed in decode order with one suffix index carried across them: ``prompts`` =
+    [(id, token ids), ...] in that order, or None to read them again from the run's prompt source
+    with its tokenizer (``data.prompt_token_ids``: the profile's order).
     """
     tr = source if isinstance(source, ReplayTrace) else load_replay_trace(source)
     ks = _check_ks(ks)
     specs = _rule_specs(tr, rules)
-    res = ReplayResult(tr, {}, costs, notes=list(tr.notes))
+    dspec, suffix = replay_drafter(tr, drafter)
+    order = None
+    if suffix:
+        if prompts is None:
+            try:
+                prompts = prompt_token_ids(tr, load_tokenizer(tr.run))
+            except ValueError as exc:
+                raise ValueError(f"drafter {drafter}: the suffix candidates need the prompts' tokens, and {exc}") from None
+        order = [(str(pid), [int(x) for x in ids]) for pid, ids in prompts]
+        have = {p.id for p in tr.prompts}
+        if sorted(pid for pid, _ in order) != sorted(have):
+            raise ValueError(f"prompts: expected every prompt of the trace once ({len(have)}), got {len(order)} "
+                             "(ids: " + ", ".join(sorted({pid for pid, _ in order} ^ have))[:200] + " differ)")
+    res = ReplayResult(tr, {}, costs, notes=list(tr.notes), drafter=dspec,
+                       prompt_order=[pid for pid, _ in order] if order else None)
+    if suffix:
+        res.notes.append(f"drafter {dspec}: the model drafter's tree plus suffix-match candidates from the prompt, "
+                         f"the output so far and the earlier prompts' outputs, as `draftcert decode --drafter "
+                         f"{drafter}` drafts; the {len(order)} prompts in the profile's order with one suffix index "
+                         "across them (as one process decoding them in turn with one drafter; a separate "
+                         "`draftcert decode` per prompt has no earlier outputs)")
     res.unreliable = list(costs.unreliable) if costs is not None else []
     baseline = sum(len(p) for p in tr.prompts)
     for spec, cand in _shapes_by_rule(tr, specs, ks, tree_widths, static, shapes).items():
         if not cand:
             res.notes.append(f"{spec}: none of the requested shapes applies (tree:M needs width M); skipped")
             continue
-        res.configs[spec] = [replay_config(tr, spec, s) for s in cand]
+        res.configs[spec] = [replay_config(tr, spec, s, order) for s in cand]
         rows = []
         for c in res.configs[spec]:
             row = {"shape": c.shape.as_dict(), **c.totals()}
@@ -127,6 +163,64 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
         res.calibrate_command = _calibrate_command(tr, res.configs, res.missing_costs, ks, tree_widths, static, shapes)
         res.notes.append(missing_costs_note(res))
     return res
+
+
+def _canonical(spec: str) -> str:
+    try:
+        return parse_drafter_spec(spec).spec
+    except ValueError:
+        return spec
+
+
+def replay_drafter(trace: ReplayTrace, drafter: str | None) -> tuple[str | None, bool]:
+    """(the drafter spec replayed, with suffix candidates?) for ``replay(drafter=...)``: None or the
+    trace's drafter is the model drafter alone; ``X+suffix`` with X the trace's drafter adds the
+    suffix candidates (``default`` names the shipped feature drafter).  ValueError for another drafter:
+    the trace holds this drafter's proposals only."""
+    trace_d = trace.run.get("drafter")
+    if drafter is None:
+        return trace_d, False
+    d = str(drafter).strip()
+    suffix = d.endswith(SUFFIX)
+    base = d[: -len(SUFFIX)] if suffix else d
+    if trace_d is not None and (base == trace_d or _canonical(base) == _canonical(str(trace_d))):
+        return str(trace_d) + (SUFFIX if suffix else ""), suffix
+    raise ValueError(f"drafter {drafter!r}: this trace holds the proposals of drafter {trace_d}, so replay "
+                     f"simulates {trace_d} alone or with suffix-match candidates ({trace_d}{SUFFIX}); "
+                     "profile with another --drafter to replay another one")
+
+
+def decode_default_drafter(trace: ReplayTrace) -> str | None:
+    """The drafter ``draftcert decode`` uses by default for this trace's target, when the trace can
+    replay it: ``default+suffix`` for the embedded target profiled with the shipped drafter (None
+    otherwise: decode has no default drafter for another target, or the trace holds another one)."""
+    if trace.run.get("target") in (None, "embedded") and _canonical(str(trace.run.get("drafter"))) == DEFAULT_DRAFTER:
+        return "default" + SUFFIX
+    return None
+
+
+def choose_drafter(trace: ReplayTrace, drafter: str | None = None) -> tuple[str | None, list | None, str | None]:
+    """(drafter, prompts, note) for ``replay(trace, drafter=..., prompts=...)`` as ``draftcert replay``
+    chooses them: ``drafter`` when given (its prompts read again when it has suffix candidates:
+    ValueError when they cannot be); else ``draftcert decode``'s default for the trace
+    (``decode_default_drafter``) when the prompts can be read again, else the trace's drafter alone,
+    with a note saying why."""
+    if drafter is not None:
+        _, suffix = replay_drafter(trace, drafter)
+        if not suffix:
+            return drafter, None, None
+        try:
+            return drafter, prompt_token_ids(trace, load_tokenizer(trace.run)), None
+        except ValueError as exc:
+            raise ValueError(f"--drafter {drafter}: the suffix candidates need the prompts' tokens, and {exc}") from None
+    dd = decode_default_drafter(trace)
+    if dd is None:
+        return None, None, None
+    try:
+        return dd, prompt_token_ids(trace, load_tokenizer(trace.run)), None
+    except ValueError as exc:
+        return None, None, (f"replayed the drafter alone, not `draftcert decode`'s default {dd}: its suffix "
+                            f"candidates need the prompts' tokens, and {exc}")
 
 
 def unreliable_note(res: ReplayResult) -> str:

@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from ..models.eagle import resolve_spec
+from ..models.loading import embedded_checkpoint_dir
+from ..profile.settings import prompts_sha, resolve_prompts
+from ..prompts import encode_prompt
 from ..tracefile import (
     TRACE_FORMAT,
     accept_mask_column,
@@ -43,7 +46,7 @@ from ..tracefile import (
 )
 
 __all__ = ["PromptTrace", "ReplayTrace", "load_replay_trace", "NO_DRAFTER_MESSAGE", "is_feature_drafter",
-           "trace_has_drafter"]
+           "trace_has_drafter", "prompt_token_ids", "load_tokenizer"]
 
 NO_DRAFTER_MESSAGE = (
     "{where} was recorded without a drafter, so it holds no drafter proposals to replay. "
@@ -224,6 +227,53 @@ def load_replay_trace(out_dir) -> ReplayTrace:
         notes.append(f"run.json lacks max_new_tokens: assuming {mnt} (the longest prompt's steps)")
     return ReplayTrace(out_dir, run, list(specs or []), int(mnt), prompts, int(dids.shape[1]), notes, feature,
                        None if roll_ids is None else (int(rollout[0]), int(rollout[1])))
+
+
+def load_tokenizer(run: dict):
+    """The target's tokenizer from run.json's target spec, if it is available offline; else None."""
+    spec = run.get("target")
+    try:
+        from transformers import AutoTokenizer  # optional: models extra
+
+        if spec in (None, "embedded"):
+            d = embedded_checkpoint_dir()
+            return AutoTokenizer.from_pretrained(str(d), local_files_only=True) if d.is_dir() else None
+        if isinstance(spec, str) and not spec.startswith("object:"):
+            return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except Exception:
+        return None
+    return None
+
+
+def prompt_token_ids(trace: ReplayTrace, tokenizer) -> list[tuple[str, list[int]]]:
+    """Every prompt of the trace as (id, token ids), in the order ``draftcert profile`` read them (the
+    order of its prompt source: the order a decode of them in turn follows), encoded as the profile
+    encoded them (``prompts.encode_prompt`` with the run's tokenizer).
+
+    The trace holds the generated tokens, not the prompts': they are read again from run.json's
+    prompt source (a prompt set or file; not prompts passed inline to ``profile()``) and checked
+    against its ``prompts_sha256``.  ValueError saying what is missing."""
+    run = trace.run
+    settings = run.get("settings") or {}
+    source = settings.get("prompts", run.get("prompts"))
+    if not source or source == "inline":
+        raise ValueError("the run's prompts were passed inline to profile(), so they cannot be read again; pass "
+                         "prompts=[(id, token ids), ...] in decode order")
+    if tokenizer is None:
+        raise ValueError(f"the run's tokenizer ({run.get('target')}) is not available offline")
+    try:
+        plist, _ = resolve_prompts(source, settings.get("limit", run.get("limit")))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"the run's prompts ({source}) cannot be read again: {exc}") from None
+    sha = settings.get("prompts_sha256")
+    n = settings.get("n_prompts", len(plist))
+    if sha is not None and prompts_sha(plist[:n]) != sha:
+        raise ValueError(f"the prompts of {source} are not those profiled (prompts_sha256 differs)")
+    want = {p.id for p in trace.prompts}
+    out = [(p.id, list(encode_prompt(tokenizer, p.text))) for p in plist if p.id in want]
+    if len(out) != len(want):
+        raise ValueError(f"{len(want) - len(out)} traced prompt(s) are not in {source}")
+    return out
 
 
 def is_feature_drafter(spec: str) -> bool:

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import json_value, write_json
-from ..models.loading import embedded_checkpoint_dir
 from .api import ReplayResult
+from .data import load_tokenizer  # noqa: F401 - re-exported: explain's text comes from the run's tokenizer
 from .walk import rule_kind
 
 __all__ = ["explain", "Event", "DEFAULT_EPSILON", "CATEGORIES", "format_explain", "load_tokenizer"]
@@ -180,22 +180,6 @@ def _accepted_by(pt, specs, spec: str, s: int, d: int) -> list[str]:
         if ok:
             out.append(o)
     return out
-
-
-def load_tokenizer(run: dict):
-    """The target's tokenizer from run.json's target spec, if it is available offline; else None."""
-    spec = run.get("target")
-    try:
-        from transformers import AutoTokenizer  # optional: models extra
-
-        if spec in (None, "embedded"):
-            d = embedded_checkpoint_dir()
-            return AutoTokenizer.from_pretrained(str(d), local_files_only=True) if d.is_dir() else None
-        if isinstance(spec, str) and not spec.startswith("object:"):
-            return AutoTokenizer.from_pretrained(spec, local_files_only=True)
-    except Exception:
-        return None
-    return None
 
 
 def attach_text(ex: dict, tok) -> None:

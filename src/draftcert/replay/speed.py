@@ -67,9 +67,11 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
     """Predicted seconds, tokens/s and speedup of one replayed configuration
     (ValueError when ``missing_costs(rep, costs)`` is not empty)."""
     sh = rep.shape
-    tree = sh.kind != "chain"
     t1, d1 = costs.t(1), costs.d(1)
-    t_spec = sum(round_seconds(costs, sh.nodes(r.budget), sh.drafter_fronts(r.budget), tree,
+    # a round verifies its own nodes (with suffix candidates: the model's and the grafted ones, with
+    # the tree mask once the graft branches); its drafting is the model drafter's (the suffix
+    # look-up, a few dict reads, is not timed)
+    t_spec = sum(round_seconds(costs, r.n_nodes(sh), sh.drafter_fronts(r.budget), r.verified_as_tree(sh),
                                round_key(sh.widths[: r.budget], sh.expand_all))
                  for rs in rep.rounds.values() for r in rs)
     if costs.drafter_prefill is not None:  # the second round's catch-up covers the prompt

@@ -31,10 +31,13 @@ from math import prod
 
 from ..criteria import TreeCoverage, parse_criterion
 from ..decode.stats import DecodeStats
+from ..decode.suffix import SuffixIndex, SuffixStore, graft
+from ..decode.tree import DraftTree
 from ..tracefile import ROLLOUT_MASK_WIDTH, accept_mask_column, rollout_mask_column
 from .data import PromptTrace, ReplayTrace
 
-__all__ = ["Shape", "default_shapes", "parse_shape", "Round", "ConfigReplay", "replay_config", "rule_kind"]
+__all__ = ["Shape", "default_shapes", "parse_shape", "Round", "ConfigReplay", "replay_config", "rule_kind",
+           "walk_prompt", "walk_prompt_suffix", "new_suffix_index"]
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,20 @@ class Round:
     depth_accepted: list[bool]  # per attempted depth
     exact: bool  # every decision of the round was made on the recorded path
     drift: int = 0  # accepted tokens that are not p's greedy token
+    # with suffix candidates (``walk_prompt_suffix``): the round's draft nodes, model and grafted (None: the
+    # shape's ``nodes(budget)``), whether its verification needs the tree mask, and the grafted nodes
+    nodes: int | None = None
+    tree_verify: bool | None = None
+    grafted: int = 0
+    grafted_accepted: int = 0
+    nodes_exact: bool = True  # False: a graft followed a model node off the recorded path (count estimated)
+
+    def n_nodes(self, shape: "Shape") -> int:
+        """Draft nodes the round verifies (the pending token excluded)."""
+        return shape.nodes(self.budget) if self.nodes is None else self.nodes
+
+    def verified_as_tree(self, shape: "Shape") -> bool:
+        return shape.kind != "chain" if self.tree_verify is None else self.tree_verify
 
 
 @dataclass
@@ -163,6 +180,7 @@ class ConfigReplay:
     spec: str
     shape: Shape
     rounds: dict[str, list[Round]] = field(default_factory=dict)
+    suffix: bool = False  # the model drafter's tree plus suffix-match candidates (``walk_prompt_suffix``)
 
     def accepted_lengths(self, pid: str) -> list[int]:
         return [r.accepted for r in self.rounds[pid]]
@@ -177,7 +195,7 @@ class ConfigReplay:
         st = DecodeStats(self.spec, sh.depth, None if sh.kind == "chain" else list(sh.widths),
                          num_accepted_tokens_per_pos=[0] * sh.depth, num_attempted_per_pos=[0] * sh.depth)
         for r in self._all():
-            st.count_round(sh.nodes(r.budget), r.accepted, r.emitted, r.depth_accepted, r.drift)
+            st.count_round(r.n_nodes(sh), r.accepted, r.emitted, r.depth_accepted, r.drift)
         return st
 
     def totals(self) -> dict:
@@ -185,12 +203,18 @@ class ConfigReplay:
         acceptance figures of ``decode --json`` under the same names (docs/metrics.md), and the
         replay's own exact rounds."""
         st = self.stats()
-        exact = sum(r.exact for r in self._all())
-        return {
+        rounds = self._all()
+        exact = sum(r.exact for r in rounds)
+        out = {
             **st.acceptance_metrics(),
             "exact_rounds": exact,
             "exact_fraction": exact / st.num_rounds if st.num_rounds else 1.0,
         }
+        if self.suffix:  # HybridDrafter's counters: grafted nodes proposed / accepted
+            out["suffix_drafted"] = sum(r.grafted for r in rounds)
+            out["suffix_accepted"] = sum(r.grafted_accepted for r in rounds)
+            out["node_count_estimated_rounds"] = sum(not r.nodes_exact for r in rounds)
+        return out
 
     def work(self) -> tuple[dict[int, int], dict[int, int]]:
         """(target verification sizes {tokens: count}, drafter forward sizes {tokens: count}) over all rounds,
@@ -198,7 +222,7 @@ class ConfigReplay:
         tv: dict[int, int] = {}
         dv: dict[int, int] = {}
         for r in self._all():
-            n = 1 + self.shape.nodes(r.budget)
+            n = 1 + r.n_nodes(self.shape)
             tv[n] = tv.get(n, 0) + 1
             for f in self.shape.drafter_fronts(r.budget):
                 dv[f] = dv.get(f, 0) + 1
@@ -236,24 +260,7 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
                 max_depth: int | None = None) -> list[Round]:
     """Replay one prompt.  ``feature``: a feature drafter, whose first round drafts nothing (the engine
     has no target feature before the prefill).  ``max_depth``: deepest depth the trace replays exactly."""
-    kind, _ = rule_kind(spec)
-    width = pt.draft_ids.shape[1] if pt.roll_ids is None or shape.depth == 1 else min(pt.draft_ids.shape[1], pt.roll_ids.shape[2])
-    if max(shape.widths) > width:
-        raise ValueError(f"tree shape {shape.label}: the trace stores the drafter's top-{width} only; "
-                         f"use widths <= {width}")
-    if kind == "levelset" and max(shape.widths) > 1 and spec not in pt.accept_mask:
-        raise ValueError(f"{spec} on {shape.label}: the trace lacks {accept_mask_column(spec)} (recorded by an older "
-                         "draftcert); re-record it with `draftcert profile --drafter ...`")
-    if pt.roll_ids is not None and shape.depth > pt.roll_ids.shape[1] + 1:
-        raise ValueError(f"{shape.label}: the trace records the feature drafter's rollouts to depth "
-                         f"{pt.roll_ids.shape[1] + 1}; replay depths <= {pt.roll_ids.shape[1] + 1}")
-    if pt.roll_ids is not None and kind == "levelset" and shape.depth > 1:
-        if spec not in pt.roll_mask:
-            raise ValueError(f"{spec} on {shape.label}: the trace lacks {rollout_mask_column(spec)}; re-record it")
-        if max(shape.widths[1:]) > ROLLOUT_MASK_WIDTH:
-            raise ValueError(f"{spec} on {shape.label}: below the root the trace records which of the feature "
-                             f"drafter's top-{ROLLOUT_MASK_WIDTH} a level-set rule accepts; use widths <= "
-                             f"{ROLLOUT_MASK_WIDTH} there (strict and tree:M take up to {pt.roll_ids.shape[2]})")
+    kind = _check_shape(pt, spec, shape)
     T = len(pt)
     ended_by_eos = T < max_new_tokens
     rounds: list[Round] = []
@@ -296,8 +303,218 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
     return rounds
 
 
-def replay_config(trace: ReplayTrace, spec: str, shape: Shape) -> ConfigReplay:
-    out = ConfigReplay(spec, shape)
-    for pt in trace.prompts:
-        out.rounds[pt.id] = walk_prompt(pt, spec, shape, trace.max_new_tokens, trace.feature, trace.max_depth)
+def _check_shape(pt: PromptTrace, spec: str, shape: Shape) -> str:
+    """The rule's kind, after refusing a shape the trace cannot replay (ValueError naming why)."""
+    kind, _ = rule_kind(spec)
+    width = pt.draft_ids.shape[1] if pt.roll_ids is None or shape.depth == 1 else min(pt.draft_ids.shape[1], pt.roll_ids.shape[2])
+    if max(shape.widths) > width:
+        raise ValueError(f"tree shape {shape.label}: the trace stores the drafter's top-{width} only; "
+                         f"use widths <= {width}")
+    if kind == "levelset" and max(shape.widths) > 1 and spec not in pt.accept_mask:
+        raise ValueError(f"{spec} on {shape.label}: the trace lacks {accept_mask_column(spec)} (recorded by an older "
+                         "draftcert); re-record it with `draftcert profile --drafter ...`")
+    if pt.roll_ids is not None and shape.depth > pt.roll_ids.shape[1] + 1:
+        raise ValueError(f"{shape.label}: the trace records the feature drafter's rollouts to depth "
+                         f"{pt.roll_ids.shape[1] + 1}; replay depths <= {pt.roll_ids.shape[1] + 1}")
+    if pt.roll_ids is not None and kind == "levelset" and shape.depth > 1:
+        if spec not in pt.roll_mask:
+            raise ValueError(f"{spec} on {shape.label}: the trace lacks {rollout_mask_column(spec)}; re-record it")
+        if max(shape.widths[1:]) > ROLLOUT_MASK_WIDTH:
+            raise ValueError(f"{spec} on {shape.label}: below the root the trace records which of the feature "
+                             f"drafter's top-{ROLLOUT_MASK_WIDTH} a level-set rule accepts; use widths <= "
+                             f"{ROLLOUT_MASK_WIDTH} there (strict and tree:M take up to {pt.roll_ids.shape[2]})")
+    return kind
+
+
+def new_suffix_index() -> SuffixIndex:
+    """The suffix index a replay of ``DRAFTER+suffix`` drives: ``decode.suffix.HybridDrafter``'s default
+    settings, on a store of its own (``SuffixStore()``'s bounds) that starts empty, so that no output
+    of this process leaks into the replay (``SHARED_STORE`` is left alone)."""
+    return SuffixIndex(store=SuffixStore())
+
+
+def walk_prompt_suffix(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, prompt: list[int],
+                       index: SuffixIndex, feature: bool = False, max_depth: int | None = None) -> list[Round]:
+    """Replay one prompt with ``DRAFTER+suffix`` (``decode.suffix.HybridDrafter``): every round's tree is
+    the model drafter's tree with the suffix candidate chain grafted onto it, as the engine builds it.
+
+    ``prompt``: the prompt's token ids; ``index``: the suffix index, carried from prompt to prompt in
+    decode order (its store holds the earlier prompts' outputs; ``index.start(prompt)`` is called here).
+    Per round, at output position t with remaining budget ``R = max_new_tokens - t - 1``:
+
+    * the suffix chain is ``index.draft(seq, [1] * b, False, R)`` on ``seq`` = prompt + the tokens emitted
+      so far, with b = min(depth, R): the call ``HybridDrafter.propose`` makes (the same index, synced
+      every round, so its state and store are the engine's);
+    * the model tree is ``propose.grow_tree``'s shape cut to b (nothing in a feature drafter's first
+      round), its tokens the trace's proposals (depth 1 the teacher-forced top-K, deeper the feature
+      drafter's rollouts) at each expanded node;
+    * ``suffix.graft`` joins them (no duplicate sibling tokens; grafted nodes are never expanded);
+    * the accept walk is the engine's: at each reached node whose children were drafted, the children
+      the rule accepts at that step; the one with the largest p is accepted (for strict: the target's
+      greedy token), and the walk goes on below it while it has children.
+
+    Strict rules are exact as long as the trace's proposals are the drafter's (the same argument as
+    ``walk_prompt``): every node the walk reaches lies on the recorded path.  The number of draft
+    nodes is exact unless the chain follows a model node off the recorded path (whose children the
+    trace does not hold; the recorded ones at that step stand in, ``nodes_exact=False``).  Relaxed
+    rules decide a grafted token from the rule's accept mask when it is among the drafter's recorded
+    proposals there, else accept it when it is the target's greedy token and reject it otherwise
+    (those rounds are marked inexact); after a non-greedy acceptance, the aligned estimate of
+    ``walk_prompt``.
+    """
+    kind = _check_shape(pt, spec, shape)
+    T = len(pt)
+    ended_by_eos = T < max_new_tokens
+    g = pt.target_token
+    index.start(list(prompt))
+    seq = [int(x) for x in prompt]
+    rounds: list[Round] = []
+    t, exact = 0, True
+    while t < min(T, max_new_tokens):
+        remaining = max_new_tokens - t - 1
+        b = max(0, min(shape.depth, remaining))
+        chain = index.draft(seq, [1] * b, False, remaining).tokens  # HybridDrafter.propose's call
+        model_b = 0 if (feature and t == 0) else b  # a feature drafter drafts nothing before the prefill
+        tree, rank_of, on_path = _model_tree(pt, shape, t, model_b)
+        n_model = len(tree)
+        n_graft = graft(tree, chain)
+        nodes_exact = _graft_stays_known(tree, n_model, chain, on_path)
+        kids = tree.children_table()
+        accepted, drift, grafted_acc, dep, r_exact, stop_eos = 0, 0, 0, [], exact, False
+        row, depth = -1, 0
+        while kids[row + 1]:
+            s = t + depth
+            if s >= T:
+                break
+            model_kids = [c for c in kids[row + 1] if c < n_model]
+            if model_kids:
+                r_exact = r_exact and (max_depth is None or depth < max_depth)
+            passing, known = _passing_nodes(pt, spec, kind, s, depth + 1, tree, kids[row + 1], rank_of, n_model,
+                                            shape.widths[depth] if depth < len(shape.widths) else 1)
+            r_exact = r_exact and exact and known
+            dep.append(bool(passing))
+            if not passing:
+                break
+            greedy = [c for c, _ in passing if tree.tokens[c] == g[s]]
+            if greedy:
+                node = greedy[0]
+            else:  # only non-greedy children pass: the real sequence leaves the recorded path here
+                node = max(passing, key=lambda cl: cl[1])[0]
+                drift += 1
+                exact = False
+            accepted += 1
+            grafted_acc += node >= n_model
+            if ended_by_eos and s == T - 1:
+                stop_eos = True  # the accepted token is the recorded EOS: the output ends here
+                break
+            row, depth = node, depth + 1
+        emitted = accepted + (0 if stop_eos else 1)
+        rounds.append(Round(t, model_b, accepted, emitted, dep, r_exact, drift, nodes=len(tree),
+                            tree_verify=not tree.is_chain, grafted=n_graft, grafted_accepted=grafted_acc,
+                            nodes_exact=nodes_exact))
+        seq += [int(x) for x in g[t : t + emitted]]  # the recorded path (the real one while exact)
+        t += emitted
+        if stop_eos:
+            break
+    return rounds
+
+
+def _model_tree(pt: PromptTrace, shape: Shape, t: int, b: int) -> tuple[DraftTree, dict[int, int], dict[int, bool]]:
+    """The model drafter's tree of a round at output position t with budget b, as ``propose.grow_tree``
+    grows it (every front node gets its top-w children; the next front is all of them for a static tree,
+    else the first front node's first child), tokens from the trace (``_children``).
+    Returns (tree, drafter rank of each node among its siblings, node lies on the recorded path)."""
+    tree = DraftTree()
+    rank_of: dict[int, int] = {}
+    on_path: dict[int, bool] = {-1: True}
+    front = [-1]
+    T = len(pt)
+    for d in range(1, b + 1):
+        w, s = shape.widths[d - 1], t + d - 1
+        groups = []
+        for f in front:
+            ids = _children(pt, d, s)[0] if s < T else []
+            group = []
+            for r in range(w):
+                tok = int(ids[r]) if r < len(ids) else -2 - len(tree)  # no recorded proposal: a token nothing matches
+                node = tree.add(tok, f)
+                rank_of[node] = r
+                on_path[node] = on_path[f] and s < T and tok == int(pt.target_token[s])
+                group.append(node)
+            groups.append(group)
+        if d == b:
+            break
+        front = [n for grp in groups for n in grp] if shape.expand_all else [groups[0][0]]
+    return tree, rank_of, on_path
+
+
+def _graft_stays_known(tree: DraftTree, n_model: int, chain: list[int], on_path: dict[int, bool]) -> bool:
+    """Did the graft only look at children of nodes whose children the trace records exactly (the root
+    and model nodes on the recorded path)?  Else the count of grafted nodes is an estimate."""
+    node = -1
+    for tok in chain:
+        if not on_path.get(node, False) and any(p == node and i < n_model for i, p in enumerate(tree.parents)):
+            return False  # the chain walks below a model node off the recorded path
+        nxt = next((i for i, (p, x) in enumerate(zip(tree.parents, tree.tokens)) if p == node and x == tok), None)
+        if nxt is None or nxt >= n_model:
+            return True  # from here on the chain is grafted: its nodes are new whatever the model proposed
+        node = nxt
+    return True
+
+
+def _passing_nodes(pt: PromptTrace, spec: str, kind: str, s: int, d: int, tree: DraftTree, children: list[int],
+                   rank_of: dict[int, int], n_model: int, w: int) -> tuple[list[tuple[int, tuple]], bool]:
+    """([(child, order key)] the rule accepts at step s, depth d; whether every decision is known exactly).
+
+    Order key: larger = larger p (the engine takes the passing child with the largest logit; the
+    drafter's order among ties)."""
+    if pt.broken[s]:
+        return [], True
+    gs = int(pt.target_token[s])
+    if kind in ("strict", "tree"):
+        return [(c, (1,)) for c in children if tree.tokens[c] == gs], True
+    ids, lp, _ = _children(pt, d, s)
+    model_ranks = [rank_of[c] for c in children if c < n_model]
+    passing_ranks = set(_passing(pt, spec, kind, s, w, d)[0]) if model_ranks else set()
+    out, known = [], True
+    for i, c in enumerate(children):
+        tok = tree.tokens[c]
+        if c < n_model:
+            r = rank_of[c]
+            ok = r in passing_ranks
+        else:  # a grafted token: the rule's verdict where the trace records it for this token
+            r = next((j for j in range(len(ids)) if int(ids[j]) == tok), None)
+            mask_width = _mask_width(pt, spec, d)
+            if r is not None and r < mask_width:
+                ok = r in set(_passing(pt, spec, kind, s, mask_width, d)[0])
+            else:
+                ok, known = tok == gs, False
+        if ok:
+            logp = float("inf") if tok == gs else (float(lp[r]) if (lp is not None and r is not None) else float("-inf"))
+            out.append((c, (logp, -i)))
+    return out, known
+
+
+def _mask_width(pt: PromptTrace, spec: str, d: int) -> int:
+    """How many of the drafter's ranked proposals at depth d the trace records the rule's verdict for."""
+    if d == 1 or pt.roll_ids is None:
+        return pt.draft_ids.shape[1] if spec in pt.accept_mask else 1
+    return ROLLOUT_MASK_WIDTH if spec in pt.roll_mask else 0
+
+
+def replay_config(trace: ReplayTrace, spec: str, shape: Shape, prompts: list[tuple[str, list[int]]] | None = None) -> ConfigReplay:
+    """Replay (spec, shape) over every prompt of the trace.  ``prompts``: for ``DRAFTER+suffix``, every
+    prompt's (id, token ids) in decode order: the prompts are replayed in that order with one suffix
+    index (``new_suffix_index``), whose store carries each output to the later prompts, as one
+    ``HybridDrafter`` decoding them in turn does; None: the model drafter alone (``walk_prompt``)."""
+    out = ConfigReplay(spec, shape, suffix=prompts is not None)
+    if prompts is None:
+        for pt in trace.prompts:
+            out.rounds[pt.id] = walk_prompt(pt, spec, shape, trace.max_new_tokens, trace.feature, trace.max_depth)
+        return out
+    by_id = {pt.id: pt for pt in trace.prompts}
+    index = new_suffix_index()
+    for pid, ids in prompts:
+        out.rounds[pid] = walk_prompt_suffix(by_id[pid], spec, shape, trace.max_new_tokens, ids, index,
+                                             trace.feature, trace.max_depth)
     return out
