@@ -50,6 +50,8 @@ CRITERIA = [
     "additive:0.1",
     "multiplicative:0.5",
     "topm:2",
+    "relaxed:2:0.1",
+    "relaxed:4:0.3",
     "entropy:0.09:0.3",
     "typical:0.09:0.3",
     "entropy:0.5:5",
@@ -200,6 +202,8 @@ def family_zoom(crit: str, kind: str, G: float) -> list[np.ndarray]:
         levels["alpha-"] = lambda a, b, al=al: al * a * (1 - 1e-12)
     if crit.startswith("topm:"):
         ks.append(int(crit[5:]) - 1)
+    if crit.startswith("relaxed:"):  # its top-N part: N - 1 intermediates just above b
+        ks.append(int(crit.split(":")[1]) - 1)
     ks.append(-1)  # -1: a plateau, as many tokens at the level c as fit
     bmax = (1 - G) / 2
     for k in sorted(set(ks)):
