@@ -4,6 +4,7 @@
 ``stop``::
 
     draft   = propose_draft(drafter, seq, widths, ...)        # a chain of k tokens, or a tree of N nodes
+    n_cached, _ = catch_up(target, ...)                       # recurrent state only: bound the re-fed rows
     logits  = verify(target, cache, n_cached, pending, draft) # ONE target forward over [pending] + nodes
     verdict = accept(rule, logits, draft, summary_k, eos)     # accepted path, emitted tokens, drift
     certs   = certify(rule, verdict, draft)                   # KL(p || q) < radius at every expanded node
@@ -37,7 +38,7 @@ from ..criteria import Criterion, TreeCoverage
 from ..models import check_compatible
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
 from .drafters import ModelDrafter, make_drafter
-from .round import accept, certify, propose_draft, record, resolve_criterion, summary_size, verify
+from .round import accept, catch_up, certify, propose_draft, record, resolve_criterion, summary_size, verify
 from .shape import auto_engine_args
 from .state import CacheState, Layout, chain_of, layout_of
 from .stats import DecodeStats, RoundLog
@@ -289,6 +290,12 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
             draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
             if chains_only:
                 draft = chain_of(draft)
+            n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first
+            n_cached, fed = catch_up(target, state.cache, n_cached, seq[n_cached:], len(draft), state.layout,
+                                     with_hidden, stats)
+            if fed is not None and n_observed < n_cached:
+                draft_src.observe(fed[n_observed - n_before:])
+                n_observed = n_cached
             state.mark(n_cached)
             logits, hidden = verify(target, state.cache, n_cached, seq[n_cached:], draft, with_hidden,
                                     state.layout, stats)  # [1 + N, V]

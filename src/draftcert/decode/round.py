@@ -1,6 +1,7 @@
 """The stages of one speculative round: propose -> verify -> accept -> certify -> record.
 
     draft   = propose_draft(drafter, seq, widths, ...)          # a chain of k tokens, or a tree of N nodes
+    n_cached, _ = catch_up(target, cache, n_cached, pending, len(draft), layout)  # recurrent state: bound re-fed rows
     logits  = verify(target, cache, n_cached, pending, draft)   # ONE target forward over [pending] + nodes: [1 + N, V]
     verdict = accept(rule, logits, draft, summary_k, eos)       # walk the tree: accepted path, emitted tokens, drift
     certs   = certify(rule, verdict, draft)                     # KL(p || q) < radius at every expanded node
@@ -35,7 +36,7 @@ from .state import Layout, layer_masks, layout_of
 from .stats import CertificateViolation, DecodeStats, RoundLog
 from .tree import DraftTree, parse_tree, tree_allowed, tree_position_ids
 
-__all__ = ["resolve_criterion", "summary_size", "propose_draft", "verify", "accept", "certify", "record", "Verdict",
+__all__ = ["resolve_criterion", "summary_size", "propose_draft", "catch_up", "verify", "accept", "certify", "record", "Verdict",
            "RoundCertificates"]
 
 
@@ -79,6 +80,33 @@ def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool
     if hasattr(draft_src, "depth_limit"):
         draft_src.depth_limit = remaining
     return draft_src.propose(seq, widths[: min(len(widths), remaining)], expand_all)
+
+
+# The most rows a verification pass over recurrent state takes before the re-fed tokens are
+# caught up in a pass of their own: on a CPU passes of up to 16 rows cost about one (the
+# fastlinear / quantmm kernels read the weights once for 1..16 rows; docs/speed.md).
+MAX_PASS_ROWS = 16
+
+
+def catch_up(target, cache, n_cached: int, pending: list[int], n_draft: int, layout: Layout, with_hidden: bool = False,
+             stats: DecodeStats | None = None):
+    """Keep a recurrent model's re-fed tokens bounded: (n_cached, hidden of the fed rows or None).
+
+    A model with recurrent state that rejected part of a draft goes back to the state before the
+    pass (``state.CacheState.keep``), and the accepted tokens become pending rows of the next pass:
+    no extra forward.  Rounds that each reject something would grow the pending rows without end,
+    so when pending + draft exceed ``MAX_PASS_ROWS``, all pending tokens but the last are fed in a
+    pass of their own first (counted in ``stats.catchup_forwards``): the state is exact after them,
+    and the verification pass starts from there with one pending token, as on attention layers.
+    Attention-only and token-by-token (``stepwise``) models are left as they are.
+    """
+    if not layout.stateful or layout.stepwise or len(pending) < 2 or len(pending) + n_draft <= MAX_PASS_ROWS:
+        return n_cached, None
+    fed = pending[:-1]
+    res = (forward_with_hidden if with_hidden else model_forward)(target, cache, fed, 1)
+    if stats is not None:
+        stats.catchup_forwards += 1
+    return n_cached + len(fed), (res[1] if with_hidden else None)
 
 
 def verify(target, cache, n_cached: int, pending: list[int], draft: DraftTree, with_hidden: bool = False,

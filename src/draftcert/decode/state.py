@@ -21,7 +21,9 @@ Layer kinds (transformers' ``DynamicCache`` layers; ``layout_of`` classifies a m
                pass's every token was accepted the new state is exact and kept, otherwise the copy is
                put back (with the attention layers cropped to the same point) and the accepted tokens
                are fed again as the *pending* tokens of the next verification pass: no extra pass, a
-               few more rows in the next one.
+               few more rows in the next one.  RecurrentGemma keeps its states on its own modules
+               (``conv1d_state``, ``recurrent_states``), not in the cache: they are copied and put
+               back the same way.
     dummy      nothing cached (key/value sharing, MLP-only layers).
 
 What a draft pass needs (``Layout``):
@@ -256,6 +258,9 @@ def _copy(value):
 
 
 _ATTENTION_ATTRS = ("keys", "values", "cumulative_length", "_sliding_window_tensor")
+# recurrent state some models keep on their own modules, outside the cache (RecurrentGemma's
+# recurrent blocks: the short convolution's window and the RG-LRU state)
+_MODULE_STATE_ATTRS = ("conv1d_state", "recurrent_states")
 
 
 class CacheState:
@@ -277,11 +282,14 @@ class CacheState:
     def __init__(self, model, layout: Layout | None = None):
         self.layout = layout_of(model) if layout is None else layout
         self.cache = new_cache(model)
-        self._marked: tuple[int, list] | None = None
+        self._marked: tuple[int, list, list] | None = None
+        # state held on the model's modules rather than in the cache: (module, attribute) pairs
+        self._held = [(m, a) for m in model.modules() for a in _MODULE_STATE_ATTRS if a in vars(m)]
 
-    def checkpoint(self, n_cached: int) -> tuple[int, list]:
+    def checkpoint(self, n_cached: int) -> tuple[int, list, list]:
         """What ``restore`` needs to bring the cache back to holding ``n_cached`` tokens: that length,
-        and copies of the recurrent states (attention layers are cropped back instead)."""
+        and copies of the recurrent states, in the cache and on the modules (attention layers are
+        cropped back instead)."""
         from transformers.cache_utils import LinearAttentionCacheLayerMixin  # models extra
 
         saved = []
@@ -290,15 +298,17 @@ class CacheState:
                 saved.append({k: _copy(v) for k, v in vars(layer).items() if k not in _ATTENTION_ATTRS})
             else:
                 saved.append(None)
-        return n_cached, saved
+        return n_cached, saved, [_copy(getattr(m, a)) for m, a in self._held]
 
-    def restore(self, point: tuple[int, list]) -> int:
+    def restore(self, point: tuple[int, list, list]) -> int:
         """Back to a ``checkpoint``: recurrent states copied back, attention layers cropped to its
         length (a hybrid layer's attention half alone: its own ``crop`` refuses).  Returns the length;
         the point stays valid for another ``restore``."""
         from transformers.cache_utils import DynamicLayer  # models extra
 
-        n, saved = point
+        n, saved, held = point
+        for (module, attr), value in zip(self._held, held):
+            setattr(module, attr, _copy(value))
         for layer, snap in zip(self.cache.layers, saved):
             if snap is not None:
                 vars(layer).update({k: _copy(v) for k, v in snap.items()})

@@ -110,6 +110,7 @@ class DecodeStats:
     tree: list[int] | None  # widths per depth, None for a chain of k
     num_rounds: int = 0  # verification rounds (one target forward each, but see stepwise_forwards)
     stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: decode.state)
+    catchup_forwards: int = 0  # target forwards feeding re-fed tokens of recurrent state on their own (round.catch_up)
     emitted: int = 0
     drafter_forwards: int = 0
     num_drafts: int = 0
@@ -218,8 +219,9 @@ class DecodeStats:
     @property
     def target_forwards(self) -> int:
         """One target forward per round (the prefill shares the first verification pass), plus the
-        extra passes of a model verified token by token (``stepwise_forwards``)."""
-        return self.num_rounds + self.stepwise_forwards
+        extra passes of a model verified token by token (``stepwise_forwards``) and the catch-up passes
+        of a model with recurrent state (``catchup_forwards``)."""
+        return self.num_rounds + self.stepwise_forwards + self.catchup_forwards
 
     @property
     def tokens_per_forward(self) -> float:

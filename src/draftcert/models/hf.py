@@ -22,6 +22,7 @@ import torch
 __all__ = [
     "cache_kwarg",
     "new_cache",
+    "continued_positions",
     "model_forward",
     "forward_with_hidden",
     "vocab_size_of",
@@ -81,6 +82,20 @@ def new_cache(model=None, *, config=None):
     return cache
 
 
+def continued_positions(cache, n: int, device) -> torch.Tensor | None:
+    """position_ids [1, n] that continue ``cache``: its attention layers' length onwards.
+
+    Passed explicitly because some hybrid models do not derive them from the cache (Bamba numbers
+    every pass from 0 when none are given: transformers' ``generate`` always passes them).  None for
+    a cache of recurrent layers only, which tracks no length and whose models use no positions.
+    """
+    try:
+        start = cache.get_seq_length()  # the first attention layer's length (recurrent layers have none)
+    except ValueError:
+        return None
+    return torch.arange(start, start + n, device=device).unsqueeze(0)
+
+
 def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
     """One forward pass of ``ids`` after ``cache`` (which it extends); logits of the last ``keep`` positions.
 
@@ -88,6 +103,8 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     plain causal attention; ``position_ids``: [1, len(ids)], or None to continue the cache.
     Returns [keep, V].
     """
+    if position_ids is None:
+        position_ids = continued_positions(cache, len(ids), model.device)
     out = model(
         input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
         attention_mask=mask,
@@ -107,6 +124,8 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
     is identical to ``model_forward``.
     """
     dec = model.get_decoder()
+    if position_ids is None:
+        position_ids = continued_positions(cache, len(ids), model.device)
     out = dec(
         input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
         attention_mask=mask,
