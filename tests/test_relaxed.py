@@ -6,9 +6,9 @@ softmax, then ``mtpRelaxedAcceptanceKernel``'s loop), equal away from ties at th
 a superset of it at such ties (the documented difference); its radius as the minimum of topm:N's
 and additive:DELTA's (its rejection region is the union of theirs) at small and large V, every
 dtype and every top-k size; the reductions to strict and topm; exact decisions and radii on 16-bit
-ties against the independent exact truth; parameter errors.  The convex reference, the
-property, soundness and margin suites carry relaxed as well (test_reference, test_properties,
-test_soundness, test_soundness_redteam, test_margin_sharp).
+ties against the independent exact truth; parameter errors; the command line's suggestion for a
+misspelt name.  The convex reference, the property, soundness and margin suites carry relaxed as
+well (test_reference, test_properties, test_soundness, test_soundness_redteam, test_margin_sharp).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import draftcert as dc
+from draftcert.cli.checks import suggest_spec
 from tests.oracles import exact_truth as X
 
 KINDS = ("forward", "reverse", "tv")
@@ -197,9 +198,17 @@ def test_bad_parameters_name_the_argument(spec, pattern):
 
 
 def test_n_above_vocabulary_is_an_error_and_spec_round_trips():
-    with pytest.raises(ValueError, match=r"\bM\b|vocabulary"):
-        dc.radius("relaxed:4:0.1", np.array([0.5, 0.3, 0.2]))
+    for call in (dc.radius, dc.margin_statistic, dc.margin_bound):  # the error names this rule, not topm:4
+        with pytest.raises(ValueError, match=r"^N: relaxed:4:0.1 exceeds the vocabulary size V = 3$"):
+            call("relaxed:4:0.1", np.array([0.5, 0.3, 0.2]))
+    with pytest.raises(ValueError, match=r"relaxed:4:0.1 exceeds"):
+        dc.accepts("relaxed:4:0.1", target_probs=np.array([0.5, 0.3, 0.2]), draft_probs=np.array([0.2, 0.3, 0.5]))
     c = dc.parse_criterion(" relaxed:2:0.10 ")
     assert c.spec == "relaxed:2:0.1" and c == dc.RelaxedAcceptance(2, 0.1) and dc.parse_criterion(c.spec) == c
     assert "relaxed:N:DELTA" in dc.criteria.SPEC_HELP
     assert math.isinf(float(dc.radius("relaxed:3:1", np.array([0.5, 0.3, 0.2]))))  # nothing rejected
+
+
+@pytest.mark.parametrize("typo,hint", [("relax:3:0.2", "relaxed:3:0.2"), ("realxed:4:0.3", "relaxed:4:0.3")])
+def test_a_misspelt_name_keeps_its_parameters(typo, hint):
+    assert suggest_spec(typo) == hint  # as aditive:0.2 -> additive:0.2

@@ -346,7 +346,7 @@ class TopM(LevelSet):
 class RelaxedAcceptance(LevelSet):
     """TensorRT-LLM's relaxed acceptance (DeepSeek-R1 MTP, ``relaxed_topk`` = N,
     ``relaxed_delta`` = DELTA): accept x iff x is among the N most probable tokens of p
-    AND p(x) >= max p - DELTA.
+    (ties counted, below) AND p(x) >= max p - DELTA.
 
     tau(p) = max(p_(N), max p - DELTA),  R(p) = {y : p(y) < tau(p)}  (not inclusive),
     N >= 1 an integer, DELTA >= 0.  Both sides are *probabilities* (softmax of the logits),
@@ -358,17 +358,24 @@ class RelaxedAcceptance(LevelSet):
     topm:N intersected with additive:DELTA, and the rejection region is the union of
     theirs: a lower level set with the larger of the two thresholds.
 
-    Ties at the N-th place: p_(N) is the N-th largest value counted with ties (as topm:N),
-    so every token whose probability equals the N-th largest is inside the top N, and the
-    rule is a function of p alone.  This matches TensorRT-LLM's definition exactly except
-    at such ties: ``torch.topk`` keeps only N indices, in an implementation-defined order
-    among equal values, so TensorRT-LLM may reject a token tied with the N-th that this
-    rule accepts (it never accepts one this rule rejects).  And as for every rule here,
-    the decision is the rule evaluated exactly on the given values; TensorRT-LLM evaluates
-    it on its own rounded softmax (model dtype) with a float32 threshold, so a token
-    within that rounding of max p - DELTA can be decided differently.  TensorRT-LLM also
-    applies DELTA only inside the thinking phase (DELTA = 0 elsewhere): this is the rule
-    inside it.  relaxed:1:DELTA and relaxed:N:0 are strict; relaxed:N:DELTA with
+    Ties at the N-th place are counted in, never broken: p_(N) is the N-th largest value
+    counted with ties (as in topm:N), x passes the top-N part iff p(x) >= p_(N), so every
+    token whose probability equals the N-th largest passes it (the accepted set can hold more
+    than N tokens) and the decision depends on the values of p alone, never on token ids.
+    This is TensorRT-LLM's published definition (its tech blog "DeepSeek R1 MTP
+    Implementation and Optimization", for ``MTPDecodingConfig(relaxed_topk, relaxed_delta)``:
+    take the top-N tokens, drop those whose probability is below the top-1 probability minus
+    ``relaxed_delta``, accept the draft if it is one of the rest), which does not say how
+    ties are broken.  Its code does break them: the kernel accepts
+    only the N indices ``torch.topk`` returns, and which of several tokens tied with the
+    N-th value those are is implementation-defined.  So the two differ only at such a tie:
+    there TensorRT-LLM may reject a token that this rule accepts, and it never accepts one
+    that this rule rejects (for N = 1 that tie is a tie for the top).  As for every
+    rule here, the decision is the rule evaluated exactly on the given values; TensorRT-LLM
+    evaluates it on its own rounded softmax (model dtype) with a float32 threshold, so a
+    token within that rounding of max p - DELTA can be decided differently.  TensorRT-LLM
+    also applies DELTA only inside the thinking phase (DELTA = 0 elsewhere): this is the
+    rule inside it.  relaxed:1:DELTA and relaxed:N:0 are strict; relaxed:N:DELTA with
     DELTA >= 1 is topm:N.
     """
 
@@ -382,10 +389,17 @@ class RelaxedAcceptance(LevelSet):
         self.spec = f"relaxed:{self.n}:{_fmt(self.delta)}"
         self.min_k = self.n + 1
 
+    def _v_check(self, s: Summary) -> None:
+        # before topm:N's own check, so that the error names this rule
+        if self.n > s.vocab_size:
+            raise ValueError(f"N: {self.spec} exceeds the vocabulary size V = {s.vocab_size}")
+
     def threshold_from_summary(self, s: Summary) -> torch.Tensor:
+        self._v_check(s)
         return torch.maximum(self._top.threshold_from_summary(s), self._add.threshold_from_summary(s))
 
     def tau_bounds(self, s: Summary):
+        self._v_check(s)
         t = self._top.threshold_from_summary(s)
         e = s.common_err() + s.top_entry_err()[:, self.n - 1] + 4 * U
         a_lo, a_hi = self._add.tau_bounds(s)
@@ -394,12 +408,13 @@ class RelaxedAcceptance(LevelSet):
     def sure(self, s: Summary, rows: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # the top-N part is an exact comparison of given values (the order of p is theirs);
         # the additive part is decided as additive:DELTA decides it
-        self._top.threshold_from_summary(s)  # the V check
+        self._v_check(s)
         in_top = vals >= s.top_vals[rows, self.n - 1]
         acc, rej = self._add.sure(s, rows, vals)
         return acc & in_top, rej | ~in_top
 
     def rejection_cut(self, s: Summary) -> torch.Tensor:
+        self._v_check(s)
         dt = s.cut_dtype()
         return torch.maximum(self._top.rejection_cut(s).to(dt), self._add.rejection_cut(s).to(dt))
 

@@ -26,7 +26,7 @@ from ..profile.settings import parse_divergences
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
 EXAMPLE_SPECS = DEFAULT_CRITERIA
-_FAMILIES = ("strict", "additive", "multiplicative", "topm", "entropy", "typical", "mars", "tree")
+_FAMILIES = ("strict", "additive", "multiplicative", "topm", "relaxed", "entropy", "typical", "mars", "tree")
 
 
 def suggest_spec(spec: str) -> str | None:

@@ -75,7 +75,7 @@ def add_parser(subparsers) -> None:
     _common(p)
     p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied when the tokenizer has one)")
     p.add_argument("--criterion", default="strict", help="acceptance rule: strict | additive:DELTA | multiplicative:ALPHA | "
-                   "topm:M | entropy:EPS:DELTA | typical:EPS:DELTA | mars:THETA | tree:M (default strict: lossless)")
+                   "topm:M | relaxed:N:DELTA | entropy:EPS:DELTA | typical:EPS:DELTA | mars:THETA | tree:M (default strict: lossless)")
     p.add_argument("--tree", default=None, metavar="M,DEPTH", help="draft a tree: top-M children at each depth along the drafter's greedy path")
     p.add_argument("--json", action="store_true",
                    help="print JSON Lines on stdout (one object per line: each round, then the summary); "
