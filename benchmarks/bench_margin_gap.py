@@ -345,6 +345,9 @@ def ratio_of(crit, kind, P):
     G = 1 the float64 statistic cannot resolve a runner-up below ~1e-16, so the statistic-only
     function is only as good as G; those cases are counted separately.
     """
+    n_min = int(crit.split(":")[1]) if crit.startswith(("topm:", "relaxed:")) else 2
+    if P.shape[1] < n_min:  # topm:N and relaxed:N:DELTA need V >= N; tokens of probability 0 count
+        P = np.pad(P, ((0, 0), (0, n_min - P.shape[1])))
     r = np.asarray(dc.radius(crit, P, kind), dtype=np.float64)
     G = np.asarray(dc.margin_statistic(crit, P), dtype=np.float64)
     b = np.asarray(dc.margin_bound(crit, P, kind), dtype=np.float64)
