@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.hf import model_forward, new_cache
+from ..models.hf import model_forward, module_states, new_cache
 from .tree import DraftTree, additive_mask, keep_cache
 
 __all__ = ["Layout", "layout_of", "CacheState", "layer_masks", "chain_of", "probe_continuation", "ATTENTION_MASK_KINDS"]
@@ -258,9 +258,6 @@ def _copy(value):
 
 
 _ATTENTION_ATTRS = ("keys", "values", "cumulative_length", "_sliding_window_tensor")
-# recurrent state some models keep on their own modules, outside the cache (RecurrentGemma's
-# recurrent blocks: the short convolution's window and the RG-LRU state)
-_MODULE_STATE_ATTRS = ("conv1d_state", "recurrent_states")
 
 
 class CacheState:
@@ -284,7 +281,7 @@ class CacheState:
         self.cache = new_cache(model)
         self._marked: tuple[int, list, list] | None = None
         # state held on the model's modules rather than in the cache: (module, attribute) pairs
-        self._held = [(m, a) for m in model.modules() for a in _MODULE_STATE_ATTRS if a in vars(m)]
+        self._held = module_states(model)
 
     def checkpoint(self, n_cached: int) -> tuple[int, list, list]:
         """What ``restore`` needs to bring the cache back to holding ``n_cached`` tokens: that length,

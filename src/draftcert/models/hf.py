@@ -23,6 +23,10 @@ __all__ = [
     "cache_kwarg",
     "new_cache",
     "continued_positions",
+    "select_cache_rows",
+    "module_states",
+    "MODULE_STATE_ATTRS",
+    "attention_free",
     "model_forward",
     "forward_with_hidden",
     "vocab_size_of",
@@ -80,6 +84,52 @@ def new_cache(model=None, *, config=None):
         elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
             cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
     return cache
+
+
+# recurrent state some models keep on their own modules, outside the cache (RecurrentGemma's
+# recurrent blocks: the short convolution's window and the RG-LRU state)
+MODULE_STATE_ATTRS = ("conv1d_state", "recurrent_states")
+
+
+def module_states(model) -> list[tuple[torch.nn.Module, str]]:
+    """(module, attribute) of every state ``model`` keeps on its modules rather than in the cache.
+
+    Such a state has one row per batch row of the last pass and ignores the attention mask
+    (RecurrentGemma's convolution reads left padding), so batches of such a model are not exact:
+    they run row by row (``profile``; the engine decodes them row after row anyway)."""
+    return [(m, a) for m in model.modules() for a in MODULE_STATE_ATTRS if a in vars(m)]
+
+
+def _rows(value, keep, n_rows):
+    if isinstance(value, torch.Tensor):
+        return value[keep] if value.dim() and value.shape[0] == n_rows else value
+    if isinstance(value, list):
+        return [_rows(v, keep, n_rows) for v in value]
+    if isinstance(value, dict):
+        return {k: _rows(v, keep, n_rows) for k, v in value.items()}
+    return value
+
+
+def select_cache_rows(cache, keep: torch.Tensor, n_rows: int) -> None:
+    """In place: keep the batch rows ``keep`` of a cache of ``n_rows`` rows, every layer kind.
+
+    transformers' ``batch_select_indices`` selects attention keys and values only: linear-attention
+    and SSM layers (Qwen3-Next, Mamba2, LFM2-MoE, Granite hybrids) have none, and a hybrid layer's
+    would keep every row of its recurrent state.  Here every tensor of a layer whose first dimension
+    is the batch is indexed (keys, values, convolution and recurrent states, in lists or dicts).
+    """
+    for layer in cache.layers:
+        for name, value in list(vars(layer).items()):
+            setattr(layer, name, _rows(value, keep, n_rows))
+
+
+def attention_free(cache) -> bool:
+    """True when no layer of ``cache`` is an attention layer (Mamba, Mamba2, Falcon-Mamba): such models
+    take no attention mask once their states hold the prompt (Mamba broadcasts a 2-D mask over the
+    new token's hidden states; transformers' ``generate`` drops it after the first step too)."""
+    from transformers.cache_utils import CacheLayerMixin  # optional: models extra
+
+    return not any(isinstance(layer, CacheLayerMixin) for layer in cache.layers)
 
 
 def continued_positions(cache, n: int, device) -> torch.Tensor | None:

@@ -10,7 +10,9 @@ position ids 0..P_b-1 (``cumsum(mask) - 1``), so every row sees exactly the
 positions it would see alone.  Each decoding step appends one token per row
 and position P_b + t.  A row stops after emitting an EOS token (which is
 recorded) or after ``max_new_tokens``; finished rows are dropped from the KV
-cache (``DynamicCache.batch_select_indices``) so they cost nothing afterwards.
+cache (``models.hf.select_cache_rows``, recurrent states too) so they cost nothing afterwards.
+Models without attention layers (Mamba) get no attention mask after the prompt, as in
+transformers' ``generate``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ..models.hf import cache_kwarg, left_pad, new_cache
+from ..models.hf import attention_free, cache_kwarg, left_pad, new_cache, select_cache_rows
 
 __all__ = ["StepTimer", "GreedyRun", "score_teacher_forced", "pick_tokens"]
 
@@ -95,6 +97,7 @@ class GreedyRun:
         eos = self.eos.to(device)
         ids, mask, pos = left_pad(self.prompts, self.pad_id, device)
         cache = new_cache(model)
+        no_attention = attention_free(cache)
         ckw = {cache_kwarg(model): cache}
         rows = torch.arange(len(self.prompts), device=device)  # batch index of each live cache row
         with timer.section("model"):
@@ -116,10 +119,11 @@ class GreedyRun:
                     if not bool(live.any()):
                         break
                     keep = live.nonzero().squeeze(1)
-                    cache.batch_select_indices(keep)
+                    select_cache_rows(cache, keep, len(rows))
                     rows, tokens, mask, next_pos = rows[keep], tokens[keep], mask[keep], next_pos[keep]
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], 1)
-                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                step_mask = None if no_attention else mask  # Mamba: the states are masked already
+                out = model(input_ids=tokens[:, None], attention_mask=step_mask, position_ids=next_pos[:, None],
                             use_cache=True, **ckw)
                 logits = out.logits[:, -1, :]
                 tokens = pick_tokens(logits)

@@ -47,7 +47,7 @@ from typing import Callable, Sequence
 from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
 from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
-from ..models.hf import parse_dtype
+from ..models.hf import module_states, parse_dtype
 from ..models.loading import transformers_progress
 from ..models.quant import numerics_of
 from ..prompts import encode_prompt
@@ -240,6 +240,12 @@ def profile(
         # padding, and a resumed run gets exactly the batches the interrupted one had left
         # (those were done in order, so what remains is a suffix of the same sorted list).
         order = sorted(todo, key=lambda i: -len(encoded[i]))
+        held = [m for m in (model, draft) if m is not None and hasattr(m, "modules") and module_states(m)]
+        if held and batch_size > 1:  # state on its modules reads padding and holds one batch: row by row
+            batch_size = 1
+            if info.is_main:
+                print(f"profile: {type(held[0]).__name__} keeps recurrent state on its modules, which left padding "
+                      "would enter; its prompts run one at a time (--batch-size 1)", file=sys.stderr)
         chunks = [order[j:j + batch_size] for j in range(0, len(order), batch_size)]
 
         if info.is_main:
