@@ -1,0 +1,93 @@
+"""GGUF blocks computed as stored (``draftcert.models.quantmm``) against the float32 kernels, per pass.
+
+The linear layers of the embedded target (SmolLM2-135M-Instruct Q4_1: 30 decoder layers of q/o
+576x576, k/v 192x576, gate/up 1536x576, down 576x1536, and the Q8_0 LM head 49152x576), the real
+weights of ``load_target(weights="gguf")`` and of the float32 checkpoint, in model order: one pass
+over all of them per (rows M, kernel), round robin, the fastest of ``--repeats`` rounds.  Kernels:
+
+* ``quant``: ``GGUFLinear`` (the blocks, decoded once per pass for all M rows; ~1/5 of the bytes);
+* ``smallm``: draftcert's float32 streamed kernel on block-packed float32 weights;
+* ``flinear``: ``F.linear`` (MKL) on the float32 weights.
+
+Printed as ``name=value`` lines: ``<kernel>_ms_M<M>`` (one pass, ms) and ``<kernel>_ratio_M<M>``
+(the pass of M rows / the pass of 1 row of the same kernel), ``quant_vs_flinear_M1`` /
+``quant_vs_smallm_M1`` (one row: the quantised pass / the float32 pass), and last
+``quant_vs_best_float32_M<M>`` (the quantised pass / the faster float32 kernel at M rows, which is
+about what a float32 target's ``fastlinear`` plan runs; below 1: the blocks are faster).  On a machine shared with
+other work the figures are noisy (the fastest round is kept, which only removes added time).
+
+    python benchmarks/bench_quant.py [--threads 1] [--repeats 5] [--rows 1,2,4,8,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftcert.models import load_target, quantmm, smallm
+from draftcert.models.quant import GGUFLinear
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", default="1,2,4,8,16")
+    args = ap.parse_args(argv)
+    if not quantmm.available():
+        print(f"the quantmm kernel is unavailable here: {quantmm.unavailable_reason()}", file=sys.stderr)
+        return 1
+    rows = [int(r) for r in args.rows.split(",")]
+    torch.set_num_threads(args.threads)
+    qm, _ = load_target(weights="gguf", fast_linear=False)
+    fm, _ = load_target(weights="float32", fast_linear=False)
+    qmods = [m for m in qm.modules() if isinstance(m, GGUFLinear)]
+    fmods = {n: m for n, m in fm.named_modules() if type(m) is nn.Linear}
+    names = [n for n, m in qm.named_modules() if isinstance(m, GGUFLinear)]
+    fl = [fmods[n] for n in names]
+    kernels = {"quant": [(lambda x, m=m: m(x)) for m in qmods],
+               "flinear": [(lambda x, w=m.weight: F.linear(x, w)) for m in fl]}
+    if smallm.available():
+        packed = [(smallm.pack(m.weight), m.weight.shape[0]) for m in fl]
+        kernels["smallm"] = [(lambda x, p=p, n=n: smallm.linear(x, p, n)) for p, n in packed]
+    gen = torch.Generator().manual_seed(0)
+    xs = {(r, k): torch.randn(r, k, generator=gen) for r in rows for k in {m.in_features for m in qmods}}
+    ks = [m.in_features for m in qmods]
+    best = {(kind, r): float("inf") for kind in kernels for r in rows if kind != "smallm" or r <= smallm.max_rows()}
+    with torch.no_grad():
+        for rep in range(args.repeats + 1):  # the first round warms up
+            for r in rows:
+                for kind, fns in kernels.items():
+                    if (kind, r) not in best:
+                        continue
+                    t = 0.0
+                    for fn, k in zip(fns, ks):
+                        x = xs[(r, k)]
+                        t0 = time.perf_counter()
+                        fn(x)
+                        t += time.perf_counter() - t0
+                    if rep:
+                        best[(kind, r)] = min(best[(kind, r)], t)
+    print(f"quantmm build {quantmm.build_id()} ({quantmm.vector_width()} lanes), smallm {smallm.build_id() or 'unavailable'}, "
+          f"{args.threads} thread(s), {len(qmods)} layers, fastest of {args.repeats} rounds (a shared machine: noisy)")
+    for (kind, r), t in best.items():
+        print(f"{kind}_ms_M{r}={t * 1e3:.3f}")
+    for (kind, r), t in best.items():
+        print(f"{kind}_ratio_M{r}={t / best[(kind, rows[0])]:.3f}")
+    if rows[0] == 1:
+        print(f"quant_vs_flinear_M1={best[('quant', 1)] / best[('flinear', 1)]:.3f}")
+        if ("smallm", 1) in best:
+            print(f"quant_vs_smallm_M1={best[('quant', 1)] / best[('smallm', 1)]:.3f}")
+    for r in rows:  # the baseline a float32 target runs: fastlinear keeps the faster float32 kernel per row count
+        f32 = min(t for (kind, m), t in best.items() if m == r and kind != "quant")
+        print(f"quant_vs_best_float32_M{r}={best[('quant', r)] / f32:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
