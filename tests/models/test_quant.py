@@ -238,6 +238,24 @@ def test_tiny_gguf_files_give_the_float32_logits_within_the_bound(tmp_path, tied
 
 
 @needs_kernel
+def test_self_quant_drafter_of_a_gguf_target_requantises_its_float32_weights(tmp_path):
+    from transformers import AutoConfig
+
+    from draftcert.models.drafters import derive_drafter
+
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=True, qtypes={"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8, "down": 3})
+    model = load_gguf_causal_lm(path, AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name), quiet=True)
+    before = {n: m.qweight.clone() for n, m in model.named_modules() if isinstance(m, GGUFLinear)}
+    d = derive_drafter(model, "self:quant=2")
+    q_proj = model.model.layers[0].self_attn.q_proj
+    dq = d.model.layers[0].self_attn.q_proj
+    assert type(dq) is torch.nn.Linear and not torch.equal(dq.weight, q_proj.weight)  # 2 bits: other values
+    assert isinstance(q_proj, GGUFLinear)  # the target keeps its blocks, unchanged
+    assert all(torch.equal(m.qweight, before[n]) for n, m in model.named_modules() if isinstance(m, GGUFLinear))
+
+
+@needs_kernel
 def test_unsupported_types_are_dequantised_with_one_line(tmp_path, capsys):
     from transformers import AutoConfig
 

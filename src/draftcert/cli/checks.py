@@ -5,13 +5,14 @@ bad one, raises a ValueError naming the option, the spec and the closest valid s
 (``difflib``), so that a typo costs no model load.  ``check_drafter`` does the same for a
 drafter spec (``defualt`` -> ``default``), ``check_dtype`` a ``--dtype``, ``check_divergences`` a
 ``--divergences`` list, ``check_run_dir_writable`` that ``report``/``replay``/``explain`` can write
-into a run folder, and ``set_threads`` applies ``--threads``.  (The output-directory check,
+into a run folder, ``set_threads`` applies ``--threads`` and ``apply_weights`` ``--weights``.  (The output-directory check,
 ``check_out_dir``, belongs to the profiler's settings: ``draftcert.profile.settings``.)
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..divergences import DIVERGENCES
 from ..fileio import check_writable_dir
 from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafter_spec
 from ..models.hf import parse_dtype
+from ..models.loading import DEFAULT_WEIGHTS, WEIGHTS, WEIGHTS_ENV
 from ..profile.settings import parse_divergences
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
@@ -154,6 +156,25 @@ def apply_pair(args, option: str = "--pair") -> None:
         raise ValueError(f"{option} {name} sets both the target ({pair.target}) and the drafter ({pair.drafter}); "
                          f"drop {' and '.join(given)}, or drop {option} and pass --target/--drafter yourself")
     args.target, args.drafter = pair.target, pair.drafter
+
+
+WEIGHTS_HELP = (f"what a GGUF-sourced model (the embedded target, the --pair models) computes from: gguf = the "
+                "file's blocks as stored (exact dequantised weights, float32 activations and sums, batch invariant; "
+                f"docs/gguf.md), float32 = its converted float32 checkpoint (default: ${WEIGHTS_ENV}, else "
+                f"{DEFAULT_WEIGHTS}); other targets ignore it")
+
+
+def add_weights_option(parser) -> None:
+    """``--weights gguf|float32`` (``WEIGHTS_HELP``); ``apply_weights`` applies it."""
+    parser.add_argument("--weights", default=None, choices=WEIGHTS, type=str.lower, help=WEIGHTS_HELP)
+
+
+def apply_weights(args) -> None:
+    """``--weights W``: this command's models load as ``$DRAFTCERT_WEIGHTS=W`` would make them
+    (``models.load_target``'s default, so the target, a --pair drafter and profile's workers agree)."""
+    w = getattr(args, "weights", None)
+    if w is not None:
+        os.environ[WEIGHTS_ENV] = w
 
 
 def set_threads(threads: int | None, option: str = "--threads") -> None:

@@ -17,9 +17,10 @@ from ..decode.timing import SPREAD_LIMIT
 from ..decode.tree import parse_tree
 from ..fileio import dumps_json
 from ..models.loading import transformers_progress
+from ..models.quant import numerics_of
 from ..prompts import encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
-from .checks import PAIR_HELP, apply_pair, check_drafter, check_dtype, check_specs, set_threads
+from .checks import PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_drafter, check_dtype, check_specs, set_threads
 
 _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "Explain KV caching in two sentences."
@@ -27,6 +28,7 @@ _DECODE_EXAMPLES = """examples:
   draftcert decode --prompt "List three prime numbers." --tree 4,3
   draftcert decode --prompt "Repeat: a b c a b c" --drafter prompt-lookup --json
   draftcert decode --pair qwen2.5-coder --baseline --prompt "Reverse a string."
+  draftcert decode --weights float32 --baseline --prompt "Write a haiku."
 
 Accepted draft tokens are shown in green, the target's own tokens (corrections
 and bonus tokens) in the default colour (set NO_COLOR=1 or pipe the output to
@@ -122,10 +124,12 @@ def _common(p) -> None:
     p.add_argument("--dtype", default=None, help="compute dtype of the target and of a drafter model: float32 (default), "
                    "bfloat16 or float16; the dtype is part of the target, so strict and --baseline compare with the "
                    "target in this dtype (docs/pair.md)")
+    add_weights_option(p)
 
 
 def _load(args):
     apply_pair(args)  # --pair NAME -> --target/--drafter (an error with either)
+    apply_weights(args)  # --weights: what the embedded target / the pair's models compute from
     if isinstance(args.k, int) and args.k < 1:
         raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
     if args.max_new_tokens < 1:
@@ -248,6 +252,7 @@ def run_decode(args) -> int:
     s = res.stats.summary()
     s["warmup_seconds"] = warm
     s["tree_shape"] = tree_shape(args.tree, s["tree_widths"])
+    s["model_dtype"] = numerics_of(target)  # as run.json: the dtype, or "gguf-exact-f32" (--weights gguf)
     if args.json:
         out.write(dumps_json({"summary": s, "drafter": dspec}, indent=None))
         return 0
@@ -360,8 +365,9 @@ def run_bench(args) -> int:
     finally:
         bar.close()
     if args.json:
+        numerics = numerics_of(target)  # as run.json's model_dtype
         for r in rows:
-            print(dumps_json(r, indent=None), end="")
+            print(dumps_json({**r, "model_dtype": numerics}, indent=None), end="")
     else:
         print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
               "(tokens/s measured after an untimed warm-up round)\n")

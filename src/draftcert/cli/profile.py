@@ -33,7 +33,8 @@ from ..profile.settings import check_out_dir
 from ..replay.report import section_for_report
 from ..report import write_report
 from ..textfit import terminal_width
-from .checks import PAIR_HELP, apply_pair, check_divergences, check_drafter, check_dtype, check_specs, set_threads
+from .checks import (PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_divergences, check_drafter, check_dtype,
+                     check_specs, set_threads)
 
 PROFILE_EPILOG = """\
 examples:
@@ -138,6 +139,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="prompts decoded together (default 8)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the loader's choice)")
+    add_weights_option(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (rerun to resume)")
     p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars (model loading included)")
@@ -165,6 +167,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--pair", default=None, metavar="NAME",
                    help=f"the CPU protocol on a named pair ({', '.join(sorted(PAIRS))}): chat and code prompts into "
                         "OUT/chat and OUT/code, then the comparison with the study")
+    add_weights_option(r)
     r.add_argument("--compare", nargs="+", default=None, metavar="RUN_DIR",
                    help="print the study's published figures next to these profile runs' and what differs; "
                         "runs nothing")
@@ -173,6 +176,7 @@ def add_parser(subparsers) -> None:
 
 def _run_profile(args) -> int:
     apply_pair(args)  # --pair NAME -> --target/--drafter
+    apply_weights(args)  # --weights: what the embedded target / the pair's models compute from (run.json's model_dtype)
     check_specs(args.criteria, "--criteria")  # before any model loads; suggests the closest spec
     _check_profiled_drafter(check_drafter(args.drafter))
     check_divergences(args.divergences)
@@ -239,6 +243,7 @@ def _report_paper_run(res: ProfileResult) -> None:
 
 
 def _run_paper(args) -> int:
+    apply_weights(args)  # --weights: what the --pair models compute from
     if args.compare is not None:
         given = [o for o, on in (("--pair", args.pair is not None), ("--check", args.check)) if on]
         if given:

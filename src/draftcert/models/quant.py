@@ -115,6 +115,16 @@ class GGUFLinear(nn.Module):
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
+    def to_linear(self) -> nn.Linear:
+        """A plain float32 ``nn.Linear`` holding the weights the blocks encode (a copy: editing it leaves
+        the blocks as they are), e.g. for a drafter derived from the target that rewrites its weights."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=self.qweight.device)
+        with torch.no_grad():
+            lin.weight.copy_(self.weight)
+            if self.bias is not None:
+                lin.bias.copy_(self.bias)
+        return lin.requires_grad_(False)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, type={self.qtype_name}, "
                 f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}")

@@ -60,6 +60,7 @@ from .settings import (
     RunRecord,
     check_out_dir,
     check_resume,
+    check_resume_numerics,
     done_prompts,
     mark_stopped,
     parse_criteria,
@@ -229,6 +230,7 @@ def profile(
         with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
             model, tok = _load_target(target, dev, torch_dtype)
             model.eval()
+            check_resume_numerics(out, numerics_of(model))  # before a trace of other numerics joins the run
             draft = _load_drafter(drafter, settings["drafter"], model, tok, dev, torch_dtype)
         if draft is not None:
             draft.eval()

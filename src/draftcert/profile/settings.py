@@ -48,7 +48,7 @@ __all__ = [
     "TRACE_KEYS", "LEGACY_TRACE_KEYS", "RunRecord",
     "parse_criteria", "parse_epsilons", "parse_divergences", "check_out_dir",
     "resolve_prompts", "prompts_sha", "trace_settings", "settings_sha",
-    "check_resume", "done_prompts", "mark_stopped",
+    "check_resume", "check_resume_numerics", "done_prompts", "mark_stopped",
 ]
 
 # Settings that change the trace's contents; a resumed run must repeat them exactly.  The
@@ -285,6 +285,22 @@ def check_resume(out: Path, settings: dict, plist: Sequence[Prompt]) -> set[str]
     elif shards:
         raise ValueError(f"out: {out / 'trace'} holds trace shards but no run.json; choose a new --out directory")
     return shas
+
+
+def check_resume_numerics(out: Path, numerics: str) -> None:
+    """Refuse to add traces computed under another numeric contract (run.json's ``model_dtype``:
+    ``float32``, ``gguf-exact-f32`` ...) to a run that has shards: ``--weights`` or ``--dtype`` changed."""
+    run_json = out / "run.json"
+    if not run_json.exists() or not list_shards(out / "trace"):
+        return
+    try:
+        old = json.loads(run_json.read_text()).get("model_dtype")
+    except (OSError, json.JSONDecodeError):
+        return  # check_resume has already said so
+    if old and old != numerics:
+        hint = "--weights gguf" if old == "gguf-exact-f32" else f"--weights float32 (and --dtype {old})"
+        raise ValueError(f"out: {out} holds traces computed under {old}; this run computes under {numerics}. "
+                         f"Rerun with {hint} to resume it, or choose a new --out directory")
 
 
 def done_prompts(out: Path, shas: set[str], plist: Sequence[Prompt]) -> set[str]:
