@@ -13,6 +13,11 @@ options are passed to ``draftcert decode`` unchanged.
 The default prompts are MT-Bench 81 and 84 and HumanEval 0 and 2: held out of every training set
 (``train.data.heldout_texts``), chosen before any drafter was tuned on them.  Last lines:
 ``speedup_<prompt>=`` per prompt, ``lossless=`` (every output identical), ``geomean_speedup=``.
+
+``--weights gguf,float32`` runs every prompt once per weights (``draftcert decode --weights W``), the
+order flipping from prompt to prompt, and adds per weights ``<W>_geomean_speedup=`` (against its own
+target alone), ``<W>_geomean_tok_s=`` and ``<W>_geomean_target_tok_s=``, then
+``<first>_vs_<second>_tok_s=`` and ``..._target_tok_s=`` (geometric means of the per-prompt ratios).
 """
 
 from __future__ import annotations
@@ -41,30 +46,51 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS, help=f"comma-separated prompt ids (default {DEFAULT_PROMPTS})")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--weights", default=None, help="comma-separated --weights values to compare, e.g. gguf,float32 "
+                    "(default: decode's own default, one run per prompt)")
     args, extra = ap.parse_known_args(argv)
+    weights = [w.strip() for w in args.weights.split(",")] if args.weights else [None]
     ids = [p.strip() for p in args.prompts.split(",") if p.strip()]
     texts = {pid: prompt_text(pid) for pid in ids}  # a bad id fails before anything runs
     speedups, lossless = {}, True
-    for pid in ids:
-        cmd = [sys.executable, "-m", "draftcert", "decode", "--baseline", "--repeats", str(args.repeats),
-               "--max-new-tokens", str(args.max_new_tokens), "--json", "--no-progress", *extra, "--prompt", texts[pid]]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.stderr.write(run.stderr)
-            raise SystemExit(f"{pid}: draftcert decode exited with {run.returncode}")
-        s = json.loads(run.stdout.strip().splitlines()[-1])["summary"]
-        choice = next((ln.split("-k auto: ", 1)[1] for ln in run.stderr.splitlines() if "-k auto: " in ln), None)
-        speedups[pid] = s["speedup"]
-        lossless &= bool(s["baseline_match"])
-        pos = " ".join(f"{a:.2f}" for a in s["acceptance_rate_per_pos"][:4])
-        print(f"{pid}: {s['emitted']} tokens, {s['tokens_per_forward']:.2f} tokens/forward, acceptance_rate_per_pos "
-              f"{pos}, {s['tokens_per_second']:.2f} tokens/s, speedup {s['speedup']:.2f}x"
-              f"{'' if s['timing_reliable'] is not False else ' (UNRELIABLE)'}, identical {s['baseline_match']}"
-              + (f"; -k auto: {choice.split(';')[0]}" if choice else ""), flush=True)
-    for pid, v in speedups.items():
-        print(f"speedup_{pid.replace('/', '_').replace('-', '_')}={v:.3f}")
+    per = {w: {"speedup": {}, "tok_s": {}, "target_tok_s": {}} for w in weights}
+    for n, pid in enumerate(ids):
+        for w in (weights if n % 2 == 0 else weights[::-1]):
+            cmd = [sys.executable, "-m", "draftcert", "decode", "--baseline", "--repeats", str(args.repeats),
+                   "--max-new-tokens", str(args.max_new_tokens), "--json", "--no-progress",
+                   *([] if w is None else ["--weights", w]), *extra, "--prompt", texts[pid]]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode != 0:
+                sys.stderr.write(run.stderr)
+                raise SystemExit(f"{pid}: draftcert decode exited with {run.returncode}")
+            s = json.loads(run.stdout.strip().splitlines()[-1])["summary"]
+            choice = next((ln.split("-k auto: ", 1)[1] for ln in run.stderr.splitlines() if "-k auto: " in ln), None)
+            key = pid if w is None else f"{w}/{pid}"
+            speedups[key] = s["speedup"]
+            per[w]["speedup"][pid], per[w]["tok_s"][pid] = s["speedup"], s["tokens_per_second"]
+            per[w]["target_tok_s"][pid] = s["baseline_tokens_per_second"]
+            lossless &= bool(s["baseline_match"])
+            pos = " ".join(f"{a:.2f}" for a in s["acceptance_rate_per_pos"][:4])
+            print(f"{key}: {s['emitted']} tokens, {s.get('model_dtype', '?')}, {s['tokens_per_forward']:.2f} tokens/forward, "
+                  f"acceptance_rate_per_pos {pos}, {s['tokens_per_second']:.2f} tokens/s, speedup {s['speedup']:.2f}x"
+                  f"{'' if s['timing_reliable'] is not False else ' (UNRELIABLE)'}, identical {s['baseline_match']}"
+                  + (f"; -k auto: {choice.split(';')[0]}" if choice else ""), flush=True)
+
+    def geomean(values) -> float:
+        values = list(values)
+        return math.exp(sum(map(math.log, values)) / len(values))
+
+    for key, v in speedups.items():
+        print(f"speedup_{key.replace('/', '_').replace('-', '_')}={v:.3f}")
     print(f"lossless={lossless}")
-    print(f"geomean_speedup={math.exp(sum(map(math.log, speedups.values())) / len(speedups)):.3f}")
+    if len(weights) > 1:
+        for w in weights:
+            for what in ("speedup", "tok_s", "target_tok_s"):
+                print(f"{w}_geomean_{what}={geomean(per[w][what].values()):.3f}")
+        a, b = weights[:2]
+        for what in ("tok_s", "target_tok_s"):
+            print(f"{a}_vs_{b}_{what}={geomean(per[a][what][p] / per[b][what][p] for p in ids):.3f}")
+    print(f"geomean_speedup={geomean(speedups.values()):.3f}")
     return 0
 
 
