@@ -34,6 +34,9 @@ PROMPTS = [[5, 9, 17, 33, 5, 9, 17], [9, 17, 40, 3, 5, 9, 17, 33, 40, 3, 12], [2
 TREE_REFUSED = {"hybrid": "recurrent state", "recurrent": "recurrent state", "alibi": "by key column",
                 "local": "by key column"}
 SERIAL_BATCH = {"hybrid", "recurrent", "alibi", "local"}  # decoded row after row, with a warning
+# families refused outright, before any work: RecurrentGemma's state lives on its modules, and its
+# roll-back was not exact in every run order (one CI run differed at a 0.28 top-2 margin)
+REFUSED = {"recurrent_gemma": "keeps its recurrent state on its own modules"}
 
 
 def _noisy_copy(model, scale: float = 0.35, seed: int = 1):
@@ -98,6 +101,10 @@ def _strict(target, drafter, prompt, **kw):
 
 def test_chain_batch1(family):
     name, target, drafter, refs, _ = family
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            _strict(target, drafter, PROMPTS[0], k=3)
+        return
     drafted = accepted = 0
     for prompt, ref in zip(PROMPTS, refs):
         res = _strict(target, drafter, prompt, k=3)
@@ -111,6 +118,10 @@ def test_chain_batch1(family):
 def test_tree_batch1(family):
     name, target, drafter, refs, _ = family
     kind = KIND[name]
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            _strict(target, drafter, PROMPTS[0], k=2, tree=(2, 2))
+        return
     if kind in TREE_REFUSED:
         with pytest.raises(ValueError, match=TREE_REFUSED[kind]):
             _strict(target, drafter, PROMPTS[0], k=2, tree=(2, 2))
@@ -125,6 +136,10 @@ def test_tree_batch1(family):
 def test_batch3_left_padded(family, tree):
     name, target, drafter, _, (eos, refs) = family
     kind = KIND[name]
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            batch_speculative_generate(target, drafter, PROMPTS, "strict", k=2, tree=tree, max_new_tokens=NEW)
+        return
     if tree is not None and kind in TREE_REFUSED:
         with pytest.raises(ValueError, match=TREE_REFUSED[kind]):
             batch_speculative_generate(target, drafter, PROMPTS, "strict", k=2, tree=tree, max_new_tokens=NEW)
@@ -144,6 +159,11 @@ def test_generate_batch3(family):
     L = max(map(len, PROMPTS))
     ids = torch.tensor([[PAD] * (L - len(p)) + p for p in PROMPTS])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in PROMPTS])
+    if name in REFUSED:
+        with pytest.raises(ValueError, match=REFUSED[name]):
+            target.generate(input_ids=ids, attention_mask=mask, custom_generate=draftcert.generate, drafter=drafter,
+                            criterion="strict", k=3, max_new_tokens=NEW, pad_token_id=PAD, eos_token_id=eos)
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = target.generate(input_ids=ids, attention_mask=mask, custom_generate=draftcert.generate, drafter=drafter,
@@ -159,6 +179,7 @@ def test_layout_matches_kind(family):
     layout = layout_of(target)
     kind = KIND[name]
     assert layout.stateful == (kind in ("hybrid", "recurrent")), (name, layout)
+    assert (layout.decode_refusal() is None) == (name not in REFUSED), (name, layout.decode_refusal())
     assert (layout.tree_refusal() is None) == (kind not in TREE_REFUSED), (name, layout.tree_refusal())
     assert (layout.batch_refusal() is None) == (kind not in SERIAL_BATCH), (name, layout.batch_refusal())
     if kind == "sliding" and name != "recurrent_gemma":

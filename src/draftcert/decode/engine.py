@@ -126,6 +126,8 @@ def check_target(target, tree_shape: bool) -> Layout:
     exact on every layout; drafters that propose trees on their own (suffix candidates) are cut to
     their first-ranked path there (``state.chain_of``)."""
     layout = layout_of(target)
+    if layout.decode_refusal() is not None:
+        raise ValueError(f"target: {layout.decode_refusal()}")
     why = layout.tree_refusal()
     if tree_shape and why is not None:
         raise ValueError(f"tree: {why}")

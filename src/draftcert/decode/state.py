@@ -76,6 +76,7 @@ class Layout:
     dict_masks: bool = False  # the model takes a {layer type: mask} mapping as attention_mask
     positions_ignored: str | None = None  # why position ids do not set attention (ALiBi by column, GPT-Neo local)
     stepwise: bool = False  # multi-token passes after cached state are not exact: verify token by token
+    module_state: bool = False  # recurrent state kept on the model's modules, outside the cache (RecurrentGemma)
     other: tuple[str, ...] = field(default_factory=tuple)  # cache layer classes of no kind above
 
     @property
@@ -89,6 +90,14 @@ class Layout:
     def _state_classes(self) -> str:
         names = sorted({c for c, k in zip(self.layer_classes, self.kinds) if k in ("recurrent", "hybrid")})
         return ", ".join(names)
+
+    def decode_refusal(self) -> str | None:
+        """Why this model cannot be verified speculatively at all (None: it can)."""
+        if self.module_state:
+            return (f"{self.model_name} keeps its recurrent state on its own modules, outside the cache, where "
+                    "draftcert cannot yet prove its roll-back exact in every case; decode it with the target "
+                    "alone (model.generate), or profile it (draftcert profile runs it row by row)")
+        return None
 
     def tree_refusal(self) -> str | None:
         """Why this model cannot verify a draft tree in one pass (None: it can)."""
@@ -185,7 +194,7 @@ def layout_of(model) -> Layout:
     layout = Layout(
         model_name=type(model).__name__, kinds=kinds, layer_classes=classes, window=window, mask_types=types,
         dict_masks=_takes_dict_masks(model), positions_ignored=_positions_ignored(cfg),
-        other=tuple(c for c, k in zip(classes, kinds) if k == "other"),
+        other=tuple(c for c, k in zip(classes, kinds) if k == "other"), module_state=bool(module_states(model)),
     )
     if layout.stateful and not probe_continuation(model):
         layout = Layout(**{**layout.__dict__, "stepwise": True})
