@@ -19,7 +19,7 @@ A shape's predicted rate is ``expected tokens per round / round`` (``draftcert.d
 verification by rows and tree size, each candidate shape's drafting, the per-round work, the target
 alone's step; median of interleaved repeats) and caches it as JSON under
 ``<cache_root>/costs/``, keyed by (CPU model, torch version, thread count, target fingerprint,
-drafter); a cached curve whose recorded key differs from this machine's is never used.
+its numerics and the native kernels' builds, drafter); a cached curve whose recorded key differs from this machine's is never used.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from .._cache import cache_root
 from ..criteria import Strict
 from ..fileio import write_json
 from ..models.fastlinear import cpu_model
+from ..models import quantmm, smallm
+from ..models.quant import numerics_of
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .round import accept, certify, record, verify
 from .stats import DecodeStats
@@ -385,10 +387,12 @@ def _fingerprint(model) -> str:
 
 
 def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
-    """What a cached curve is valid for: this CPU, torch build, thread count, target, drafter and shapes."""
+    """What a cached curve is valid for: this CPU, torch build, thread count, target (and the numerics
+    and native kernel builds it runs on: a rebuilt kernel has other costs), drafter and shapes."""
     dmodel = getattr(drafter, "model", None)
     return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "target": _fingerprint(target), "drafter": drafter_name,
+            "target": _fingerprint(target), "numerics": numerics_of(target),
+            "kernels": [quantmm.build_id(), smallm.build_id()], "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
 
