@@ -9,6 +9,11 @@ over all of them per (rows M, kernel), round robin, the fastest of ``--repeats``
 * ``smallm``: draftcert's float32 streamed kernel on block-packed float32 weights;
 * ``flinear``: ``F.linear`` (MKL) on the float32 weights.
 
+``--baseline-source FILE`` (e.g. an older ``quantmm.c``: ``git show REV:src/draftcert/models/quantmm.c >
+/tmp/old.c``) adds kernel ``quant_base``: that source built with the same compiler and flags and
+timed in the same rounds, and last lines ``quant_vs_base_M<M>`` (this kernel / that one) and
+``quant_base_identical=`` (whether both gave the same output bits on every layer and row count).
+
 Printed as ``name=value`` lines: ``<kernel>_ms_M<M>`` (one pass, ms) and ``<kernel>_ratio_M<M>``
 (the pass of M rows / the pass of 1 row of the same kernel), ``quant_vs_flinear_M1`` /
 ``quant_vs_smallm_M1`` (one row: the quantised pass / the float32 pass), and last
@@ -16,14 +21,19 @@ Printed as ``name=value`` lines: ``<kernel>_ms_M<M>`` (one pass, ms) and ``<kern
 about what a float32 target's ``fastlinear`` plan runs; below 1: the blocks are faster).  On a machine shared with
 other work the figures are noisy (the fastest round is kept, which only removes added time).
 
-    python benchmarks/bench_quant.py [--threads 1] [--repeats 5] [--rows 1,2,4,8,16]
+    python benchmarks/bench_quant.py [--threads 1] [--repeats 5] [--rows 1,2,4,8,16] [--baseline-source FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,11 +43,41 @@ from draftcert.models import load_target, quantmm, smallm
 from draftcert.models.quant import GGUFLinear
 
 
+def build_baseline(source: Path) -> ctypes.CDLL:
+    """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
+    cc = shutil.which("cc") or "cc"
+    out = Path(tempfile.mkdtemp(prefix="quantmm-base-")) / "base.so"
+    cmd = [cc, *quantmm.FLAGS, *quantmm._extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
+           "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"--baseline-source: {source} did not build: {r.stderr.strip()[-500:]}")
+    lib = ctypes.CDLL(str(out))
+    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+    lib.dq_linear.argtypes = [I, P, L, L, L, P, L, P, P, I]
+    lib.dq_linear.restype = I
+    return lib
+
+
+def base_linear(lib, m: GGUFLinear, x: torch.Tensor) -> torch.Tensor:
+    """``m(x)`` computed by the baseline build (same arguments as ``quantmm.linear``)."""
+    q, n, k = m.qweight, m.out_features, m.in_features
+    x2 = x.reshape(-1, k).contiguous()
+    y = torch.empty(x2.shape[0], n)
+    b = m.bias.detach().contiguous() if m.bias is not None else None
+    rc = lib.dq_linear(m.qtype, q.data_ptr(), q.shape[1], n, k, x2.data_ptr(), x2.shape[0],
+                       b.data_ptr() if b is not None else None, y.data_ptr(), torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"baseline kernel refused the call ({rc})")
+    return y.reshape(*x.shape[:-1], n)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rows", default="1,2,4,8,16")
+    ap.add_argument("--baseline-source", default=None, help="another quantmm.c to time as quant_base (same flags)")
     args = ap.parse_args(argv)
     if not quantmm.available():
         print(f"the quantmm kernel is unavailable here: {quantmm.unavailable_reason()}", file=sys.stderr)
@@ -52,6 +92,10 @@ def main(argv=None) -> int:
     fl = [fmods[n] for n in names]
     kernels = {"quant": [(lambda x, m=m: m(x)) for m in qmods],
                "flinear": [(lambda x, w=m.weight: F.linear(x, w)) for m in fl]}
+    base_lib = None
+    if args.baseline_source:
+        base_lib = build_baseline(Path(args.baseline_source))
+        kernels["quant_base"] = [(lambda x, m=m: base_linear(base_lib, m, x)) for m in qmods]
     if smallm.available():
         packed = [(smallm.pack(m.weight), m.weight.shape[0]) for m in fl]
         kernels["smallm"] = [(lambda x, p=p, n=n: smallm.linear(x, p, n)) for p, n in packed]
@@ -83,8 +127,15 @@ def main(argv=None) -> int:
         print(f"quant_vs_flinear_M1={best[('quant', 1)] / best[('flinear', 1)]:.3f}")
         if ("smallm", 1) in best:
             print(f"quant_vs_smallm_M1={best[('quant', 1)] / best[('smallm', 1)]:.3f}")
+    if base_lib is not None:
+        with torch.no_grad():
+            same = all(torch.equal(m(xs[(r, m.in_features)]), base_linear(base_lib, m, xs[(r, m.in_features)]))
+                       for r in rows for m in qmods)
+        for r in rows:
+            print(f"quant_vs_base_M{r}={best[('quant', r)] / best[('quant_base', r)]:.3f}")
+        print(f"quant_base_identical={same}")
     for r in rows:  # the baseline a float32 target runs: fastlinear keeps the faster float32 kernel per row count
-        f32 = min(t for (kind, m), t in best.items() if m == r and kind != "quant")
+        f32 = min(t for (kind, m), t in best.items() if m == r and not kind.startswith("quant"))
         print(f"quant_vs_best_float32_M{r}={best[('quant', r)] / f32:.3f}")
     return 0
 
