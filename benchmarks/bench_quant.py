@@ -47,7 +47,7 @@ def build_baseline(source: Path) -> ctypes.CDLL:
     """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
     cc = shutil.which("cc") or "cc"
     out = Path(tempfile.mkdtemp(prefix="quantmm-base-")) / "base.so"
-    cmd = [cc, *quantmm.FLAGS, *quantmm._extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
+    cmd = [cc, *quantmm.FLAGS, *quantmm.extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
            "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:

@@ -121,6 +121,18 @@ static inline float h2f(const uint8_t *p)
 #endif
 }
 
+/* Sub-block i's 6-bit scale and min of a Q4_K block (its 12 packed bytes s), as gguf-py unpacks them. */
+static inline void q4k_scale_min(const uint8_t *s, int i, int *sc, int *mn)
+{
+    if (i < 4) {
+        *sc = s[i] & 0x3F;
+        *mn = s[i + 4] & 0x3F;
+    } else {
+        *sc = (s[i + 4] & 0x0F) | ((s[i - 4] >> 2) & 0x30);
+        *mn = (s[i + 4] >> 4) | ((s[i] >> 2) & 0x30);
+    }
+}
+
 #if defined(__AVX512F__)
 /* The same decodes 16 lanes at a time: each element's float32 operations are the scalar code's
  * (an exact int->float conversion, then a rounded multiply and a rounded add or subtract; no fused
@@ -168,13 +180,7 @@ static inline void dec_q4_k(const uint8_t *b, float *restrict o)
     const __m128i lo4 = _mm_set1_epi8(0x0F);
     for (int i = 0; i < 8; i++) {
         int sc, mn;
-        if (i < 4) {
-            sc = s[i] & 0x3F;
-            mn = s[i + 4] & 0x3F;
-        } else {
-            sc = (s[i + 4] & 0x0F) | ((s[i - 4] >> 2) & 0x30);
-            mn = (s[i + 4] >> 4) | ((s[i] >> 2) & 0x30);
-        }
+        q4k_scale_min(s, i, &sc, &mn);
         const __m512 lut = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(d * (float)sc), iota16()),
                                          _mm512_set1_ps(dmin * (float)mn));
         const uint8_t *q = qs + 32 * (i >> 1);
@@ -267,13 +273,7 @@ static inline void dec_q4_k(const uint8_t *b, float *restrict o)
     const __m128i lo4 = _mm_set1_epi8(0x0F);
     for (int i = 0; i < 8; i++) {
         int sc, mn;
-        if (i < 4) {
-            sc = s[i] & 0x3F;
-            mn = s[i + 4] & 0x3F;
-        } else {
-            sc = (s[i + 4] & 0x0F) | ((s[i - 4] >> 2) & 0x30);
-            mn = (s[i + 4] >> 4) | ((s[i] >> 2) & 0x30);
-        }
+        q4k_scale_min(s, i, &sc, &mn);
         const __m256 dd = _mm256_set1_ps(d * (float)sc), dm = _mm256_set1_ps(dmin * (float)mn);
         const uint8_t *q = qs + 32 * (i >> 1);
         __m128i a = _mm_loadu_si128((const __m128i *)q), c = _mm_loadu_si128((const __m128i *)(q + 16));
@@ -360,13 +360,7 @@ static inline void dec_q4_k(const uint8_t *b, float *restrict o)
     const uint8_t *s = b + 4, *qs = b + 16;
     for (int i = 0; i < 8; i++) {
         int sc, mn;
-        if (i < 4) {
-            sc = s[i] & 0x3F;
-            mn = s[i + 4] & 0x3F;
-        } else {
-            sc = (s[i + 4] & 0x0F) | ((s[i - 4] >> 2) & 0x30);
-            mn = (s[i + 4] >> 4) | ((s[i] >> 2) & 0x30);
-        }
+        q4k_scale_min(s, i, &sc, &mn);
         const float dd = d * (float)sc, dm = dmin * (float)mn;
         const uint8_t *q = qs + 32 * (i >> 1);
         const int shift = 4 * (i & 1);

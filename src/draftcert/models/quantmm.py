@@ -38,7 +38,7 @@ import torch
 from .._cache import cache_root
 
 __all__ = ["SUPPORTED", "CONTRACT", "available", "unavailable_reason", "build_id", "vector_width", "block_shape",
-           "linear", "dequantize", "error_bound", "reduction_roundings", "library_path"]
+           "linear", "dequantize", "error_bound", "reduction_roundings", "library_path", "extra_flags"]
 
 SOURCE = Path(__file__).with_name("quantmm.c")
 CONTRACT = "gguf-exact-f32"
@@ -59,7 +59,7 @@ def _cpu_flags() -> str:
     return ""
 
 
-def _extra_flags() -> list[str]:
+def extra_flags() -> list[str]:
     """``$DRAFTCERT_NATIVE_CFLAGS`` (shared with smallm): e.g. ``-mno-avx512f`` for the AVX2 build."""
     return os.environ.get("DRAFTCERT_NATIVE_CFLAGS", "").split()
 
@@ -71,13 +71,13 @@ def library_path(cc: str) -> Path:
     except (OSError, subprocess.SubprocessError):
         version = ""
     ident = b"\0".join([SOURCE.read_bytes(), version.encode(), _cpu_flags().encode(),
-                        " ".join([*FLAGS, *_extra_flags()]).encode()])
+                        " ".join([*FLAGS, *extra_flags()]).encode()])
     return cache_root() / "kernels" / f"quantmm-{hashlib.sha256(ident).hexdigest()[:16]}.so"
 
 
 def _compile(cc: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, *FLAGS, *_extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
+    base = [cc, *FLAGS, *extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
     errors = []
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
