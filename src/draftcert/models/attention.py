@@ -21,9 +21,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IMPLEMENTATION", "grouped_sdpa_forward", "use_grouped_sdpa"]
+from . import rowattn
+
+__all__ = ["IMPLEMENTATION", "ROW_INVARIANT", "grouped_sdpa_forward", "use_grouped_sdpa", "use_row_invariant_attention"]
 
 IMPLEMENTATION = "draftcert_sdpa"
+ROW_INVARIANT = "draftcert_row_invariant"  # attention-module flag: compute it with rowattn
 
 
 def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -35,6 +38,15 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
 
     groups = getattr(module, "num_key_value_groups", 1)
     shared_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[1] == 1
+    if getattr(module, ROW_INVARIANT, False) and _row_invariant_case(query, key, value, attention_mask, dropout, kwargs):
+        mask = attention_mask
+        if mask is not None and mask.dtype != torch.bool:  # additive: 0 where visible, very negative elsewhere
+            mask = mask == 0
+        elif mask is None and query.shape[2] > 1 and (is_causal if is_causal is not None else getattr(module, "is_causal", True)):
+            q_len, s_len = query.shape[2], key.shape[2]  # causal, the queries the last q_len positions
+            mask = torch.ones(q_len, s_len, dtype=torch.bool).tril(s_len - q_len)[None, None]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return rowattn.attention(query, key, value, mask, scale), None
     if (groups <= 1 or not shared_mask or query.device.type != "cpu" or kwargs.get("position_bias") is not None
             or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False)
             or kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None  # attention sinks (gpt-oss)
@@ -45,6 +57,44 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=False, enable_gqa=True)  # [B, H, q, D]
     return out.transpose(1, 2).contiguous(), None  # [B, q, H, D]
+
+
+def _row_invariant_case(query, key, value, mask, dropout, kwargs) -> bool:
+    """Can rowattn compute this call exactly as sdpa would (up to rounding)?"""
+    if query.device.type != "cpu" or query.dtype != torch.float32 or dropout or not rowattn.available():
+        return False
+    if any(kwargs.get(k) is not None for k in ("position_bias", "softcap", "s_aux", "sinks")) or kwargs.get("output_attentions"):
+        return False
+    if key.shape[-1] != value.shape[-1] or query.shape[1] % key.shape[1]:
+        return False
+    if mask is not None:
+        if mask.dim() != 4 or mask.shape[1] != 1:
+            return False
+        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+            return False  # an additive bias (alibi and the like): not only visible / hidden
+    return True
+
+
+def use_row_invariant_attention(model: torch.nn.Module) -> int:
+    """Compute ``model``'s attention one query row at a time (``rowattn``) wherever it can, so a row's
+    bits do not depend on the pass it is in; returns how many attention modules were switched (0 where
+    the model's attention is not sdpa-based or the kernel is unavailable)."""
+    config = getattr(model, "config", None)
+    if config is None or not rowattn.available() or not _register():
+        return 0
+    if getattr(config, "_attn_implementation", None) == "sdpa":
+        try:
+            model.set_attn_implementation(IMPLEMENTATION)
+        except (AttributeError, ValueError, TypeError):
+            config._attn_implementation = IMPLEMENTATION
+    if getattr(config, "_attn_implementation", None) != IMPLEMENTATION:
+        return 0
+    n = 0
+    for mod in model.modules():
+        if hasattr(mod, "num_key_value_groups") or type(mod).__name__.endswith("Attention"):
+            setattr(mod, ROW_INVARIANT, True)
+            n += 1
+    return n
 
 
 def _register() -> bool:

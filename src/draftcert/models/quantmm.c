@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -578,5 +579,506 @@ int dq_dequantize(int qtype, const uint8_t *w, long row_bytes, long N, long K, f
     if (threads < 1 || N < 64) threads = 1;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (long n = 0; n < N; n++) decode_span(qtype, w + n * row_bytes, 0, K, out + n * K);
+    return 0;
+}
+
+/* ============================================================================================
+ * 8-bit activations: the contract "gguf-q8" (this GGUF as llama.cpp computes it).
+ *
+ * Each input row is quantised per block to 8 bits with llama.cpp's own formulas (its x86 code): for
+ * Q4_1 weights as Q8_1, for Q5_0 and Q8_0 as Q8_0 (blocks of 32: d = amax / 127, stored as fp16,
+ * q = round-half-even(x * (127 / amax)); Q8_1 also s = fp16(d * sum q)), for Q4_K and Q6_K as Q8_K
+ * (blocks of 256: the element of largest |x|, max, gives iscale = -127 / max, q = min(127,
+ * round-half-even(iscale * x)), d = 1 / iscale in float32).  A block's dot product with a weight block
+ * is then an exact integer (sums of code x q, the sub-block scales applied as integers), and the
+ * float32 work per output is, over the blocks b in increasing order from acc = 0 (fma: one rounding):
+ *   Q4_1:  acc = fma((float)S_b, dw_b * da_b, acc); acc = fma(mw_b, s_b, acc)    S_b = sum code * q
+ *   Q5_0:  acc = fma((float)(S_b - 16 A_b), dw_b * da_b, acc)                  A_b = sum q
+ *   Q8_0:  acc = fma((float)(S_b - 128 A_b), dw_b * da_b, acc)   (codes stored + 128, unsigned)
+ *   Q4_K:  acc = fma((float)sum_j sc_j S_j, d_b * da_b, acc); acc = fma(-(float)sum_j mn_j A_j, dmin_b * da_b, acc)
+ *   Q6_K:  acc = fma((float)sum_j sc_j (S_j - 32 A_j), d_b * da_b, acc)       (16 sub-blocks of 16)
+ * then y = acc + bias.  Every product dw * da and every int -> float conversion is rounded once
+ * (round to nearest even).  Nothing depends on M, on the other rows of the pass, on the thread
+ * count or on the build: the vector code (AVX-512 VNNI) and the portable code compute the same
+ * integers and the same float32 operations, so the bits are the same on every machine.
+ *
+ * The weights are repacked once at load (dq8_pack) into groups of QG = 16 output rows: per block, a
+ * header of the 16 rows' scales, then the codes, 4 consecutive k of each of the 16 rows in 64 bytes
+ * (one vpdpbusd operand: 16 int32 lanes = 16 outputs, the 4 activation bytes broadcast), two such
+ * chunks per 64 bytes as low and high nibbles for the 4-bit types.  Bytes per weight against the
+ * GGUF block: Q4_1 0.625 (same), Q4_K 0.578 (0.5625), Q5_0 1.0625 (0.6875), Q8_0 1.0625 (same),
+ * Q6_K 1.07 (0.82).
+ * ============================================================================================ */
+#include <stdio.h>
+#define QG 16
+
+static inline int q8_block_hdr(int qtype)
+{
+    switch (qtype) {
+    case Q4_1: return 64;            /* d[16], m[16] fp16 */
+    case Q5_0: case Q8_0: return 32; /* d[16] fp16 */
+    case Q4_K: return 320;           /* d[16], dmin[16] fp16, sc[8][16], mn[8][16] u8 */
+    case Q6_K: return 288;           /* d[16] fp16, sc[16][16] int8 */
+    }
+    return -1;
+}
+
+static inline int q8_block_codes(int qtype)
+{
+    switch (qtype) {
+    case Q4_1: return 256;
+    case Q5_0: case Q8_0: return 512;
+    case Q4_K: return 2048;
+    case Q6_K: return 4096;
+    }
+    return -1;
+}
+
+static inline int q8_qk(int qtype) { return qtype == Q4_K || qtype == Q6_K ? 256 : 32; }
+static inline int q8_sub(int qtype) { return qtype == Q6_K ? 16 : 32; } /* elements per activation sum */
+static inline int q8_four_bit(int qtype) { return qtype == Q4_1 || qtype == Q4_K; }
+
+int dq8_vectorised(void)
+{
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+long dq8_packed_bytes(int qtype, long N, long K)
+{
+    int qk = q8_qk(qtype), h = q8_block_hdr(qtype);
+    if (h < 0 || K % qk || N < 1) return -1;
+    return (N + QG - 1) / QG * (K / qk) * (long)(h + q8_block_codes(qtype));
+}
+
+/* One GGUF block -> its unsigned codes in k order, and its scales (raw fp16 bytes kept). */
+static void q8_codes_of(int qtype, const uint8_t *b, uint8_t *code, uint8_t *d16, uint8_t *m16, uint8_t *sc, uint8_t *mn)
+{
+    switch (qtype) {
+    case Q4_1:
+        memcpy(d16, b, 2); memcpy(m16, b + 2, 2);
+        for (int j = 0; j < 16; j++) { code[j] = b[4 + j] & 0x0F; code[j + 16] = b[4 + j] >> 4; }
+        break;
+    case Q5_0: {
+        uint32_t qh;
+        memcpy(d16, b, 2);
+        memcpy(&qh, b + 2, 4);
+        for (int j = 0; j < 16; j++) {
+            code[j] = (uint8_t)((b[6 + j] & 0x0F) | (((qh >> j) & 1) << 4));
+            code[j + 16] = (uint8_t)((b[6 + j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+        }
+        break;
+    }
+    case Q8_0:
+        memcpy(d16, b, 2);
+        for (int j = 0; j < 32; j++) code[j] = (uint8_t)((int)(int8_t)b[2 + j] + 128);
+        break;
+    case Q4_K:
+        memcpy(d16, b, 2); memcpy(m16, b + 2, 2);
+        for (int i = 0; i < 8; i++) {
+            int s, m;
+            q4k_scale_min(b + 4, i, &s, &m);
+            sc[i] = (uint8_t)s; mn[i] = (uint8_t)m;
+            const uint8_t *q = b + 16 + 32 * (i >> 1);
+            for (int j = 0; j < 32; j++) code[32 * i + j] = (q[j] >> (4 * (i & 1))) & 0x0F;
+        }
+        break;
+    case Q6_K: {
+        const uint8_t *ql = b, *qh = b + 128;
+        memcpy(d16, b + 208, 2);
+        memcpy(sc, b + 192, 16);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *l = ql + 64 * h, *q = qh + 32 * h;
+            uint8_t *o = code + 128 * h;
+            for (int j = 0; j < 32; j++) {
+                o[j] = (uint8_t)((l[j] & 0x0F) | (((q[j] >> 0) & 3) << 4));
+                o[j + 32] = (uint8_t)((l[j + 32] & 0x0F) | (((q[j] >> 2) & 3) << 4));
+                o[j + 64] = (uint8_t)((l[j] >> 4) | (((q[j] >> 4) & 3) << 4));
+                o[j + 96] = (uint8_t)((l[j + 32] >> 4) | (((q[j] >> 6) & 3) << 4));
+            }
+        }
+        break;
+    }
+    }
+}
+
+/* w: N GGUF rows of row_bytes; out: dq8_packed_bytes(qtype, N, K) bytes (rows past N are zeros). */
+int dq8_pack(int qtype, const uint8_t *w, long row_bytes, long N, long K, uint8_t *out, int threads)
+{
+    int qk, qb;
+    if (dq_block(qtype, &qk, &qb) || K % qk || row_bytes != K / qk * qb || q8_qk(qtype) != qk) return -1;
+    const long nb = K / qk, hdr = q8_block_hdr(qtype), blk = hdr + q8_block_codes(qtype), ng = (N + QG - 1) / QG;
+    const int four = q8_four_bit(qtype), nsc = qtype == Q6_K ? 16 : 8;
+    if (threads < 1 || ng < 8) threads = 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long g = 0; g < ng; g++) {
+        uint8_t code[QG][256], d16[QG][2], m16[QG][2], sc[QG][16], mn[QG][16];
+        for (long b = 0; b < nb; b++) {
+            memset(code, 0, sizeof code); memset(d16, 0, sizeof d16); memset(m16, 0, sizeof m16);
+            memset(sc, 0, sizeof sc); memset(mn, 0, sizeof mn);
+            for (int c = 0; c < QG; c++)
+                if (g * QG + c < N)
+                    q8_codes_of(qtype, w + (g * QG + c) * row_bytes + b * qb, code[c], d16[c], m16[c], sc[c], mn[c]);
+            uint8_t *o = out + (g * nb + b) * blk, *cd = o + hdr;
+            for (int c = 0; c < QG; c++) {
+                memcpy(o + 2 * c, d16[c], 2);
+                if (qtype == Q4_1 || qtype == Q4_K) memcpy(o + 32 + 2 * c, m16[c], 2);
+                if (qtype == Q4_K)
+                    for (int j = 0; j < 8; j++) { o[64 + 16 * j + c] = sc[c][j]; o[192 + 16 * j + c] = mn[c][j]; }
+                if (qtype == Q6_K)
+                    for (int j = 0; j < nsc; j++) o[32 + 16 * j + c] = sc[c][j];
+            }
+            if (four) {
+                for (int u = 0; u < qk / 8; u++)
+                    for (int c = 0; c < QG; c++)
+                        for (int i = 0; i < 4; i++)
+                            cd[u * 64 + c * 4 + i] = (uint8_t)(code[c][8 * u + i] | (code[c][8 * u + 4 + i] << 4));
+            } else {
+                for (int u = 0; u < qk / 4; u++)
+                    for (int c = 0; c < QG; c++)
+                        for (int i = 0; i < 4; i++) cd[u * 64 + c * 4 + i] = code[c][4 * u + i];
+            }
+        }
+    }
+    return 0;
+}
+
+/* float32 -> IEEE half, round to nearest even (F16C's vcvtps2ph with imm 0, or the same in software). */
+static inline uint16_t f2h(float f)
+{
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, 0);
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
+    if (ax >= 0x7F800000) return (uint16_t)(sign | 0x7C00 | (ax > 0x7F800000 ? 0x200 | ((ax >> 13) & 0x3FF) : 0));
+    if (ax >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds to >= 65520: infinity */
+    if (ax < 0x38800000) { /* below the smallest normal half: a subnormal (or zero), rounded once */
+        if (ax < 0x33000000) return (uint16_t)sign; /* < 2^-25: rounds to 0 */
+        int e = (int)(ax >> 23);
+        uint32_t man = (ax & 0x7FFFFF) | 0x800000;
+        int shift = 126 - e; /* value = man * 2^(e-150); half subnormal unit 2^-24 */
+        uint32_t q = man >> (shift), rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t h = ((ax >> 13) - (112u << 10)), rem = ax & 0x1FFF;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+#endif
+}
+
+/* round half to even for |v| <= 2^22, llama.cpp's nearest_int (the rounding of _mm256_round_ps too) */
+static inline int rne(float v)
+{
+    float t = v + 12582912.f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007FFFFF) - 0x00400000;
+}
+
+/* One input row quantised for qtype's weights: q[K] int8, da[K / qk] (the float32 scale the dot
+ * product uses), as[K / sub] int32 sums of q per sub-block, s1[K / 32] (Q8_1's s, Q4_1 only). */
+static void q8_quantize_row(int qtype, const float *x, long K, int8_t *q, float *da, int32_t *as, float *s1)
+{
+    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
+    for (long b = 0; b < K / qk; b++) {
+        const float *xb = x + b * qk;
+        int8_t *qb = q + b * qk;
+        if (qk == 32) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) { float a = fabsf(xb[j]); amax = amax > a ? amax : a; }
+            const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                float v = xb[j] * id;
+                int r = v == v && fabsf(v) <= 128.f ? rne(v) : 0;
+                qb[j] = (int8_t)(r > 127 ? 127 : r < -128 ? -128 : r);
+                sum += qb[j];
+            }
+            da[b] = h2f((const uint8_t *)&(uint16_t){f2h(d)});
+            as[b] = sum;
+            if (s1) s1[b] = h2f((const uint8_t *)&(uint16_t){f2h(d * (float)sum)});
+        } else {
+            float max = 0.0f, amax = 0.0f;
+            for (int j = 0; j < 256; j++) { float a = fabsf(xb[j]); if (a > amax) { amax = a; max = xb[j]; } }
+            if (amax == 0.0f || amax != amax) {
+                memset(qb, 0, 256);
+                da[b] = 0.0f;
+            } else {
+                const float iscale = -127.f / max;
+                for (int j = 0; j < 256; j++) {
+                    float v = iscale * xb[j];
+                    int r = v == v && fabsf(v) <= 128.f ? rne(v) : 0;
+                    qb[j] = (int8_t)(r > 127 ? 127 : r);
+                }
+                da[b] = 1.0f / iscale;
+            }
+            for (int j = 0; j < 256 / sub; j++) {
+                int s = 0;
+                for (int i = 0; i < sub; i++) s += qb[j * sub + i];
+                as[b * (256 / sub) + j] = s;
+            }
+        }
+    }
+}
+
+/* For tests: the quantised rows (q: [M, K] int8, da: [M, K/qk], as: [M, K/sub] int32, s1: [M, K/32]). */
+int dq8_quantize(int qtype, const float *x, long M, long K, int8_t *q, float *da, int32_t *as, float *s1)
+{
+    if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype)) return -1;
+    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
+    for (long m = 0; m < M; m++)
+        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * (K / qk), as + m * (K / sub),
+                        qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+    return 0;
+}
+
+typedef struct {
+    const int8_t *q;
+    const float *da, *s1;
+    const int32_t *as;
+    long K, nda, nas;
+} q8act;
+
+/* The portable code: one output (column c of group grp) for input row m, the contract's operations. */
+static float q8_dot_scalar(int qtype, const uint8_t *grp, long nb, int c, const q8act *A, long m)
+{
+    const long hdr = q8_block_hdr(qtype), blk = hdr + q8_block_codes(qtype);
+    const int qk = q8_qk(qtype), four = q8_four_bit(qtype);
+    const int8_t *q = A->q + m * A->K;
+    const float *da = A->da + m * A->nda;
+    const int32_t *as = A->as + m * A->nas;
+    float acc = 0.0f;
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *h = grp + b * blk, *cd = h + hdr;
+        const int8_t *qb = q + b * qk;
+        int32_t S[16] = {0}; /* per sub-block of 32 (16 for Q6_K) */
+        const int sub = qtype == Q6_K ? 16 : 32;
+        for (int k = 0; k < qk; k++) {
+            int code = four ? (cd[(k / 8) * 64 + c * 4 + (k & 3)] >> (k & 4)) & 0x0F : cd[(k / 4) * 64 + c * 4 + (k & 3)];
+            S[k / sub] += code * qb[k];
+        }
+        const float dw = h2f(h + 2 * c);
+        switch (qtype) {
+        case Q4_1: acc = __builtin_fmaf((float)S[0], dw * da[b], acc); acc = __builtin_fmaf(h2f(h + 32 + 2 * c), A->s1[m * (A->K / 32) + b], acc); break;
+        case Q5_0: acc = __builtin_fmaf((float)(S[0] - 16 * as[b]), dw * da[b], acc); break;
+        case Q8_0: acc = __builtin_fmaf((float)(S[0] - 128 * as[b]), dw * da[b], acc); break;
+        case Q4_K: {
+            int32_t I = 0, Im = 0;
+            for (int j = 0; j < 8; j++) { I += (int32_t)h[64 + 16 * j + c] * S[j]; Im += (int32_t)h[192 + 16 * j + c] * as[b * 8 + j]; }
+            acc = __builtin_fmaf((float)I, dw * da[b], acc);
+            acc = __builtin_fmaf(-(float)Im, h2f(h + 32 + 2 * c) * da[b], acc);
+            break;
+        }
+        case Q6_K: {
+            int32_t I = 0;
+            for (int j = 0; j < 16; j++) I += (int32_t)(int8_t)h[32 + 16 * j + c] * (S[j] - 32 * as[b * 16 + j]);
+            acc = __builtin_fmaf((float)I, dw * da[b], acc);
+            break;
+        }
+        }
+    }
+    return acc;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q8MT 4 /* input rows per register tile */
+static inline __m512i bc4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+#define DP(acc, w, p) _mm512_dpbusd_epi32((acc), (w), bc4(p))
+
+/* MT input rows (m0 ..) against the 16 outputs of one group: out[r] = the 16 accumulators. */
+static inline __attribute__((always_inline)) void
+q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0, const int MT, __m512 *out)
+{
+    const long hdr = q8_block_hdr(qtype), blk = hdr + q8_block_codes(qtype);
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const int8_t *q[Q8MT];
+    const float *da[Q8MT];
+    const int32_t *as[Q8MT];
+    __m512 facc[Q8MT];
+    for (int r = 0; r < MT; r++) {
+        q[r] = A->q + (m0 + r) * A->K; da[r] = A->da + (m0 + r) * A->nda; as[r] = A->as + (m0 + r) * A->nas;
+        facc[r] = _mm512_setzero_ps();
+    }
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *h = grp + b * blk, *cd = h + hdr;
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+        if (b + 1 < nb) _mm_prefetch((const char *)(h + blk), _MM_HINT_T0);
+        if (qtype == Q4_1 || qtype == Q5_0 || qtype == Q8_0) {
+            const long k0 = b * 32;
+            __m512i s0[Q8MT], s1[Q8MT];
+            for (int r = 0; r < MT; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+            if (qtype == Q4_1) {
+                for (int u = 0; u < 4; u++) {
+                    const __m512i v = _mm512_loadu_si512(cd + 64 * u);
+                    const __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    for (int r = 0; r < MT; r++) {
+                        s0[r] = DP(s0[r], lo, q[r] + k0 + 8 * u);
+                        s1[r] = DP(s1[r], hi, q[r] + k0 + 8 * u + 4);
+                    }
+                }
+            } else {
+                for (int u = 0; u < 8; u += 2) {
+                    const __m512i v0 = _mm512_loadu_si512(cd + 64 * u), v1 = _mm512_loadu_si512(cd + 64 * u + 64);
+                    for (int r = 0; r < MT; r++) {
+                        s0[r] = DP(s0[r], v0, q[r] + k0 + 4 * u);
+                        s1[r] = DP(s1[r], v1, q[r] + k0 + 4 * u + 4);
+                    }
+                }
+            }
+            for (int r = 0; r < MT; r++) {
+                __m512i S = _mm512_add_epi32(s0[r], s1[r]);
+                if (qtype == Q5_0) S = _mm512_sub_epi32(S, _mm512_set1_epi32(16 * as[r][b]));
+                if (qtype == Q8_0) S = _mm512_sub_epi32(S, _mm512_set1_epi32(128 * as[r][b]));
+                facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dw, _mm512_set1_ps(da[r][b])), facc[r]);
+                if (qtype == Q4_1)
+                    facc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32))),
+                                              _mm512_set1_ps(A->s1[(m0 + r) * (A->K / 32) + b]), facc[r]);
+            }
+        } else if (qtype == Q4_K) {
+            const long k0 = b * 256;
+            __m512i I[Q8MT], Im[Q8MT];
+            for (int r = 0; r < MT; r++) I[r] = Im[r] = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) {
+                const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + 16 * j)));
+                const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 192 + 16 * j)));
+                __m512i s0[Q8MT], s1[Q8MT];
+                for (int r = 0; r < MT; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+                for (int u = 0; u < 4; u++) {
+                    const __m512i v = _mm512_loadu_si512(cd + 64 * (4 * j + u));
+                    const __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    for (int r = 0; r < MT; r++) {
+                        s0[r] = DP(s0[r], lo, q[r] + k0 + 32 * j + 8 * u);
+                        s1[r] = DP(s1[r], hi, q[r] + k0 + 32 * j + 8 * u + 4);
+                    }
+                }
+                for (int r = 0; r < MT; r++) {
+                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(_mm512_add_epi32(s0[r], s1[r]), sc));
+                    Im[r] = _mm512_add_epi32(Im[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(as[r][b * 8 + j])));
+                }
+            }
+            const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
+            for (int r = 0; r < MT; r++) {
+                const __m512 a = _mm512_set1_ps(da[r][b]);
+                facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(dw, a), facc[r]);
+                facc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Im[r]), _mm512_mul_ps(dm, a), facc[r]);
+            }
+        } else { /* Q6_K */
+            const long k0 = b * 256;
+            __m512i I[Q8MT];
+            for (int r = 0; r < MT; r++) I[r] = _mm512_setzero_si512();
+            for (int j = 0; j < 16; j++) {
+                const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h + 32 + 16 * j)));
+                const __m512i v0 = _mm512_loadu_si512(cd + 256 * j), v1 = _mm512_loadu_si512(cd + 256 * j + 64);
+                const __m512i v2 = _mm512_loadu_si512(cd + 256 * j + 128), v3 = _mm512_loadu_si512(cd + 256 * j + 192);
+                for (int r = 0; r < MT; r++) {
+                    const int8_t *p = q[r] + k0 + 16 * j;
+                    __m512i s0 = DP(_mm512_setzero_si512(), v0, p), s1 = DP(_mm512_setzero_si512(), v1, p + 4);
+                    s0 = DP(s0, v2, p + 8);
+                    s1 = DP(s1, v3, p + 12);
+                    const __m512i S = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(32 * as[r][b * 16 + j]));
+                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, sc));
+                }
+            }
+            for (int r = 0; r < MT; r++)
+                facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(dw, _mm512_set1_ps(da[r][b])), facc[r]);
+        }
+    }
+    for (int r = 0; r < MT; r++) out[r] = facc[r];
+}
+
+static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, long M, long N, long n0,
+                     const float *bias, float *y)
+{
+    const long nv = N - n0 < QG ? N - n0 : QG;
+    const __mmask16 mask = (__mmask16)((1u << nv) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+    __m512 out[Q8MT];
+    for (long m0 = 0; m0 < M; m0 += Q8MT) {
+        const long mt = M - m0 < Q8MT ? M - m0 : Q8MT;
+        switch (qtype * 8 + (int)mt) { /* each type and tile height compiled on its own */
+#define T(QT) \
+        case QT * 8 + 1: q8_tile(QT, grp, nb, A, m0, 1, out); break; \
+        case QT * 8 + 2: q8_tile(QT, grp, nb, A, m0, 2, out); break; \
+        case QT * 8 + 3: q8_tile(QT, grp, nb, A, m0, 3, out); break; \
+        case QT * 8 + 4: q8_tile(QT, grp, nb, A, m0, 4, out); break;
+        T(Q4_1) T(Q5_0) T(Q8_0) T(Q4_K) T(Q6_K)
+#undef T
+        }
+        for (long r = 0; r < mt; r++) {
+            const __m512 v = bias ? _mm512_add_ps(out[r], bv) : out[r];
+            _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, v);
+        }
+    }
+}
+#endif
+
+/* y[M, N] = the contract "gguf-q8" of x[M, K] against the packed weights (dq8_pack), + bias. */
+int dq8_linear(int qtype, const uint8_t *packed, long N, long K, const float *x, long M, const float *bias, float *y,
+               int threads)
+{
+    if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype) || M < 1 || N < 1) return -1;
+    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
+    const long nb = K / qk, blk = q8_block_hdr(qtype) + q8_block_codes(qtype), ng = (N + QG - 1) / QG;
+    q8act A = {0};
+    A.K = K; A.nda = K / qk; A.nas = K / sub;
+    int8_t *q = malloc((size_t)(M * K));
+    float *da = malloc(sizeof(float) * (size_t)(M * A.nda)), *s1 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A.nas));
+    if (!q || !da || !s1 || !as) { free(q); free(da); free(s1); free(as); return -2; }
+    const int qthreads = threads > 1 && M >= 8 ? threads : 1;
+#pragma omp parallel for num_threads(qthreads) if (qthreads > 1) schedule(static)
+    for (long m = 0; m < M; m++)
+        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A.nda, as + m * A.nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+    A.q = q; A.da = da; A.as = as; A.s1 = s1;
+    if (threads < 1 || ng < 8) threads = 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (long g = 0; g < ng; g++) {
+        const uint8_t *grp = packed + g * nb * blk;
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+        q8_group(qtype, grp, nb, &A, M, N, g * QG, bias, y);
+#else
+        for (int c = 0; c < QG && g * QG + c < N; c++)
+            for (long m = 0; m < M; m++) {
+                float v = q8_dot_scalar(qtype, grp, nb, c, &A, m);
+                y[m * N + g * QG + c] = bias ? v + bias[g * QG + c] : v;
+            }
+#endif
+    }
+    free(q); free(da); free(s1); free(as);
+    return 0;
+}
+
+/* For tests: the portable code's outputs on any build (the vector build's must equal them bit for bit). */
+int dq8_linear_portable(int qtype, const uint8_t *packed, long N, long K, const float *x, long M, const float *bias,
+                        float *y)
+{
+    if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype) || M < 1 || N < 1) return -1;
+    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
+    const long nb = K / qk, blk = q8_block_hdr(qtype) + q8_block_codes(qtype);
+    q8act A = {0};
+    A.K = K; A.nda = K / qk; A.nas = K / sub;
+    int8_t *q = malloc((size_t)(M * K));
+    float *da = malloc(sizeof(float) * (size_t)(M * A.nda)), *s1 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A.nas));
+    if (!q || !da || !s1 || !as) { free(q); free(da); free(s1); free(as); return -2; }
+    dq8_quantize(qtype, x, M, K, q, da, as, s1);
+    A.q = q; A.da = da; A.as = as; A.s1 = s1;
+    for (long n = 0; n < N; n++)
+        for (long m = 0; m < M; m++) {
+            float v = q8_dot_scalar(qtype, packed + (n / QG) * nb * blk, nb, (int)(n % QG), &A, m);
+            y[m * N + n] = bias ? v + bias[n] : v;
+        }
+    free(q); free(da); free(s1); free(as);
     return 0;
 }

@@ -38,10 +38,15 @@ import torch
 from .._cache import cache_root
 
 __all__ = ["SUPPORTED", "CONTRACT", "available", "unavailable_reason", "build_id", "vector_width", "block_shape",
-           "linear", "dequantize", "error_bound", "reduction_roundings", "library_path", "extra_flags"]
+           "linear", "dequantize", "error_bound",
+           "CONTRACT_Q8", "CONTRACTS", "q8_vectorised", "pack_q8", "linear_q8", "linear_q8_portable", "quantize_q8", "reduction_roundings", "library_path", "extra_flags", "build_native"]
 
 SOURCE = Path(__file__).with_name("quantmm.c")
 CONTRACT = "gguf-exact-f32"
+# The second contract: activations quantised per block to 8 bits as llama.cpp does, integer block dot
+# products, float32 accumulation of the scaled block sums in one fixed order (quantmm.c states it).
+CONTRACT_Q8 = "gguf-q8"
+CONTRACTS = (CONTRACT, CONTRACT_Q8)
 # GGMLQuantizationType values -> names (the kernel's types)
 SUPPORTED = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 _BLOCKS = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
@@ -64,20 +69,20 @@ def extra_flags() -> list[str]:
     return os.environ.get("DRAFTCERT_NATIVE_CFLAGS", "").split()
 
 
-def library_path(cc: str) -> Path:
+def library_path(cc: str, source: Path = SOURCE) -> Path:
     """Where the compiled kernel for this source, compiler, flags and CPU lives."""
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    ident = b"\0".join([SOURCE.read_bytes(), version.encode(), _cpu_flags().encode(),
+    ident = b"\0".join([source.read_bytes(), version.encode(), _cpu_flags().encode(),
                         " ".join([*FLAGS, *extra_flags()]).encode()])
-    return cache_root() / "kernels" / f"quantmm-{hashlib.sha256(ident).hexdigest()[:16]}.so"
+    return cache_root() / "kernels" / f"{source.stem}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
 
 
-def _compile(cc: str, out: Path) -> None:
+def _compile(cc: str, out: Path, source: Path = SOURCE) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, *FLAGS, *extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(SOURCE)]
+    base = [cc, *FLAGS, *extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source)]
     errors = []
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp_out = Path(tmp) / out.name
@@ -87,30 +92,48 @@ def _compile(cc: str, out: Path) -> None:
                 os.replace(tmp_out, out)  # atomic: a concurrent process sees the old file or the new one
                 return
             errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
-    raise RuntimeError(f"{cc} could not build {SOURCE.name}: {errors[0][0]}")
+    raise RuntimeError(f"{cc} could not build {source.name}: {errors[0][0]}")
 
 
-@lru_cache(maxsize=1)
-def _library() -> tuple[ctypes.CDLL | None, str, str]:
-    """(the loaded kernel, "", its build id) or (None, why it is unavailable, "")."""
+def build_native(source: Path) -> tuple[ctypes.CDLL | None, str, str]:
+    """Compile (once, cached by source, compiler, flags and CPU) and load a C source of this package
+    with the kernels' flags: (the library, "", its build id) or (None, why it is unavailable, "")."""
     if os.environ.get("DRAFTCERT_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None, "disabled by DRAFTCERT_NATIVE=0", ""
     cc = shutil.which(os.environ.get("CC") or "cc")
     if cc is None:
         return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)", ""
     try:
-        path = library_path(cc)
+        path = library_path(cc, source)
         if not path.exists():
-            _compile(cc, path)
-        lib = ctypes.CDLL(str(path))
+            _compile(cc, path, source)
+        return ctypes.CDLL(str(path)), "", path.stem
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, str(e), ""
+
+
+@lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str, str]:
+    """(the loaded kernel, "", its build id) or (None, why it is unavailable, "")."""
+    lib, why, ident = build_native(SOURCE)
+    if lib is None:
+        return lib, why, ident
     L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
     lib.dq_linear.argtypes = [I, P, L, L, L, P, L, P, P, I]
     lib.dq_linear.restype = I
     lib.dq_dequantize.argtypes = [I, P, L, L, L, P, I]
     lib.dq_dequantize.restype = I
-    return lib, "", path.stem
+    lib.dq8_packed_bytes.argtypes = [I, L, L]
+    lib.dq8_packed_bytes.restype = L
+    lib.dq8_pack.argtypes = [I, P, L, L, L, P, I]
+    lib.dq8_pack.restype = I
+    lib.dq8_linear.argtypes = [I, P, L, L, P, L, P, P, I]
+    lib.dq8_linear.restype = I
+    lib.dq8_linear_portable.argtypes = [I, P, L, L, P, L, P, P]
+    lib.dq8_linear_portable.restype = I
+    lib.dq8_quantize.argtypes = [I, P, L, L, P, P, P, P]
+    lib.dq8_quantize.restype = I
+    return lib, "", ident
 
 
 def available() -> bool:
@@ -204,4 +227,86 @@ def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor
     out = torch.empty(n, k, dtype=torch.float32)
     if lib.dq_dequantize(int(qtype), blocks.data_ptr(), row_bytes, n, k, out.data_ptr(), torch.get_num_threads()):
         raise RuntimeError(f"quantmm could not decode {SUPPORTED.get(qtype)} [{n}, {k}]")
+    return out
+
+
+# ----------------------------------------------------------------------------- the contract "gguf-q8"
+
+def q8_vectorised() -> bool:
+    """Does the loaded build run ``gguf-q8`` with AVX-512 VNNI (else the portable code: same bits, slower)?"""
+    lib = _library()[0]
+    return bool(lib is not None and lib.dq8_vectorised())
+
+
+def pack_q8(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    """The ``gguf-q8`` layout of a ``[n, row_bytes]`` GGUF tensor: uint8, groups of 16 output rows,
+    each block's 16 scales then its codes interleaved 4 k at a time (``quantmm.c``)."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    row_bytes = _check(blocks, qtype, n, k)
+    size = lib.dq8_packed_bytes(int(qtype), n, k)
+    if size < 0:
+        raise ValueError(f"quantmm: no gguf-q8 layout for {SUPPORTED.get(qtype)} [{n}, {k}]")
+    out = torch.empty(size, dtype=torch.uint8)
+    if lib.dq8_pack(int(qtype), blocks.data_ptr(), row_bytes, n, k, out.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError(f"quantmm could not pack {SUPPORTED.get(qtype)} [{n}, {k}]")
+    return out
+
+
+def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int, bias, threads: bool):
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"quantmm.linear_q8: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
+    if packed.dtype != torch.uint8 or packed.numel() != lib.dq8_packed_bytes(int(qtype), n, k) or not packed.is_contiguous():
+        raise ValueError(f"quantmm.linear_q8: {packed.numel()} packed bytes are not a {SUPPORTED.get(qtype)} [{n}, {k}] pack_q8")
+    rows = x.numel() // max(k, 1)
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    if rows == 0:
+        return y
+    x2 = x.reshape(rows, k).contiguous()
+    b = bias.detach().to(torch.float32).contiguous() if bias is not None else None
+    args = [int(qtype), packed.data_ptr(), n, k, x2.data_ptr(), rows, b.data_ptr() if b is not None else None, y.data_ptr()]
+    rc = getattr(lib, fn)(*args, torch.get_num_threads()) if threads else getattr(lib, fn)(*args)
+    if rc:
+        raise RuntimeError(f"quantmm {fn} refused the call ({rc}): {SUPPORTED.get(qtype)} [{n}, {k}], {rows} rows")
+    return y
+
+
+def linear_q8(x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = x @ W.T (+ bias)`` under the contract ``gguf-q8`` (``packed`` from :func:`pack_q8`):
+    each row of ``x`` quantised per block to 8 bits as llama.cpp does, integer block dot products,
+    the scaled block sums added in float32 in one fixed order.  Batch invariant, thread invariant and
+    the same bits on every build (see :func:`linear_q8_portable`)."""
+    return _q8_call("dq8_linear", x, packed, qtype, n, k, bias, True)
+
+
+def linear_q8_portable(x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The same outputs from the kernel's portable code, one output at a time (for tests: slow)."""
+    return _q8_call("dq8_linear_portable", x, packed, qtype, n, k, bias, False)
+
+
+def quantize_q8(x: torch.Tensor, qtype: int) -> dict[str, torch.Tensor]:
+    """The kernel's 8-bit rows for weights of type ``qtype``: ``q`` [M, K] int8, ``d`` [M, K/qk] the
+    float32 block scales its dot products use, ``sums`` [M, K/sub] int32 (sub 16 for Q6_K, else
+    32) and, for Q4_1, ``s`` [M, K/32] (Q8_1's s)."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    qtype = int(qtype)
+    x2 = x.detach().to(torch.float32).reshape(-1, x.shape[-1]).contiguous()
+    m, k = x2.shape
+    qk = 256 if qtype in (12, 14) else 32
+    sub = 16 if qtype == 14 else 32
+    out = {"q": torch.empty(m, k, dtype=torch.int8), "d": torch.empty(m, k // qk), "sums": torch.empty(m, k // sub, dtype=torch.int32),
+           "s": torch.empty(m, k // 32)}
+    if k % qk or lib.dq8_quantize(qtype, x2.data_ptr(), m, k, out["q"].data_ptr(), out["d"].data_ptr(),
+                                  out["sums"].data_ptr(), out["s"].data_ptr()):
+        raise ValueError(f"quantmm.quantize_q8: K={k} does not fit {SUPPORTED.get(qtype)}")
+    if qtype != 3:
+        del out["s"]
     return out
