@@ -182,7 +182,10 @@ def text_match(tok, ref: list[int], run, n_new: int) -> tuple[bool, int | None]:
     return False, len(body)  # our text is a prefix of theirs, but they went on (or stopped) otherwise
 
 
-def forward_costs(target, drafter, ids, reps: int, rows=(1, 2, 4, 6)) -> dict:
+COST_ROWS = (1, 2, 4, 6, 8, 16)
+
+
+def forward_costs(target, drafter, ids, reps: int, rows=COST_ROWS) -> dict:
     """Seconds of target passes of n rows after the prompt's cache, and of a drafter row:
     ``{"target_n": [reps timings], "drafter_1": [...]}``."""
     from draftcert.decode.tree import crop_cache
@@ -217,15 +220,27 @@ def costs_only(args, ids_text: str) -> int:
     from draftcert.prompts import encode_prompt
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    target, tok, drafter = load_pair("float32", "float32")
+    if args.weights != "float32":  # the GGUF pair: its two numeric contracts in turn, one copy of the blocks
+        from draftcert.models.quant import CONTRACTS, set_numerics
+
+        target, tok, drafter = load_pair("float32", args.weights)
+        dtypes = list(CONTRACTS)
+
+        def cast(model, d):
+            return set_numerics(model, d)
+    else:
+        target, tok, drafter = load_pair("float32", "float32")
+
+        def cast(model, d):
+            return model.to(parse_dtype(d))
     ids = encode_prompt(tok, ids_text)
     print(f"forward costs after a {len(ids)}-token prompt, {torch.get_num_threads()} thread(s), {args.cost_rounds} "
           f"round(s) x {args.cost_repeats} repeats per dtype, dtypes in turn", flush=True)  # fmt: skip
     res: dict[str, dict[str, list[float]]] = {d: {} for d in dtypes}
     for r in range(args.cost_rounds):
         for d in dtypes:
-            target.to(parse_dtype(d))
-            drafter.to(parse_dtype(d))
+            cast(target, d)
+            cast(drafter, d)
             try:
                 c = forward_costs(target, drafter, ids, args.cost_repeats)
             except Exception as e:  # a dtype without CPU kernels: report it and go on
@@ -235,20 +250,20 @@ def costs_only(args, ids_text: str) -> int:
                 res[d].setdefault(k, []).extend(v)
             med = {k: statistics.median(v) for k, v in c.items()}
             print(f"round {r + 1} {d}: target 1 row {med['target_1'] * 1e3:.1f} ms, "
-                  + ", ".join(f"{n} rows {med[f'target_{n}'] / med['target_1']:.2f}x" for n in (2, 4, 6))
+                  + ", ".join(f"{n} rows {med[f'target_{n}'] / med['target_1']:.2f}x" for n in COST_ROWS[1:])
                   + f"; drafter {med['drafter_1'] * 1e3:.1f} ms", flush=True)  # fmt: skip
     for stat, f in (("median", statistics.median), ("min", min)):
-        print(f"\n{stat} over all repeats | dtype | target ms/token | 2 rows | 4 rows | 6 rows | drafter ms/token | "
-              "drafter / target |")  # fmt: skip
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
+        print(f"\n{stat} over all repeats | dtype | target ms/token | "
+              + " | ".join(f"{n} rows" for n in COST_ROWS[1:]) + " | drafter ms/token | drafter / target |")  # fmt: skip
+        print("|---|---|---:|" + "---:|" * (len(COST_ROWS) - 1) + "---:|---:|")
         for d, c in res.items():
             if not c:
-                print(f"| {stat} | {d} | failed | | | | | |")
+                print(f"| {stat} | {d} | failed |" + " |" * (len(COST_ROWS) + 1))
                 continue
             m = {k: f(v) for k, v in c.items()}
             t1 = m["target_1"]
-            print(f"| {stat} | {d} | {t1 * 1e3:.1f} | {m['target_2'] / t1:.2f} | {m['target_4'] / t1:.2f} | "
-                  f"{m['target_6'] / t1:.2f} | {m['drafter_1'] * 1e3:.1f} | {m['drafter_1'] / t1:.3f} |")  # fmt: skip
+            print(f"| {stat} | {d} | {t1 * 1e3:.1f} | " + " | ".join(f"{m[f'target_{n}'] / t1:.2f}" for n in COST_ROWS[1:])
+                  + f" | {m['drafter_1'] * 1e3:.1f} | {m['drafter_1'] / t1:.3f} |")  # fmt: skip
     return 0
 
 
@@ -261,14 +276,18 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; see the module docstring")
     ap.add_argument("--dtype", default=None, help="compute dtype (default: the pair's, models.PAIR_DTYPE; "
                     "--weights gguf computes in float32 only)")
-    ap.add_argument("--weights", choices=("gguf", "float32"), default="gguf",
-                    help="our models from the GGUF blocks (default) or the float32 checkpoints (converted once, 9.6 GB)")
+    ap.add_argument("--weights", choices=("gguf", "gguf-q8", "float32"), default="gguf",
+                    help="our models from the GGUF blocks (default, exact weights and float32 activations), the same "
+                    "blocks with 8-bit activations as llama.cpp computes them (gguf-q8), or the float32 checkpoints "
+                    "(converted once, 9.6 GB)")
     ap.add_argument("--llamacpp", default="auto", metavar="auto|off|DIR",
                     help="the llama.cpp rows: auto (the cached build, built once if missing), off (none), or a "
                     "folder with llama-completion, llama-speculative-simple, llama-lookup, llama-bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1 + 1 prompts x 32 tokens, 1 repeat")
-    ap.add_argument("--costs-only", action="store_true", help="only the per-dtype forward costs (docs/pair.md)")
+    ap.add_argument("--costs-only", action="store_true", help="only the forward costs of 1, 2, 4 and 6 rows per dtype "
+                    "(--weights float32) or per numeric contract, gguf-exact-f32 and gguf-q8, in turn (--weights gguf "
+                    "or gguf-q8) (docs/pair.md)")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16", help="dtypes for --costs-only")
     ap.add_argument("--cost-repeats", type=int, default=3, help="repeats per dtype and round (default 3)")
     ap.add_argument("--cost-rounds", type=int, default=3, help="rounds over the dtypes, in turn (default 3)")
@@ -284,8 +303,8 @@ def main(argv=None) -> int:
     if args.costs_only:
         return costs_only(args, prompts[0].text)
     dtype = args.dtype or PAIR_DTYPE
-    if args.weights == "gguf" and str(dtype).removeprefix("torch.") not in ("float32", "auto"):
-        ap.error(f"--weights gguf computes in float32; for --dtype {dtype} pass --weights float32")
+    if args.weights in ("gguf", "gguf-q8") and str(dtype).removeprefix("torch.") not in ("float32", "auto"):
+        ap.error(f"--weights {args.weights} computes in float32; for --dtype {dtype} pass --weights float32")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "target" not in methods:
         methods.insert(0, "target")

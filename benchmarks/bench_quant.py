@@ -6,6 +6,8 @@ weights of ``load_target(weights="gguf")`` and of the float32 checkpoint, in mod
 over all of them per (rows M, kernel), round robin, the fastest of ``--repeats`` rounds.  Kernels:
 
 * ``quant``: ``GGUFLinear`` (the blocks, decoded once per pass for all M rows; ~1/5 of the bytes);
+* ``q8``: the same layers under the contract ``gguf-q8`` (``--weights gguf-q8``: 8-bit activations,
+  integer block sums; the blocks repacked once, AVX-512 VNNI where the CPU has it);
 * ``smallm``: draftcert's float32 streamed kernel on block-packed float32 weights;
 * ``flinear``: ``F.linear`` (MKL) on the float32 weights.
 
@@ -16,7 +18,8 @@ timed in the same rounds, and last lines ``quant_vs_base_M<M>`` (this kernel / t
 
 Printed as ``name=value`` lines: ``<kernel>_ms_M<M>`` (one pass, ms) and ``<kernel>_ratio_M<M>``
 (the pass of M rows / the pass of 1 row of the same kernel), ``quant_vs_flinear_M1`` /
-``quant_vs_smallm_M1`` (one row: the quantised pass / the float32 pass), and last
+``quant_vs_smallm_M1`` (one row: the quantised pass / the float32 pass), ``q8_vs_quant_M<M>`` (the
+8-bit pass / the exact one), and last
 ``quant_vs_best_float32_M<M>`` (the quantised pass / the faster float32 kernel at M rows, which is
 about what a float32 target's ``fastlinear`` plan runs; below 1: the blocks are faster).  On a machine shared with
 other work the figures are noisy (the fastest round is kept, which only removes added time).
@@ -90,7 +93,10 @@ def main(argv=None) -> int:
     fmods = {n: m for n, m in fm.named_modules() if type(m) is nn.Linear}
     names = [n for n, m in qm.named_modules() if isinstance(m, GGUFLinear)]
     fl = [fmods[n] for n in names]
+    q8 = [(quantmm.pack_q8(m.qweight, m.qtype, m.out_features, m.in_features), m) for m in qmods]
     kernels = {"quant": [(lambda x, m=m: m(x)) for m in qmods],
+               "q8": [(lambda x, p=p, m=m: quantmm.linear_q8(x, p, m.qtype, m.out_features, m.in_features, m.bias))
+                      for p, m in q8],
                "flinear": [(lambda x, w=m.weight: F.linear(x, w)) for m in fl]}
     base_lib = None
     if args.baseline_source:
@@ -117,7 +123,8 @@ def main(argv=None) -> int:
                         t += time.perf_counter() - t0
                     if rep:
                         best[(kind, r)] = min(best[(kind, r)], t)
-    print(f"quantmm build {quantmm.build_id()} ({quantmm.vector_width()} lanes), smallm {smallm.build_id() or 'unavailable'}, "
+    print(f"quantmm build {quantmm.build_id()} ({quantmm.vector_width()} lanes, gguf-q8 "
+          f"{'AVX-512 VNNI' if quantmm.q8_vectorised() else 'portable'}), smallm {smallm.build_id() or 'unavailable'}, "
           f"{args.threads} thread(s), {len(qmods)} layers, fastest of {args.repeats} rounds (a shared machine: noisy)")
     for (kind, r), t in best.items():
         print(f"{kind}_ms_M{r}={t * 1e3:.3f}")
@@ -127,6 +134,8 @@ def main(argv=None) -> int:
         print(f"quant_vs_flinear_M1={best[('quant', 1)] / best[('flinear', 1)]:.3f}")
         if ("smallm", 1) in best:
             print(f"quant_vs_smallm_M1={best[('quant', 1)] / best[('smallm', 1)]:.3f}")
+    for r in rows:
+        print(f"q8_vs_quant_M{r}={best[('q8', r)] / best[('quant', r)]:.3f}")
     if base_lib is not None:
         with torch.no_grad():
             same = all(torch.equal(m(xs[(r, m.in_features)]), base_linear(base_lib, m, xs[(r, m.in_features)]))
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
             print(f"quant_vs_base_M{r}={best[('quant', r)] / best[('quant_base', r)]:.3f}")
         print(f"quant_base_identical={same}")
     for r in rows:  # the baseline a float32 target runs: fastlinear keeps the faster float32 kernel per row count
-        f32 = min(t for (kind, m), t in best.items() if m == r and not kind.startswith("quant"))
+        f32 = min(t for (kind, m), t in best.items() if m == r and not kind.startswith("quant") and kind != "q8")
         print(f"quant_vs_best_float32_M{r}={best[('quant', r)] / f32:.3f}")
     return 0
 

@@ -887,7 +887,8 @@ static float q8_dot_scalar(int qtype, const uint8_t *grp, long nb, int c, const 
 }
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define Q8MT 4 /* input rows per register tile */
+#define Q8MT 8 /* the most input rows per register tile (q8_rows_per_tile: 6 for Q4_K, else 8) */
+static inline int q8_rows_per_tile(int qtype) { return qtype == Q4_K ? 6 : 8; }
 static inline __m512i bc4(const int8_t *p)
 {
     int32_t v;
@@ -957,13 +958,15 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
                 for (int u = 0; u < 4; u++) {
                     const __m512i v = _mm512_loadu_si512(cd + 64 * (4 * j + u));
                     const __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-                    for (int r = 0; r < MT; r++) {
+                    for (int r = 0; r < MT; r++) { /* 2 chains a row where few rows hide the latency */
                         s0[r] = DP(s0[r], lo, q[r] + k0 + 32 * j + 8 * u);
-                        s1[r] = DP(s1[r], hi, q[r] + k0 + 32 * j + 8 * u + 4);
+                        if (MT <= 2) s1[r] = DP(s1[r], hi, q[r] + k0 + 32 * j + 8 * u + 4);
+                        else s0[r] = DP(s0[r], hi, q[r] + k0 + 32 * j + 8 * u + 4);
                     }
                 }
                 for (int r = 0; r < MT; r++) {
-                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(_mm512_add_epi32(s0[r], s1[r]), sc));
+                    const __m512i S = MT <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r];
+                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, sc));
                     Im[r] = _mm512_add_epi32(Im[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(as[r][b * 8 + j])));
                 }
             }
@@ -1004,14 +1007,20 @@ static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, lon
     const __mmask16 mask = (__mmask16)((1u << nv) - 1);
     const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
     __m512 out[Q8MT];
-    for (long m0 = 0; m0 < M; m0 += Q8MT) {
-        const long mt = M - m0 < Q8MT ? M - m0 : Q8MT;
-        switch (qtype * 8 + (int)mt) { /* each type and tile height compiled on its own */
+    const long tile = q8_rows_per_tile(qtype);
+    for (long m0 = 0; m0 < M;) {
+        /* tiles as even as the rows allow (16 rows of Q4_K: 6, 5, 5), none taller than tile */
+        const long left = M - m0, ntiles = (left + tile - 1) / tile, mt = (left + ntiles - 1) / ntiles;
+        switch (qtype * 16 + (int)mt) { /* each type and tile height compiled on its own */
 #define T(QT) \
-        case QT * 8 + 1: q8_tile(QT, grp, nb, A, m0, 1, out); break; \
-        case QT * 8 + 2: q8_tile(QT, grp, nb, A, m0, 2, out); break; \
-        case QT * 8 + 3: q8_tile(QT, grp, nb, A, m0, 3, out); break; \
-        case QT * 8 + 4: q8_tile(QT, grp, nb, A, m0, 4, out); break;
+        case QT * 16 + 1: q8_tile(QT, grp, nb, A, m0, 1, out); break; \
+        case QT * 16 + 2: q8_tile(QT, grp, nb, A, m0, 2, out); break; \
+        case QT * 16 + 3: q8_tile(QT, grp, nb, A, m0, 3, out); break; \
+        case QT * 16 + 4: q8_tile(QT, grp, nb, A, m0, 4, out); break; \
+        case QT * 16 + 5: q8_tile(QT, grp, nb, A, m0, 5, out); break; \
+        case QT * 16 + 6: q8_tile(QT, grp, nb, A, m0, 6, out); break; \
+        case QT * 16 + 7: if (QT != Q4_K) q8_tile(QT, grp, nb, A, m0, 7, out); break; \
+        case QT * 16 + 8: if (QT != Q4_K) q8_tile(QT, grp, nb, A, m0, 8, out); break;
         T(Q4_1) T(Q5_0) T(Q8_0) T(Q4_K) T(Q6_K)
 #undef T
         }
@@ -1019,6 +1028,7 @@ static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, lon
             const __m512 v = bias ? _mm512_add_ps(out[r], bv) : out[r];
             _mm512_mask_storeu_ps(y + (m0 + r) * N + n0, mask, v);
         }
+        m0 += mt;
     }
 }
 #endif
