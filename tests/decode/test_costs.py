@@ -44,6 +44,7 @@ def test_k1_wins_when_every_extra_row_costs_a_pass():
     assert ch.best.widths == (1,) == _brute_best(c, Acceptance((0.4,), "test"))
     assert ch.best.engine_args() == {"k": 1, "tree": None}
     assert ch.best.rate < ch.baseline_rate  # speculation predicted slower than the target alone here
+    assert ch.slower_than_target and "No shape is predicted to beat the target alone" in ch.why()
 
 
 def test_a_long_chain_wins_when_verification_is_flat_and_acceptance_high():
@@ -52,6 +53,7 @@ def test_a_long_chain_wins_when_verification_is_flat_and_acceptance_high():
     ch = choose(c, acc)
     assert ch.best.widths == (1,) * 6 == _brute_best(c, acc)
     assert ch.best.rate > ch.runner_up.rate and ch.best.rate > ch.baseline_rate
+    assert not ch.slower_than_target and "No shape" not in ch.why()
 
 
 def test_a_tree_wins_when_width_buys_more_than_depth():

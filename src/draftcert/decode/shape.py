@@ -141,7 +141,16 @@ class Choice:
             msg += f"; runner-up {r.label} {r.rate:.1f}"
         if self.baseline_rate:
             msg += f"; target alone {self.baseline_rate:.1f}"
-        return msg + ")"
+        msg += ")"
+        if self.slower_than_target:
+            msg += (". No shape is predicted to beat the target alone on this machine with this drafter: "
+                    "decoding without speculation (plain greedy) is faster here")
+        return msg
+
+    @property
+    def slower_than_target(self) -> bool:
+        """Is even the best shape predicted slower than the target alone?"""
+        return bool(self.baseline_rate) and self.best.rate < self.baseline_rate
 
 
 def candidates_for(tree_width: int | None = None) -> list[tuple[int, ...]]:
