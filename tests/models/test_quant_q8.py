@@ -276,3 +276,19 @@ def test_strict_decoding_on_the_q8_target_is_its_greedy_decoding(embedded_q8):
     for k in (2, 4):
         res = speculative_generate(q, "default", ids, "strict", k=k, max_new_tokens=16)
         assert list(res.tokens) == greedy.tolist()[:len(res.tokens)] and len(res.tokens) == len(greedy)
+
+
+def test_released_file_pages_read_back_the_same_bytes(tmp_path):
+    from draftcert.models.quant import read_gguf, release_file_pages
+
+    from .test_quant import _write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=False, qtypes={"gate": 12, "up": 8})
+    _, tensors = read_gguf(path)
+    t = tensors["blk.0.ffn_gate.weight"]
+    view = torch.from_numpy(t.data)
+    before = view.clone()
+    assert release_file_pages(view) in (True, False)  # True where the platform has madvise
+    assert torch.equal(view, before)  # faulted back in from the file
+    assert release_file_pages(before) is False  # a copy is not a file's pages: left alone

@@ -100,6 +100,7 @@ class GGUFLinear(nn.Module):
             raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(quantmm.CONTRACTS)}, got {numerics!r}")
         if numerics == quantmm.CONTRACT_Q8 and self.q8weight is None:
             self.q8weight = quantmm.pack_q8(self.qweight.cpu().contiguous(), self.qtype, self.out_features, self.in_features)
+            release_file_pages(self.qweight)  # the repacked copy is what runs: the file's pages need not stay resident
         elif numerics == CONTRACT:
             self.q8weight = None
         self.numerics = numerics
@@ -177,6 +178,32 @@ class GGUFTensor:
 _SCALAR = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
+# (start, end, the memmap) of every GGUF file mapped by read_gguf: copy-on-write mappings nothing writes
+# to, so their pages are the file's and can be given back to the page cache (release_file_pages)
+_FILE_MAPS: list[tuple[int, int, np.memmap]] = []
+
+
+def release_file_pages(t: torch.Tensor) -> bool:
+    """Drop the resident pages of ``t``'s bytes where they are a GGUF file's mapped pages
+    (``madvise(MADV_DONTNEED)`` on the whole pages inside them): the memory returns to the page cache
+    and a later read faults the same bytes back in from the file.  False (nothing done) where ``t``
+    is not inside such a mapping (a copy, e.g. permuted rows) or the platform has no madvise."""
+    import ctypes
+    import mmap
+
+    start = t.data_ptr()
+    end = start + t.numel() * t.element_size()
+    if not any(a <= start and end <= b for a, b, _ in _FILE_MAPS) or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    page = mmap.PAGESIZE
+    lo, hi = -(-start // page) * page, end // page * page
+    if hi <= lo:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0
+
+
 def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
     """``(scalar and string metadata, {name: GGUFTensor})`` of a GGUF file (versions 2 and 3).
 
@@ -187,6 +214,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # optional: models extra (gguf, transformers)
 
     mm = np.memmap(str(path), dtype=np.uint8, mode="c")
+    _FILE_MAPS.append((mm.ctypes.data, mm.ctypes.data + mm.size, mm))  # never written: pages can be dropped
     buf = memoryview(mm)
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError(f"{path}: not a GGUF file")
