@@ -1033,24 +1033,37 @@ static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, lon
 }
 #endif
 
+/* The 8-bit rows of x[M, K] for qtype's weights, quantised (threads over rows); 0, or -2 when out of memory. */
+static int q8_act_new(int qtype, const float *x, long M, long K, int threads, q8act *A)
+{
+    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
+    memset(A, 0, sizeof *A);
+    A->K = K; A->nda = K / qk; A->nas = K / sub;
+    int8_t *q = malloc((size_t)(M * K));
+    float *da = malloc(sizeof(float) * (size_t)(M * A->nda)), *s1 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A->nas));
+    A->q = q; A->da = da; A->as = as; A->s1 = s1;
+    if (!q || !da || !s1 || !as) return -2;
+    const int qthreads = threads > 1 && M >= 8 ? threads : 1;
+#pragma omp parallel for num_threads(qthreads) if (qthreads > 1) schedule(static)
+    for (long m = 0; m < M; m++)
+        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A->nda, as + m * A->nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+    return 0;
+}
+
+static void q8_act_free(q8act *A)
+{
+    free((void *)A->q); free((void *)A->da); free((void *)A->as); free((void *)A->s1);
+}
+
 /* y[M, N] = the contract "gguf-q8" of x[M, K] against the packed weights (dq8_pack), + bias. */
 int dq8_linear(int qtype, const uint8_t *packed, long N, long K, const float *x, long M, const float *bias, float *y,
                int threads)
 {
     if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype) || M < 1 || N < 1) return -1;
-    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
-    const long nb = K / qk, blk = q8_block_hdr(qtype) + q8_block_codes(qtype), ng = (N + QG - 1) / QG;
-    q8act A = {0};
-    A.K = K; A.nda = K / qk; A.nas = K / sub;
-    int8_t *q = malloc((size_t)(M * K));
-    float *da = malloc(sizeof(float) * (size_t)(M * A.nda)), *s1 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
-    int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A.nas));
-    if (!q || !da || !s1 || !as) { free(q); free(da); free(s1); free(as); return -2; }
-    const int qthreads = threads > 1 && M >= 8 ? threads : 1;
-#pragma omp parallel for num_threads(qthreads) if (qthreads > 1) schedule(static)
-    for (long m = 0; m < M; m++)
-        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A.nda, as + m * A.nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
-    A.q = q; A.da = da; A.as = as; A.s1 = s1;
+    const long nb = K / q8_qk(qtype), blk = q8_block_hdr(qtype) + q8_block_codes(qtype), ng = (N + QG - 1) / QG;
+    q8act A;
+    if (q8_act_new(qtype, x, M, K, threads, &A)) { q8_act_free(&A); return -2; }
     if (threads < 1 || ng < 8) threads = 1;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (long g = 0; g < ng; g++) {
@@ -1065,7 +1078,7 @@ int dq8_linear(int qtype, const uint8_t *packed, long N, long K, const float *x,
             }
 #endif
     }
-    free(q); free(da); free(s1); free(as);
+    q8_act_free(&A);
     return 0;
 }
 
@@ -1074,21 +1087,14 @@ int dq8_linear_portable(int qtype, const uint8_t *packed, long N, long K, const 
                         float *y)
 {
     if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype) || M < 1 || N < 1) return -1;
-    const int qk = q8_qk(qtype), sub = q8_sub(qtype);
-    const long nb = K / qk, blk = q8_block_hdr(qtype) + q8_block_codes(qtype);
-    q8act A = {0};
-    A.K = K; A.nda = K / qk; A.nas = K / sub;
-    int8_t *q = malloc((size_t)(M * K));
-    float *da = malloc(sizeof(float) * (size_t)(M * A.nda)), *s1 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
-    int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A.nas));
-    if (!q || !da || !s1 || !as) { free(q); free(da); free(s1); free(as); return -2; }
-    dq8_quantize(qtype, x, M, K, q, da, as, s1);
-    A.q = q; A.da = da; A.as = as; A.s1 = s1;
+    const long nb = K / q8_qk(qtype), blk = q8_block_hdr(qtype) + q8_block_codes(qtype);
+    q8act A;
+    if (q8_act_new(qtype, x, M, K, 1, &A)) { q8_act_free(&A); return -2; }
     for (long n = 0; n < N; n++)
         for (long m = 0; m < M; m++) {
             float v = q8_dot_scalar(qtype, packed + (n / QG) * nb * blk, nb, (int)(n % QG), &A, m);
             y[m * N + n] = bias ? v + bias[n] : v;
         }
-    free(q); free(da); free(s1); free(as);
+    q8_act_free(&A);
     return 0;
 }
