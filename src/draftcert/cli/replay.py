@@ -13,8 +13,7 @@ import torch
 
 from ..fileio import write_json
 from ..models import load_drafter, load_target
-from ..models.quant import CONTRACT as GGUF_NUMERICS
-from ..models.loading import transformers_progress
+from ..models.loading import transformers_progress, weights_for_numerics
 from ..prompts import encode_prompt, load_prompts
 from ..replay.api import calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
 from ..replay.data import load_replay_trace
@@ -155,7 +154,7 @@ def _calibrate_run(trace, shapes, repeats: int, progress: bool = True):
                          "call draftcert.replay.speed.calibrate(target, drafter, shapes) and pass costs= to replay()")
     dtype = (run.get("settings") or {}).get("dtype")
     dtype = None if dtype in (None, "default") else dtype
-    weights = "gguf" if run.get("model_dtype") == GGUF_NUMERICS else "float32"  # what the run computed with
+    weights = weights_for_numerics(run.get("model_dtype"))  # what the run computed with
     with transformers_progress(progress):  # --no-progress: no "Loading weights" bar either
         target, tok = load_target(None if tspec == "embedded" else tspec, dtype=dtype, weights=weights)
         drafter = load_drafter(dspec, target, tok, dtype=dtype)

@@ -146,6 +146,12 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
 WEIGHTS = ("gguf", "gguf-q8", "float32")
 # weights -> the numeric contract of a GGUF-sourced model's quantised layers
 GGUF_NUMERICS = {"gguf": quant.CONTRACT, "gguf-q8": quant.CONTRACT_Q8}
+
+
+def weights_for_numerics(numerics: str | None) -> str:
+    """The ``weights`` that load a GGUF-sourced model computing under ``numerics`` (a recorded
+    ``model_dtype``): ``"gguf"``, ``"gguf-q8"``, else ``"float32"`` (a dtype)."""
+    return next((w for w, n in GGUF_NUMERICS.items() if n == numerics), "float32")
 WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
 # What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
 # given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``models.quant``, no conversion).  On the

@@ -30,7 +30,9 @@ plain float32 one.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 import struct
 import sys
 from contextlib import contextmanager
@@ -188,9 +190,6 @@ def release_file_pages(t: torch.Tensor) -> bool:
     (``madvise(MADV_DONTNEED)`` on the whole pages inside them): the memory returns to the page cache
     and a later read faults the same bytes back in from the file.  False (nothing done) where ``t``
     is not inside such a mapping (a copy, e.g. permuted rows) or the platform has no madvise."""
-    import ctypes
-    import mmap
-
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
     if not any(a <= start and end <= b for a, b, _ in _FILE_MAPS) or not hasattr(mmap, "MADV_DONTNEED"):

@@ -40,6 +40,7 @@ from ..divergences import check_divergence
 from ..fileio import check_writable_dir, settings_changes, write_json
 from ..models import DEFAULT_DRAFTER
 from ..models.eagle import resolve_spec
+from ..models.loading import weights_for_numerics
 from ..prompts import Prompt, limit_note, load_prompts
 from ..tracefile import TOPK_STORED, TRACE_FORMAT, list_shards, shard_prompt_ids
 from .rollout import ROLLOUT_DEPTH, ROLLOUT_TOPK, is_feature_model
@@ -298,7 +299,8 @@ def check_resume_numerics(out: Path, numerics: str) -> None:
     except (OSError, json.JSONDecodeError):
         return  # check_resume has already said so
     if old and old != numerics:
-        hint = "--weights gguf" if old == "gguf-exact-f32" else f"--weights float32 (and --dtype {old})"
+        w = weights_for_numerics(old)
+        hint = f"--weights {w}" if w != "float32" else f"--weights float32 (and --dtype {old})"
         raise ValueError(f"out: {out} holds traces computed under {old}; this run computes under {numerics}. "
                          f"Rerun with {hint} to resume it, or choose a new --out directory")
 
