@@ -194,6 +194,19 @@ def _check(blocks: torch.Tensor, qtype: int, n: int, k: int) -> int:
     return row_bytes
 
 
+def _operands(x: torch.Tensor, bias, n: int, k: int, who: str):
+    """(x as contiguous [rows, k] or None when it has no rows, the float32 bias or None, the output
+    ``[..., n]`` to fill) for a kernel call; ValueError for an input the kernels do not take."""
+    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"{who}: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
+    rows = x.numel() // max(k, 1)
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    if rows == 0:
+        return None, None, y
+    b = bias.detach().to(torch.float32).contiguous() if bias is not None else None
+    return x.reshape(rows, k).contiguous(), b, y
+
+
 def linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, dequantize(blocks), bias)`` for float32 CPU ``x`` of shape ``(..., k)``, any rows."""
@@ -201,16 +214,10 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int,
     if lib is None:
         raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
     row_bytes = _check(blocks, qtype, n, k)
-    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"quantmm.linear: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
-    rows = x.numel() // max(k, 1)
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    if rows == 0:
+    x2, b, y = _operands(x, bias, n, k, "quantmm.linear")
+    if x2 is None:
         return y
-    x2 = x.reshape(rows, k).contiguous()
-    b = None
-    if bias is not None:
-        b = bias.detach().to(torch.float32).contiguous()
+    rows = x2.shape[0]
     rc = lib.dq_linear(int(qtype), blocks.data_ptr(), row_bytes, n, k, x2.data_ptr(), rows,
                        b.data_ptr() if b is not None else None, y.data_ptr(), torch.get_num_threads())
     if rc:
@@ -258,16 +265,12 @@ def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int,
     lib = _library()[0]
     if lib is None:
         raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
-    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"quantmm.linear_q8: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
     if packed.dtype != torch.uint8 or packed.numel() != lib.dq8_packed_bytes(int(qtype), n, k) or not packed.is_contiguous():
         raise ValueError(f"quantmm.linear_q8: {packed.numel()} packed bytes are not a {SUPPORTED.get(qtype)} [{n}, {k}] pack_q8")
-    rows = x.numel() // max(k, 1)
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    if rows == 0:
+    x2, b, y = _operands(x, bias, n, k, "quantmm.linear_q8")
+    if x2 is None:
         return y
-    x2 = x.reshape(rows, k).contiguous()
-    b = bias.detach().to(torch.float32).contiguous() if bias is not None else None
+    rows = x2.shape[0]
     args = [int(qtype), packed.data_ptr(), n, k, x2.data_ptr(), rows, b.data_ptr() if b is not None else None, y.data_ptr()]
     rc = getattr(lib, fn)(*args, torch.get_num_threads()) if threads else getattr(lib, fn)(*args)
     if rc:
