@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
 from draftcert.models import quantmm  # noqa: E402
-from draftcert.models.quant import GGUFLinear, dequantize_gguf, load_gguf_causal_lm, numerics_of, read_gguf  # noqa: E402
+from draftcert.models.quant import GGUFEmbedding, GGUFLinear, dequantize_gguf, load_gguf_causal_lm, numerics_of, read_gguf  # noqa: E402
 
 needs_kernel = pytest.mark.skipif(not quantmm.available(), reason=f"no quantmm kernel: {quantmm.unavailable_reason()}")
 TYPES = sorted(quantmm.SUPPORTED)
@@ -203,6 +203,25 @@ def _write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int]):
 
 
 @needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=[quantmm.SUPPORTED[t] for t in TYPES])
+def test_gguf_embedding_looks_up_the_dequantised_rows_bit_for_bit(qtype):
+    V, D = 37, 512
+    blocks = random_blocks(qtype, V, D, seed=qtype)
+    table = torch.from_numpy(np.asarray(dequantize(blocks, QT(qtype)), dtype=np.float32).reshape(V, D))  # gguf-py's decode
+    emb = GGUFEmbedding(torch.from_numpy(blocks), qtype, V, D)
+    assert torch.equal(emb.weight, table) and torch.equal(emb.to_embedding().weight, table)
+    ids = torch.tensor([[0, 36, 5, 5], [17, 2, 36, 0]])  # [B, T], repeats and both ends of the table
+    out = emb(ids)  # [B, T, D]
+    assert out.shape == (2, 4, D) and out.dtype == torch.float32
+    assert torch.equal(out, F.embedding(ids, table))
+    assert torch.equal(emb(ids[1, 2]), table[36]) and emb(ids[:, :0]).shape == (2, 0, D)
+    with pytest.raises(IndexError, match=r"\[0, 37\)"):
+        emb(torch.tensor([3, 37]))
+    with pytest.raises(ValueError, match="do not hold"):
+        GGUFEmbedding(torch.from_numpy(blocks[:, :-1]), qtype, V, D)
+
+
+@needs_kernel
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_tiny_gguf_files_give_the_float32_logits_within_the_bound(tmp_path, tied):
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -223,8 +242,11 @@ def test_tiny_gguf_files_give_the_float32_logits_within_the_bound(tmp_path, tied
     assert isinstance(model.lm_head, GGUFLinear) and model.lm_head.qtype == (8 if tied else 14)
     for name, m in quant.items():  # exact weights, the llama q/k rows un-permuted as transformers does
         assert torch.equal(m.weight, ref.get_submodule(name).weight), name
-    if tied:
-        assert model.lm_head.weight is model.get_input_embeddings().weight
+    emb = model.get_input_embeddings()  # the table kept as its Q8_0 blocks, the values dequantised as transformers does
+    assert isinstance(emb, GGUFEmbedding) and emb.qtype == 8 and model.draftcert_gguf["embedding"] == "Q8_0"
+    assert torch.equal(emb.weight, ref.get_input_embeddings().weight)
+    if tied:  # the head computes from the embedding's own blocks: one copy, the file's
+        assert model.lm_head.qweight.data_ptr() == emb.qweight.data_ptr()
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         a, b = model(ids).logits, ref(ids).logits
@@ -293,7 +315,10 @@ def test_embedded_gguf_is_the_float32_model_computed_from_its_blocks(embedded_bo
     assert numerics_of(q) == "gguf-exact-f32" and numerics_of(f) == "float32"
     layers = {n: m for n, m in q.named_modules() if isinstance(m, GGUFLinear)}
     assert len(layers) == 30 * 7 + 1 and {m.qtype_name for m in layers.values()} == {"Q4_1", "Q8_0"}
-    assert q.lm_head.qtype_name == "Q8_0" and q.lm_head.weight is q.get_input_embeddings().weight
+    emb = q.get_input_embeddings()  # the tied table kept once, as the file's Q8_0 blocks
+    assert isinstance(emb, GGUFEmbedding) and q.lm_head.qtype_name == "Q8_0" == emb.qtype_name
+    assert q.lm_head.qweight.data_ptr() == emb.qweight.data_ptr()
+    assert torch.equal(emb.weight, f.get_input_embeddings().weight)
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.7.self_attn.k_proj", "model.layers.29.mlp.down_proj"):
         assert torch.equal(layers[name].weight, f.get_submodule(name).weight), name  # exact, q/k rows un-permuted
     assert target_fingerprint(q) == target_fingerprint(f)  # the shipped drafter binds to it

@@ -22,8 +22,9 @@ rarely; writing to it changes nothing).
 
 :func:`load_gguf_causal_lm` builds the transformers model from a GGUF file as transformers' own
 GGUF loading does (config, names, the llama q/k row permutation), but installs a ``GGUFLinear`` for
-every linear weight of a supported type instead of dequantising it; everything else (norms, biases,
-the embedding, weights of other types, with one line naming them) is dequantised at load.  Where the
+every linear weight of a supported type instead of dequantising it, and a :class:`GGUFEmbedding` for
+an input embedding of a supported type (an output layer tied to it computes from the same blocks);
+everything else (norms, biases, weights of other types, with one line naming them) is dequantised at load.  Where the
 native kernel is unavailable every weight is dequantised (one line says why) and the model is the
 plain float32 one.
 """
@@ -47,7 +48,7 @@ from torch import nn
 from . import quantmm
 from .attention import ROW_INVARIANT, use_row_invariant_attention
 
-__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "set_numerics", "GGUFLinear", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
+__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "set_numerics", "GGUFLinear", "GGUFEmbedding", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
            "write_gguf_metadata", "load_gguf_folder", "GGUF_FILE"]
 
 CONTRACT = quantmm.CONTRACT
@@ -152,6 +153,63 @@ class GGUFLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, type={self.qtype_name}, "
                 f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}, numerics={self.numerics}")
+
+
+class GGUFEmbedding(nn.Module):
+    """``nn.Embedding`` with its table kept as GGUF blocks: ``forward(ids)[..., :]`` is row ``ids`` of
+    the dequantised table, decoded only for the rows looked up (the same float32 values as the
+    dequantised ``nn.Embedding``, bit for bit: ``quantmm.dequantize`` is gguf-py's decode, tested).
+
+    The float32 table of a 151,936-token vocabulary is 0.9 GB at 1,536 dimensions; its Q4_K blocks
+    are 0.13 GB.  ``blocks``: ``[num_embeddings, row_bytes]`` uint8 (a buffer, ``qweight``), of a type
+    in ``quantmm.SUPPORTED``.  ``.weight`` is the whole float32 table, decoded on each access (read
+    it rarely).
+    """
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, num_embeddings: int, embedding_dim: int,
+                 padding_idx: int | None = None):
+        super().__init__()
+        qtype = int(qtype)
+        qk, qb = quantmm.block_shape(qtype)
+        if embedding_dim % qk or tuple(blocks.shape) != (num_embeddings, embedding_dim // qk * qb) or blocks.dtype != torch.uint8:
+            raise ValueError(f"GGUFEmbedding: {tuple(blocks.shape)} {blocks.dtype} blocks do not hold a "
+                             f"{quantmm.SUPPORTED[qtype]} table [{num_embeddings}, {embedding_dim}]")
+        self.num_embeddings, self.embedding_dim, self.qtype = int(num_embeddings), int(embedding_dim), qtype
+        self.padding_idx = padding_idx  # as nn.Embedding's: only what it records (no gradient here)
+        self.register_buffer("qweight", blocks.contiguous())
+
+    @property
+    def qtype_name(self) -> str:
+        return quantmm.SUPPORTED[self.qtype]
+
+    def _decode(self, rows: torch.Tensor) -> torch.Tensor:
+        n = rows.shape[0]
+        if quantmm.available():
+            return quantmm.dequantize(rows, self.qtype, n, self.embedding_dim)
+        return torch.from_numpy(dequantize_gguf(rows.numpy(), self.qtype)).reshape(n, self.embedding_dim)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The float32 ``[num_embeddings, embedding_dim]`` table (decoded now)."""
+        return self._decode(self.qweight.cpu().contiguous()).to(self.qweight.device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        flat = ids.reshape(-1)  # [n]
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+            raise IndexError(f"GGUFEmbedding: token ids must lie in [0, {self.num_embeddings}); got "
+                             f"{int(flat.min())}..{int(flat.max())}")
+        rows = self.qweight.cpu().index_select(0, flat.cpu())  # [n, row_bytes]: the looked-up rows' blocks
+        return self._decode(rows).to(ids.device).reshape(*ids.shape, self.embedding_dim)  # [..., D]
+
+    def to_embedding(self) -> nn.Embedding:
+        """A plain float32 ``nn.Embedding`` of the same table (a copy)."""
+        emb = nn.Embedding(self.num_embeddings, self.embedding_dim, self.padding_idx, device=self.qweight.device)
+        with torch.no_grad():
+            emb.weight.copy_(self.weight)
+        return emb.requires_grad_(False)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, type={self.qtype_name}"
 
 
 def numerics_of(model: nn.Module) -> str:
@@ -370,6 +428,10 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
     name_map = _hf_names(model, arch, processor)
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear}
+    names = {id(m): n for n, m in model.named_modules()}
+    emb = model.get_input_embeddings()
+    emb_name = names.get(id(emb)) if type(emb) is nn.Embedding else None  # a subclass (scaled, ...) stays float32
+    emb_blocks: tuple[torch.Tensor, int] | None = None  # the embedding table kept as blocks
     quantised: dict[str, tuple[torch.Tensor, int]] = {}  # hf module name -> (blocks, qtype)
     other_types: dict[str, int] = {}
     by_hf = {}
@@ -380,6 +442,12 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
             continue
         by_hf[hf] = t
         mod_name = hf.removesuffix(".weight")
+        if emb_name is not None and hf == emb_name + ".weight" and native and t.qtype in quantmm.SUPPORTED \
+                and t.shape == (emb.num_embeddings, emb.embedding_dim):
+            order = _row_order(processor, t.name, emb.num_embeddings)
+            if order is not None and np.array_equal(order, np.arange(emb.num_embeddings)):
+                emb_blocks = (torch.from_numpy(t.data), t.qtype)
+                continue
         if hf.endswith(".weight") and mod_name in linears:
             lin = linears[mod_name]
             if native and t.qtype in quantmm.SUPPORTED and t.shape == (lin.out_features, lin.in_features):
@@ -398,11 +466,12 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
         _log("GGUF linear weights of types without a kernel dequantised to float32 at load: "
              + ", ".join(f"{k} ({v})" for k, v in sorted(other_types.items())), quiet)
     # an output layer tied to the embedding (no output.weight in the file) computes from the embedding's blocks
-    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
-    names = {id(m): n for n, m in model.named_modules()}
+    head = model.get_output_embeddings()
     head_name = names.get(id(head)) if head is not None else None
     head_tie = None
-    if head is not None and head_name not in quantised and head.weight.device.type == "meta" \
+    if head is not None and head_name not in quantised and head.weight.device.type == "meta" and emb_blocks is not None:
+        quantised[head_name] = emb_blocks  # both from the embedding's blocks (one copy, the file's)
+    elif head is not None and head_name not in quantised and head.weight.device.type == "meta" \
             and emb is not None and emb.weight.device.type != "meta":
         head_tie = emb.weight
         t = by_hf.get(names[id(emb)] + ".weight")
@@ -419,6 +488,10 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
                            tied=head_tie if mod_name == head_name else None, numerics=numerics)
         parent_name, _, attr = mod_name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer)
+    if emb_blocks is not None:
+        parent_name, _, attr = emb_name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr,
+                GGUFEmbedding(emb_blocks[0], emb_blocks[1], emb.num_embeddings, emb.embedding_dim, emb.padding_idx))
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
         raise ValueError(f"{gguf_path.name}: no GGUF tensor for {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -427,7 +500,8 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     if quantised:
         _row_invariant_attention(model, numerics)
     model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
-                            "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()})}
+                            "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()}),
+                            "embedding": quantmm.SUPPORTED[emb_blocks[1]] if emb_blocks is not None else "float32"}
     return model
 
 
