@@ -330,6 +330,23 @@ def test_embedded_gguf_is_the_float32_model_computed_from_its_blocks(embedded_bo
 
 
 @needs_kernel
+def test_vocabulary_checks_read_the_head_size_without_decoding_its_blocks(embedded_both, monkeypatch):
+    # every speculative_generate call checks the two vocabularies: a full decode of a GGUF head there
+    # cost 0.5 s per look on the pair's 151,936 x 1,536 output layer (eight looks a call)
+    from draftcert.models.drafters import check_compatible
+    from draftcert.models.hf import output_rows, vocab_size_of
+
+    (q, tok), _ = embedded_both
+
+    def no_decode(self):
+        raise AssertionError("the head's blocks were decoded")
+
+    monkeypatch.setattr(GGUFLinear, "dequantized", no_decode)
+    assert output_rows(q) == vocab_size_of(q) == 49152
+    check_compatible(q, tok, q, tok)
+
+
+@needs_kernel
 def test_strict_decoding_on_the_gguf_target_is_its_greedy_decoding(embedded_both):
     from draftcert.decode import speculative_generate
     from draftcert.prompts import encode_prompt

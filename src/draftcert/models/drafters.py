@@ -44,7 +44,7 @@ import torch
 import torch.nn as nn
 
 from .eagle import load_eagle, resolve_spec
-from .hf import parse_dtype
+from .hf import output_rows, parse_dtype
 from .loading import load_target
 from .quant import GGUFLinear
 
@@ -288,12 +288,6 @@ def _vocab_digest(tokenizer) -> str:
     return h.hexdigest()
 
 
-def _output_rows(model) -> int | None:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    w = getattr(head, "weight", None)
-    return None if w is None else int(w.shape[0])
-
-
 def check_compatible(target_model, target_tok, drafter_model, drafter_tok=None) -> None:
     """Raise ValueError unless target and drafter share one vocabulary (before any compute).
 
@@ -307,7 +301,7 @@ def check_compatible(target_model, target_tok, drafter_model, drafter_tok=None) 
     dv = getattr(getattr(drafter_model, "config", None), "vocab_size", None)
     if tv != dv:
         problems.append(f"config.vocab_size {tv} (target) vs {dv} (drafter)")
-    to, do = _output_rows(target_model), _output_rows(drafter_model)
+    to, do = output_rows(target_model), output_rows(drafter_model)
     if to != do:
         problems.append(f"output layer rows {to} (target) vs {do} (drafter)")
     if drafter_tok is not None and target_tok is not None and drafter_tok is not target_tok:

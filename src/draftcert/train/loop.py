@@ -29,7 +29,7 @@ from ..criteria import parse_criterion
 from ..fileio import atomic_path, dumps_json, settings_changes, write_json
 from ..models import load_target
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
-from ..models.hf import eos_token_ids
+from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
 from ..prompts import load_prompts
 from .data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
@@ -186,7 +186,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
         raise ValueError("train-drafter: need at least 2 examples (train + held-out)")
     n_held = min(cfg.heldout_examples, len(examples) - 1)
     train_ex, held_ex = examples[: len(examples) - n_held], examples[len(examples) - n_held :]
-    V = int(target.get_output_embeddings().weight.shape[0])
+    V = vocab_size_of(target)
     vocab_ids = radii_and_vocabulary(cfg, target, tokenizer, examples, train_ex, out / "radii.pt", log, progress)
     torch.manual_seed(cfg.seed)
     drafter = EagleDrafter(target, vocab_ids)
@@ -322,7 +322,7 @@ def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cach
             log(f"radii and draft vocabulary from {cache}")
             return rec["vocab_ids"]
     radii_of(target, examples, cfg.criterion, log, progress=progress)
-    V = int(target.get_output_embeddings().weight.shape[0])
+    V = vocab_size_of(target)
     vocab_ids = draft_vocabulary(train_ex, cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tok)))
     for e in examples:
         e.pop("mass", None)  # [V] per example: only the vocabulary needed it
