@@ -47,7 +47,9 @@ prompt is the median of its repeats, and its tokens/s is total tokens over the s
     stop once they have at least that many and may overshoot by part of a draft.
     Its output is its stdout text, compared with our target's decoded greedy text (``identical``;
     the first differing position is a token index into our target's output; a difference there
-    is a near-tie of two float32 kernels, reported, not an error).
+    is a near-tie of two kernels, reported, not an error: the line ``...: prompt i leaves our greedy
+    text at token j; our target's top-2 logit gap there`` gives how near, from one pass of our
+    target over the prompt and its greedy prefix).
 
 Strict rows should be identical to (a) (column ``identical``, with the first differing position
 per prompt otherwise); every dc row reports its drift (fraction of emitted tokens that are not the
@@ -180,6 +182,15 @@ def text_match(tok, ref: list[int], run, n_new: int) -> tuple[bool, int | None]:
         if not out.startswith(piece):
             return False, j
     return False, len(body)  # our text is a prefix of theirs, but they went on (or stopped) otherwise
+
+
+def greedy_gap(target, ids: list[int], ref: list[int], j: int) -> float:
+    """Our target's top-1 minus top-2 logit where its greedy continuation ``ref`` of ``ids`` emits
+    token ``j``: how near a tie the token where another system's text first differs was."""
+    x = torch.tensor([ids + ref[:j]])
+    with torch.inference_mode():
+        top = target(x).logits[0, -1].float().topk(2).values
+    return float(top[0] - top[1])
 
 
 COST_ROWS = (1, 2, 4, 6, 8, 16)
@@ -418,6 +429,12 @@ def main(argv=None) -> int:
         diff = [r["method"] for r in llama if not r["identical"]]
         if diff:  # two float32 kernels (ours, ggml's) can round a near-tie apart; reported, not an error
             print(f"note: llama.cpp outputs differing from our target's greedy text: {', '.join(diff)}")
+            for r in llama:
+                for i, j in enumerate(r["first_diff"]):
+                    if j is not None and j < len(ref[i]):
+                        gap = greedy_gap(target, enc[i], ref[i], j)
+                        print(f"{r['method']}: prompt {i} leaves our greedy text at token {j}; our target's top-2 logit "
+                              f"gap there: {gap:.4f}")  # fmt: skip
 
     strict = [r for r in rows if r["method"].startswith("dc:strict:")]
     dcs = [r for r in rows if r["method"].startswith("dc:")]
