@@ -341,9 +341,17 @@ def test_vocabulary_checks_read_the_head_size_without_decoding_its_blocks(embedd
     def no_decode(self):
         raise AssertionError("the head's blocks were decoded")
 
+    from draftcert.models import load_drafter
+
+    drafter = load_drafter("default", q, tok)  # binding hashes the full head once (its fingerprint)
+    ids = drafter.vocab_ids
+    expect = q.lm_head.weight.index_select(0, ids)
     monkeypatch.setattr(GGUFLinear, "dequantized", no_decode)
     assert output_rows(q) == vocab_size_of(q) == 49152
     check_compatible(q, tok, q, tok)
+    # a decode's start gathers the draft vocabulary's head rows: only those rows' blocks are decoded
+    assert torch.equal(q.lm_head.weight_rows(ids), expect)
+    assert torch.equal(drafter.head_weight(), expect) and drafter.head_weight() is drafter.head_weight()
 
 
 @needs_kernel

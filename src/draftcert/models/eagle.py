@@ -157,6 +157,7 @@ class EagleDrafter(nn.Module):
             raise ValueError("eagle drafter does not match this target (" + "; ".join(bad)
                              + "); train one for this target with `draftcert train-drafter`")
         object.__setattr__(self, "_target", target)
+        self.__dict__.pop("_head_rows", None)
         return self
 
     @property
@@ -169,8 +170,23 @@ class EagleDrafter(nn.Module):
         return self.target.get_input_embeddings()(ids).to(self.fc.weight.dtype)
 
     def head_weight(self):
-        w = self.target.get_output_embeddings().weight
-        return w.index_select(0, self.vocab_ids.to(w.device)).to(self.fc.weight.dtype)
+        """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
+        dtype), gathered once per bound target, dtype and device: every decode starts from them, and
+        a GGUF head's ``.weight`` is a full decode of its blocks (``weight_rows`` decodes just these)."""
+        head = self.target.get_output_embeddings()
+        key = (id(head), self.fc.weight.dtype, self.fc.weight.device)
+        cached = self.__dict__.get("_head_rows")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rows = getattr(head, "weight_rows", None)
+        if rows is not None:
+            w = rows(self.vocab_ids)
+        else:
+            w = head.weight
+            w = w.index_select(0, self.vocab_ids.to(w.device))
+        w = w.to(self.fc.weight.dtype)
+        self.__dict__["_head_rows"] = (key, w)
+        return w
 
     @property
     def config(self):

@@ -127,6 +127,19 @@ class GGUFLinear(nn.Module):
         tied = self.__dict__.get("_tied")
         return tied if tied is not None else self.dequantized()
 
+    def weight_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """``self.weight[idx]`` (float32 ``[len(idx), in]``), decoding only those rows' blocks."""
+        tied = self.__dict__.get("_tied")
+        if tied is not None:
+            return tied.index_select(0, idx.to(tied.device))
+        blocks = self.qweight.cpu().index_select(0, idx.reshape(-1).cpu())  # [n, row_bytes]
+        n = blocks.shape[0]
+        if quantmm.available():
+            w = quantmm.dequantize(blocks, self.qtype, n, self.in_features)
+        else:
+            w = torch.from_numpy(dequantize_gguf(blocks.numpy(), self.qtype)).reshape(n, self.in_features)
+        return w.to(self.qweight.device)
+
     @weight.setter
     def weight(self, value) -> None:  # transformers' tie_weights(): keep the blocks, remember the tie
         if tuple(value.shape) != (self.out_features, self.in_features):
