@@ -379,3 +379,26 @@ def test_weights_option(monkeypatch):
         resolve_weights("int8")
     with pytest.raises(ValueError, match="computes in float32"):
         load_target(weights="gguf", dtype="bfloat16")
+
+
+def test_target_fingerprint_is_computed_once_and_follows_weight_changes(monkeypatch):
+    # loading and binding a feature drafter looks the fingerprint up several times per decode call;
+    # hashing (and, on GGUF layers, decoding) the head and the embedding each time cost 0.4 s a look
+    from draftcert.models import eagle
+    from draftcert.models.tiny import tiny_qwen3
+
+    model = tiny_qwen3()[0]  # (model, tokenizer)
+    first = eagle.target_fingerprint(model)
+    calls = []
+    real = eagle.hashlib.sha256
+    monkeypatch.setattr(eagle.hashlib, "sha256", lambda *a: calls.append(1) or real(*a))
+    assert eagle.target_fingerprint(model) == first and not calls  # unchanged weights: the cached answer
+    w = model.get_input_embeddings().weight
+    old = w[3, 0].item()
+    with torch.no_grad():
+        w[3, 0] += 1.0  # an in-place edit
+    changed = eagle.target_fingerprint(model)
+    assert calls and changed["weights_sha256"] != first["weights_sha256"]
+    with torch.no_grad():
+        w[3, 0] = old  # back to the same values: the same hash again
+    assert eagle.target_fingerprint(model) == first

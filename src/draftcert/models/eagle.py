@@ -30,6 +30,7 @@ import copy
 import hashlib
 import json
 import math
+import weakref
 from importlib.resources import files
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,12 +56,14 @@ __all__ = [
 
 
 def _parts(target):
-    """(decoder, embed_tokens, final norm, lm_head weight) of a transformers causal LM."""
+    """(decoder, embed_tokens, final norm, lm_head module) of a transformers causal LM (the head's
+    weights not read: a GGUF head's ``.weight`` decodes its blocks)."""
     dec = target.get_decoder() if hasattr(target, "get_decoder") else getattr(target, "model", None)
     layers = getattr(dec, "layers", None)
     norm = getattr(dec, "norm", None)
     head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
-    if layers is None or norm is None or head is None or getattr(head, "weight", None) is None:
+    if layers is None or norm is None or head is None or (getattr(head, "qweight", None) is None
+                                                          and getattr(head, "weight", None) is None):
         raise ValueError(
             f"eagle drafter: {type(target).__name__} is not a Llama/Qwen-style causal LM "
             "(expected model.layers, model.norm and an output embedding)"
@@ -69,31 +72,63 @@ def _parts(target):
         raise ValueError("eagle drafter: targets whose LM head has a bias are not supported")
     if getattr(target.config, "final_logit_softcapping", None):
         raise ValueError("eagle drafter: targets with logit soft-capping are not supported")
-    return dec, dec.get_input_embeddings(), norm, head.weight
+    return dec, dec.get_input_embeddings(), norm, head
+
+
+def _head_shape(head) -> tuple[int, int]:
+    """(V, H) of an output layer, from its sizes where it has them (no decode)."""
+    if isinstance(getattr(head, "out_features", None), int) and isinstance(getattr(head, "in_features", None), int):
+        return head.out_features, head.in_features
+    return int(head.weight.shape[0]), int(head.weight.shape[1])
+
+
+# target -> (what its fingerprint was computed from, the fingerprint): hashing the head and the
+# embedding (and decoding them, for GGUF layers) took 0.4 s per look on the embedded target, and
+# loading and binding a drafter looks several times per decode call
+_FINGERPRINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _stored(*mods) -> tuple:
+    """The identity and in-place version of every tensor the modules hold: any change to their weights
+    (a new tensor, or an in-place write) changes it."""
+    return tuple((id(t), t._version) for m in mods for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
 
 
 def target_fingerprint(target) -> dict:
     """What a drafter must match: architecture, sizes, and a hash of the LM head and embedding."""
-    dec, emb, norm, head_w = _parts(target)
+    dec, emb, norm, head = _parts(target)
+    key = (type(target).__name__, type(dec.layers[-1]).__name__, id(head), id(emb), id(norm), _stored(head, emb, norm))
+    try:
+        cached = _FINGERPRINTS.get(target)
+    except TypeError:  # not weak-referenceable: computed each time
+        cached = None
+    if cached is not None and cached[0] == key:
+        return dict(cached[1])
+    V, H = _head_shape(head)
     h = hashlib.sha256()
-    for t in (head_w, emb.weight, norm.weight):
-        h.update(t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
-    return {
+    for get in (lambda: head.weight, lambda: emb.weight, lambda: norm.weight):  # one decoded table at a time
+        h.update(get().detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+    fp = {
         "architecture": type(target).__name__,
         "layer_class": type(dec.layers[-1]).__name__,
-        "hidden_size": int(head_w.shape[1]),
-        "vocab_size": int(head_w.shape[0]),
+        "hidden_size": int(H),
+        "vocab_size": int(V),
         "weights_sha256": h.hexdigest(),
     }
+    try:
+        _FINGERPRINTS[target] = (key, dict(fp))
+    except TypeError:
+        pass
+    return fp
 
 
 def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
     """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V))."""
-    dec, _, _, head_w = _parts(target)
+    dec, _, _, head = _parts(target)
     kw = {cache_kwarg(dec): cache} if cache is not None else {}
     out = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **kw)
     f = out.last_hidden_state
-    return f, f @ head_w.T
+    return f, f @ head.weight.T
 
 
 def _layer_config(target):
@@ -113,8 +148,8 @@ class EagleDrafter(nn.Module):
 
     def __init__(self, target, vocab_ids, *, init_from_last_layer: bool = False):
         super().__init__()
-        dec, emb, norm, head_w = _parts(target)
-        V, H = int(head_w.shape[0]), int(head_w.shape[1])
+        dec, emb, norm, head = _parts(target)
+        V, H = _head_shape(head)
         ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()
         if ids.numel() < 1 or ids.numel() > V:
             raise ValueError(f"eagle drafter: draft vocabulary has {ids.numel()} ids; need 1..{V}")
