@@ -71,6 +71,19 @@ def dequantize_gguf(data, qtype: int) -> np.ndarray:
     return np.asarray(dequantize(np.asarray(data), GGMLQuantizationType(int(qtype))), dtype=np.float32)
 
 
+def _decode_rows(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+    """float32 ``[n, k]`` values of ``n`` rows of GGUF blocks (CPU uint8 ``[n, row_bytes]``)."""
+    return torch.from_numpy(dequantize_gguf(blocks.cpu().contiguous().numpy(), qtype)).reshape(blocks.shape[0], k)
+
+
+def _check_blocks(who: str, blocks: torch.Tensor, qtype: int, n: int, k: int) -> None:
+    """Refuse ``blocks`` that are not ``[n, k / qk * block_bytes]`` uint8 of ``qtype``."""
+    qk, qb = quantmm.block_shape(qtype)
+    if k % qk or tuple(blocks.shape) != (n, k // qk * qb) or blocks.dtype != torch.uint8:
+        raise ValueError(f"{who}: {tuple(blocks.shape)} {blocks.dtype} blocks do not hold a "
+                         f"{quantmm.SUPPORTED[qtype]} weight [{n}, {k}]")
+
+
 class GGUFLinear(nn.Module):
     """``y = x @ dequant(W).T + b`` with ``W`` kept as GGUF blocks (see the module docstring).
 
@@ -83,10 +96,7 @@ class GGUFLinear(nn.Module):
                  bias: torch.Tensor | None = None, tied: torch.Tensor | None = None, numerics: str = CONTRACT):
         super().__init__()
         qtype = int(qtype)
-        qk, qb = quantmm.block_shape(qtype)
-        if in_features % qk or tuple(blocks.shape) != (out_features, in_features // qk * qb) or blocks.dtype != torch.uint8:
-            raise ValueError(f"GGUFLinear: {tuple(blocks.shape)} {blocks.dtype} blocks do not hold a "
-                             f"{quantmm.SUPPORTED[qtype]} weight [{out_features}, {in_features}]")
+        _check_blocks("GGUFLinear", blocks, qtype, out_features, in_features)
         self.in_features, self.out_features, self.qtype = int(in_features), int(out_features), qtype
         self.register_buffer("qweight", blocks.contiguous())
         self.bias = nn.Parameter(bias.detach().to(torch.float32), requires_grad=False) if bias is not None else None
@@ -115,12 +125,7 @@ class GGUFLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 ``[out, in]`` weight the blocks encode (decoded now)."""
-        q = self.qweight.cpu().contiguous()
-        if quantmm.available():
-            w = quantmm.dequantize(q, self.qtype, self.out_features, self.in_features)
-        else:
-            w = torch.from_numpy(dequantize_gguf(q.numpy(), self.qtype)).reshape(self.out_features, self.in_features)
-        return w.to(self.qweight.device)
+        return _decode_rows(self.qweight, self.qtype, self.in_features).to(self.qweight.device)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -133,12 +138,7 @@ class GGUFLinear(nn.Module):
         if tied is not None:
             return tied.index_select(0, idx.to(tied.device))
         blocks = self.qweight.cpu().index_select(0, idx.reshape(-1).cpu())  # [n, row_bytes]
-        n = blocks.shape[0]
-        if quantmm.available():
-            w = quantmm.dequantize(blocks, self.qtype, n, self.in_features)
-        else:
-            w = torch.from_numpy(dequantize_gguf(blocks.numpy(), self.qtype)).reshape(n, self.in_features)
-        return w.to(self.qweight.device)
+        return _decode_rows(blocks, self.qtype, self.in_features).to(self.qweight.device)
 
     @weight.setter
     def weight(self, value) -> None:  # transformers' tie_weights(): keep the blocks, remember the tie
@@ -183,10 +183,7 @@ class GGUFEmbedding(nn.Module):
                  padding_idx: int | None = None):
         super().__init__()
         qtype = int(qtype)
-        qk, qb = quantmm.block_shape(qtype)
-        if embedding_dim % qk or tuple(blocks.shape) != (num_embeddings, embedding_dim // qk * qb) or blocks.dtype != torch.uint8:
-            raise ValueError(f"GGUFEmbedding: {tuple(blocks.shape)} {blocks.dtype} blocks do not hold a "
-                             f"{quantmm.SUPPORTED[qtype]} table [{num_embeddings}, {embedding_dim}]")
+        _check_blocks("GGUFEmbedding", blocks, qtype, num_embeddings, embedding_dim)
         self.num_embeddings, self.embedding_dim, self.qtype = int(num_embeddings), int(embedding_dim), qtype
         self.padding_idx = padding_idx  # as nn.Embedding's: only what it records (no gradient here)
         self.register_buffer("qweight", blocks.contiguous())
@@ -195,16 +192,10 @@ class GGUFEmbedding(nn.Module):
     def qtype_name(self) -> str:
         return quantmm.SUPPORTED[self.qtype]
 
-    def _decode(self, rows: torch.Tensor) -> torch.Tensor:
-        n = rows.shape[0]
-        if quantmm.available():
-            return quantmm.dequantize(rows, self.qtype, n, self.embedding_dim)
-        return torch.from_numpy(dequantize_gguf(rows.numpy(), self.qtype)).reshape(n, self.embedding_dim)
-
     @property
     def weight(self) -> torch.Tensor:
         """The float32 ``[num_embeddings, embedding_dim]`` table (decoded now)."""
-        return self._decode(self.qweight.cpu().contiguous()).to(self.qweight.device)
+        return _decode_rows(self.qweight, self.qtype, self.embedding_dim).to(self.qweight.device)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:  # noqa: D102
         flat = ids.reshape(-1)  # [n]
@@ -212,7 +203,7 @@ class GGUFEmbedding(nn.Module):
             raise IndexError(f"GGUFEmbedding: token ids must lie in [0, {self.num_embeddings}); got "
                              f"{int(flat.min())}..{int(flat.max())}")
         rows = self.qweight.cpu().index_select(0, flat.cpu())  # [n, row_bytes]: the looked-up rows' blocks
-        return self._decode(rows).to(ids.device).reshape(*ids.shape, self.embedding_dim)  # [..., D]
+        return _decode_rows(rows, self.qtype, self.embedding_dim).to(ids.device).reshape(*ids.shape, self.embedding_dim)  # [..., D]
 
     def to_embedding(self) -> nn.Embedding:
         """A plain float32 ``nn.Embedding`` of the same table (a copy)."""
