@@ -136,6 +136,12 @@ def _library() -> tuple[ctypes.CDLL | None, str, str]:
     return lib, "", ident
 
 
+def native_library() -> ctypes.CDLL | None:
+    """The loaded kernel library (its ``dq_*`` and ``dq8_*`` functions, argument types set), or None
+    where it is unavailable: for benchmarks that time the kernels without this module's checks."""
+    return _library()[0]
+
+
 def available() -> bool:
     """Is the kernel built (or buildable now) and loaded?"""
     return _library()[0] is not None

@@ -1,0 +1,194 @@
+"""The contract ``gguf-q8``'s kernel (``quantmm.linear_q8``) on every linear layer of a GGUF file, as
+stored: one pass per row count, the cost curve of a verification pass without the rest of the model.
+
+The layers are a GGUF file's 2-D block tensors in file order (``blk.*.weight`` and ``output.weight``,
+or ``token_embd.weight`` where the output layer is tied to it; the input embedding is a lookup, not a
+pass), each packed once with ``quantmm.pack_q8``, each fed a
+fixed random ``[M, K]`` float32 input.  Per ``--rows`` M, one pass = every layer once; the passes of
+all row counts and kernels take turns (round robin), and the fastest of ``--repeats`` rounds is kept
+(on a shared machine that only removes time others added).  The models default to the Qwen pair's
+two files (``models.pair.ensure_pair_gguf``: the 1.5B target, Q4_K and Q6_K; the 0.5B drafter, Q5_0,
+Q8_0, Q6_K and Q4_K; downloaded on first use, 1.6 GB) and the embedded SmolLM2 file (Q4_1, Q8_0).
+
+``--baseline-source FILE`` (an older ``quantmm.c``: ``git show REV:src/draftcert/models/quantmm.c >
+/tmp/old.c``) builds that source with the same compiler and flags and times its own ``dq8_pack`` and
+``dq8_linear`` on the same layers in the same rounds (kernel ``base``); both must give the same output
+bits on every layer and row count (the contract does not depend on the layout), printed as
+``<model>_base_identical=``.
+
+    python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
+        [--threads 2] [--repeats 5] [--baseline-source FILE]
+
+Last lines, ``name=value`` per model: ``<model>_packed_mb`` (the bytes one pass reads),
+``<model>_q8_ms_M<M>`` (one pass, ms), ``<model>_q8_ratio_M<M>`` (M rows / 1 row),
+``<model>_q8_gb_s_M1`` (packed bytes / the one-row pass: the rate it streams the weights), per
+GGUF type ``<model>_q8_<type>_ms_M<M>`` (the layers of that type only, same rounds), and with a
+baseline ``<model>_base_ms_M<M>``, ``<model>_q8_vs_base_M<M>`` (below 1: this kernel is faster) and
+``<model>_base_identical``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from draftcert.models import quantmm
+from draftcert.models.quant import read_gguf
+
+MODELS = {"target": "qwen2.5-coder-1.5b", "drafter": "qwen2.5-coder-0.5b", "embedded": None}
+
+
+def gguf_path(model: str) -> Path:
+    if MODELS[model] is None:
+        from draftcert.models.loading import ensure_embedded_gguf  # the embedded target's file
+
+        return ensure_embedded_gguf() / "model.gguf"
+    from draftcert.models.pair import ensure_pair_gguf
+
+    return ensure_pair_gguf(MODELS[model]) / "model.gguf"
+
+
+def layers_of(path: Path) -> list[tuple[str, int, int, int, torch.Tensor]]:
+    """``(name, qtype, n, k, blocks)`` of the file's 2-D block tensors that are passes (not the embedding)."""
+    _, tensors = read_gguf(path)
+    tied = "output.weight" not in tensors  # the output layer is the embedding's blocks
+    out = []
+    for t in tensors.values():
+        if len(t.shape) != 2 or t.qtype not in quantmm.SUPPORTED or (t.name == "token_embd.weight" and not tied):
+            continue
+        n = t.shape[0]
+        elems = 256 if t.qtype in (12, 14) else 32
+        k = t.data.shape[1] // {3: 20, 6: 22, 8: 34, 12: 144, 14: 210}[t.qtype] * elems
+        out.append((t.name, t.qtype, n, k, torch.from_numpy(t.data)))
+    return out
+
+
+def build_baseline(source: Path) -> ctypes.CDLL:
+    """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
+    cc = shutil.which("cc") or "cc"
+    out = Path(tempfile.mkdtemp(prefix="quantmm-base-")) / "base.so"
+    cmd = [cc, *quantmm.FLAGS, *quantmm.extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
+           "-o", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"--baseline-source: {source} did not build: {r.stderr.strip()[-500:]}")
+    lib = ctypes.CDLL(str(out))
+    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+    lib.dq8_packed_bytes.argtypes = [I, L, L]
+    lib.dq8_packed_bytes.restype = L
+    lib.dq8_pack.argtypes = [I, P, L, L, L, P, I]
+    lib.dq8_pack.restype = I
+    lib.dq8_linear.argtypes = [I, P, L, L, P, L, P, P, I]
+    lib.dq8_linear.restype = I
+    return lib
+
+
+def base_pack(lib, qtype: int, n: int, k: int, blocks: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(lib.dq8_packed_bytes(qtype, n, k), dtype=torch.uint8)
+    if lib.dq8_pack(qtype, blocks.data_ptr(), blocks.shape[1], n, k, out.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError("the baseline's dq8_pack refused a layer")
+    return out
+
+
+def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
+    y = torch.empty(x.shape[0], n)
+    if lib.dq8_linear(qtype, packed.data_ptr(), n, k, x.data_ptr(), x.shape[0], None, y.data_ptr(),
+                      torch.get_num_threads()):
+        raise RuntimeError("dq8_linear refused a layer")
+    return y
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="target,drafter,embedded", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--rows", default="1,2,3,4,8,16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline-source", default=None, help="another quantmm.c to time as kernel base (same flags)")
+    args = ap.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        ap.error(f"--models: unknown {', '.join(bad)} (choose from {', '.join(MODELS)})")
+    if not quantmm.available():
+        print(f"the quantmm kernel is unavailable here: {quantmm.unavailable_reason()}", file=sys.stderr)
+        return 1
+    rows = sorted({int(r) for r in args.rows.split(",")})
+    if rows[0] != 1:
+        rows = [1, *rows]
+    torch.set_num_threads(args.threads)
+    base = build_baseline(Path(args.baseline_source)) if args.baseline_source else None
+    lib = quantmm.native_library()
+    gen = torch.Generator().manual_seed(0)
+    print(f"quantmm build {quantmm.build_id()} (gguf-q8 {'AVX-512 VNNI' if quantmm.q8_vectorised() else 'portable'}), "
+          f"{args.threads} thread(s), fastest of {args.repeats} rounds", flush=True)
+    results = []
+    for model in models:
+        layers = layers_of(gguf_path(model))
+        packs = {"q8": [quantmm.pack_q8(b, qt, n, k) for _, qt, n, k, b in layers]}
+        if base is not None:
+            packs["base"] = [base_pack(base, qt, n, k, b) for _, qt, n, k, b in layers]
+        xs = {(r, k): torch.randn(r, k, generator=gen) for r in rows for k in {k for _, _, _, k, _ in layers}}
+        names = {qt: quantmm.SUPPORTED[qt] for _, qt, _, _, _ in layers}
+
+        def run(kind, i, x):  # both kernels through the same direct call: the kernels' time, no wrapper
+            _, qt, n, k, _ = layers[i]
+            return direct_linear(lib if kind == "q8" else base, x, packs[kind][i], qt, n, k)
+
+        best = {(kind, r): float("inf") for kind in packs for r in rows}
+        best_type = {(kind, qt, r): float("inf") for kind in packs for qt in names for r in rows}
+        with torch.inference_mode():
+            for rep in range(args.repeats + 1):  # the first round warms up
+                for r in rows:
+                    for kind in packs:
+                        t, per = 0.0, dict.fromkeys(names, 0.0)
+                        for i, (_, qt, _, k, _) in enumerate(layers):
+                            x = xs[(r, k)]
+                            t0 = time.perf_counter()
+                            run(kind, i, x)
+                            dt = time.perf_counter() - t0
+                            t += dt
+                            per[qt] += dt
+                        if rep:
+                            best[(kind, r)] = min(best[(kind, r)], t)
+                            for qt, v in per.items():
+                                best_type[(kind, qt, r)] = min(best_type[(kind, qt, r)], v)
+            same = None
+            if base is not None:
+                same = all(torch.equal(run("q8", i, xs[(r, layers[i][3])]), run("base", i, xs[(r, layers[i][3])]))
+                           for r in rows for i in range(len(layers)))
+        mb = sum(p.numel() for p in packs["q8"]) / 1e6
+        results.append(f"{model}_layers={len(layers)}")
+        results.append(f"{model}_packed_mb={mb:.1f}")
+        if base is not None:
+            results.append(f"{model}_base_packed_mb={sum(p.numel() for p in packs['base']) / 1e6:.1f}")
+        for kind in packs:
+            for r in rows:
+                results.append(f"{model}_{kind}_ms_M{r}={best[(kind, r)] * 1e3:.3f}")
+        for kind in packs:
+            for r in rows[1:]:
+                results.append(f"{model}_{kind}_ratio_M{r}={best[(kind, r)] / best[(kind, 1)]:.3f}")
+        results.append(f"{model}_q8_gb_s_M1={mb / 1e3 / best[('q8', 1)]:.2f}")
+        for kind in packs:
+            for qt, name in names.items():
+                for r in rows:
+                    results.append(f"{model}_{kind}_{name}_ms_M{r}={best_type[(kind, qt, r)] * 1e3:.3f}")
+        if base is not None:
+            for r in rows:
+                results.append(f"{model}_q8_vs_base_M{r}={best[('q8', r)] / best[('base', r)]:.3f}")
+            results.append(f"{model}_base_identical={same}")
+        del packs, xs
+    print("\n".join(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
