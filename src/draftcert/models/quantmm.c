@@ -605,9 +605,11 @@ int dq_dequantize(int qtype, const uint8_t *w, long row_bytes, long N, long K, f
  * The weights are repacked once at load (dq8_pack) into groups of QG = 16 output rows: per block, a
  * header of the 16 rows' scales, then the codes, 4 consecutive k of each of the 16 rows in 64 bytes
  * (one vpdpbusd operand: 16 int32 lanes = 16 outputs, the 4 activation bytes broadcast), two such
- * chunks per 64 bytes as low and high nibbles for the 4-bit types.  Bytes per weight against the
- * GGUF block: Q4_1 0.625 (same), Q4_K 0.578 (0.5625), Q5_0 1.0625 (0.6875), Q8_0 1.0625 (same),
- * Q6_K 1.07 (0.82).
+ * chunks per 64 bytes as low and high nibbles for the 4-bit types and for Q5_0's low 4 bits, whose
+ * fifth bits follow the scales as a bit plane: eight 64-bit masks, one per 64-byte operand (mask
+ * 2u + h, bit 4c + i: the fifth bit of row c's code at k = 8u + 4h + i), added in as 16 by a masked
+ * byte add.  Bytes per weight against the GGUF block: Q4_1 0.625 (same), Q4_K 0.578 (0.5625), Q5_0
+ * 0.6875 (same), Q8_0 1.0625 (same), Q6_K 1.07 (0.82).
  * ============================================================================================ */
 #include <stdio.h>
 #define QG 16
@@ -616,7 +618,8 @@ static inline int q8_block_hdr(int qtype)
 {
     switch (qtype) {
     case Q4_1: return 64;            /* d[16], m[16] fp16 */
-    case Q5_0: case Q8_0: return 32; /* d[16] fp16 */
+    case Q5_0: return 96;            /* d[16] fp16, the fifth bits: 8 x uint64 */
+    case Q8_0: return 32;            /* d[16] fp16 */
     case Q4_K: return 320;           /* d[16], dmin[16] fp16, sc[8][16], mn[8][16] u8 */
     case Q6_K: return 288;           /* d[16] fp16, sc[16][16] int8 */
     }
@@ -626,8 +629,8 @@ static inline int q8_block_hdr(int qtype)
 static inline int q8_block_codes(int qtype)
 {
     switch (qtype) {
-    case Q4_1: return 256;
-    case Q5_0: case Q8_0: return 512;
+    case Q4_1: case Q5_0: return 256;
+    case Q8_0: return 512;
     case Q4_K: return 2048;
     case Q6_K: return 4096;
     }
@@ -636,7 +639,7 @@ static inline int q8_block_codes(int qtype)
 
 static inline int q8_qk(int qtype) { return qtype == Q4_K || qtype == Q6_K ? 256 : 32; }
 static inline int q8_sub(int qtype) { return qtype == Q6_K ? 16 : 32; } /* elements per activation sum */
-static inline int q8_four_bit(int qtype) { return qtype == Q4_1 || qtype == Q4_K; }
+static inline int q8_four_bit(int qtype) { return qtype == Q4_1 || qtype == Q4_K || qtype == Q5_0; } /* nibble codes */
 
 int dq8_vectorised(void)
 {
@@ -731,11 +734,21 @@ int dq8_pack(int qtype, const uint8_t *w, long row_bytes, long N, long K, uint8_
                 if (qtype == Q6_K)
                     for (int j = 0; j < nsc; j++) o[32 + 16 * j + c] = sc[c][j];
             }
+            if (qtype == Q5_0) { /* the fifth bits, then the low 4 bits as nibbles below */
+                for (int u = 0; u < 4; u++)
+                    for (int hh = 0; hh < 2; hh++) {
+                        uint64_t plane = 0;
+                        for (int c = 0; c < QG; c++)
+                            for (int i = 0; i < 4; i++)
+                                plane |= (uint64_t)(code[c][8 * u + 4 * hh + i] >> 4) << (4 * c + i);
+                        memcpy(o + 32 + 8 * (2 * u + hh), &plane, 8);
+                    }
+            }
             if (four) {
                 for (int u = 0; u < qk / 8; u++)
                     for (int c = 0; c < QG; c++)
                         for (int i = 0; i < 4; i++)
-                            cd[u * 64 + c * 4 + i] = (uint8_t)(code[c][8 * u + i] | (code[c][8 * u + 4 + i] << 4));
+                            cd[u * 64 + c * 4 + i] = (uint8_t)((code[c][8 * u + i] & 0x0F) | ((code[c][8 * u + 4 + i] & 0x0F) << 4));
             } else {
                 for (int u = 0; u < qk / 4; u++)
                     for (int c = 0; c < QG; c++)
@@ -861,6 +874,11 @@ static float q8_dot_scalar(int qtype, const uint8_t *grp, long nb, int c, const 
         const int sub = qtype == Q6_K ? 16 : 32;
         for (int k = 0; k < qk; k++) {
             int code = four ? (cd[(k / 8) * 64 + c * 4 + (k & 3)] >> (k & 4)) & 0x0F : cd[(k / 4) * 64 + c * 4 + (k & 3)];
+            if (qtype == Q5_0) { /* k = 8u + 4h + i: mask 2u + h, bit 4c + i */
+                uint64_t plane;
+                memcpy(&plane, h + 32 + 8 * ((k / 8) * 2 + ((k >> 2) & 1)), 8);
+                code |= (int)((plane >> (4 * c + (k & 3))) & 1) << 4;
+            }
             S[k / sub] += code * qb[k];
         }
         const float dw = h2f(h + 2 * c);
@@ -919,10 +937,17 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
             const long k0 = b * 32;
             __m512i s0[Q8MT], s1[Q8MT];
             for (int r = 0; r < MT; r++) s0[r] = s1[r] = _mm512_setzero_si512();
-            if (qtype == Q4_1) {
+            if (qtype == Q4_1 || qtype == Q5_0) {
                 for (int u = 0; u < 4; u++) {
                     const __m512i v = _mm512_loadu_si512(cd + 64 * u);
-                    const __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    __m512i lo = _mm512_and_si512(v, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+                    if (qtype == Q5_0) { /* the fifth bits: + 16 where the plane's bit is set */
+                        uint64_t m0, m1;
+                        memcpy(&m0, h + 32 + 16 * u, 8);
+                        memcpy(&m1, h + 40 + 16 * u, 8);
+                        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(m0), lo, _mm512_set1_epi8(16));
+                        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(m1), hi, _mm512_set1_epi8(16));
+                    }
                     for (int r = 0; r < MT; r++) {
                         s0[r] = DP(s0[r], lo, q[r] + k0 + 8 * u);
                         s1[r] = DP(s1[r], hi, q[r] + k0 + 8 * u + 4);
