@@ -292,3 +292,88 @@ def test_released_file_pages_read_back_the_same_bytes(tmp_path):
     assert release_file_pages(view) in (True, False)  # True where the platform has madvise
     assert torch.equal(view, before)  # faulted back in from the file
     assert release_file_pages(before) is False  # a copy is not a file's pages: left alone
+
+
+@needs_kernel
+def test_siblings_compute_one_pass_with_each_members_own_bits():
+    """q/k/v (and gate/up) on one input: one stacked kernel call, each member's output bits as if it
+    ran alone, whatever order and inputs the members are called with."""
+    from torch import nn
+
+    from draftcert.models.quant import Siblings, dissolve_siblings, group_siblings
+
+    def layer(qtype, n, k, seed, bias=True):
+        b = torch.from_numpy(np.random.default_rng(seed).standard_normal(n).astype(np.float32)) if bias else None
+        return GGUFLinear(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)), qtype, k, n, bias=b, numerics="gguf-q8")
+
+    k = 256
+    attn = nn.Module()
+    attn.q_proj, attn.k_proj, attn.v_proj = layer(12, 48, k, 1), layer(12, 32, k, 2), layer(12, 19, k, 3)
+    mlp = nn.Module()
+    mlp.gate_proj, mlp.up_proj = layer(14, 40, k, 4), layer(14, 40, k, 5)  # 40: not whole groups of 16
+    odd = nn.Module()
+    odd.q_proj, odd.k_proj, odd.v_proj = layer(12, 32, k, 6), layer(12, 32, k, 7), layer(8, 32, k, 8)  # v: another type
+    root = nn.ModuleList([attn, mlp, odd])
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(0))
+    x2 = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
+    alone = {n: m(x) for n, m in root.named_modules() if isinstance(m, GGUFLinear)}
+    alone2 = {n: m(x2) for n, m in root.named_modules() if isinstance(m, GGUFLinear)}
+    assert group_siblings(root) == 2  # q/k/v of attn; q/k of odd (v has another type); not gate/up
+    group = attn.q_proj.__dict__["_siblings"]
+    assert isinstance(group, Siblings) and group.members == [attn.q_proj, attn.k_proj, attn.v_proj]
+    assert attn.k_proj.q8weight.data_ptr() == group.packed.data_ptr() + attn.q_proj.q8weight.numel()  # views, no copy
+    assert odd.v_proj.__dict__.get("_siblings") is None and mlp.up_proj.__dict__.get("_siblings") is None
+    calls = []
+    real = quantmm.linear_q8
+    try:
+        quantmm.linear_q8 = lambda *a, **kw: calls.append(a[3]) or real(*a, **kw)
+        for order in (("0.q_proj", "0.k_proj", "0.v_proj"), ("0.v_proj", "0.q_proj", "0.k_proj")):
+            calls.clear()
+            got = {n: root.get_submodule(n)(x) for n in order}
+            assert calls == [99]  # one pass of 48 + 32 + 19 outputs
+            for n in order:
+                assert torch.equal(got[n], alone[n]), n
+        calls.clear()  # another input between two members, a member twice: recomputed, still its own bits
+        assert torch.equal(attn.q_proj(x), alone["0.q_proj"])
+        assert torch.equal(attn.k_proj(x2), alone2["0.k_proj"])
+        assert torch.equal(attn.k_proj(x), alone["0.k_proj"]) and torch.equal(attn.k_proj(x), alone["0.k_proj"])
+        assert calls == [99, 99, 99, 99]
+        with torch.inference_mode():  # inference tensors (no version counter) take the same path
+            xi = x.clone()
+            assert torch.equal(attn.v_proj(xi), alone["0.v_proj"]) and torch.equal(attn.q_proj(xi), alone["0.q_proj"])
+        for n in ("2.q_proj", "2.k_proj", "2.v_proj", "1.gate_proj", "1.up_proj"):
+            assert torch.equal(root.get_submodule(n)(x), alone[n]), n
+    finally:
+        quantmm.linear_q8 = real
+    dissolve_siblings(attn.k_proj)
+    assert all(m.__dict__.get("_siblings") is None for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert torch.equal(attn.k_proj(x), alone["0.k_proj"])  # alone again, on its view of the stacked packing
+    attn.q_proj.set_numerics("gguf-exact-f32")  # a member leaving the contract leaves its group
+    assert group_siblings(root) == 2 and attn.k_proj.__dict__["_siblings"].members == [attn.k_proj, attn.v_proj]
+    assert torch.equal(attn.k_proj(x), alone["0.k_proj"]) and torch.equal(attn.v_proj(x), alone["0.v_proj"])
+
+
+@needs_kernel
+def test_tiny_gguf_model_groups_its_siblings_with_the_same_logits(tmp_path):
+    from transformers import AutoConfig
+
+    from draftcert.models.quant import GGUFLinear as GL, dissolve_siblings, load_gguf_causal_lm
+
+    from .test_quant import _write_tiny_llama
+
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=True, qtypes={"emb": 8, "q": 12, "k": 12, "v": 14, "o": 14, "gate": 6, "up": 6, "down": 3})
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    q8 = load_gguf_causal_lm(path, config, quiet=True, numerics="gguf-q8")
+    groups = {id(m.__dict__["_siblings"]) for m in q8.modules() if isinstance(m, GL) and m.__dict__.get("_siblings")}
+    assert len(groups) == 2 * 2  # per layer q/k (v is Q6_K) and gate/up
+    ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        grouped = q8(ids).logits
+        for m in q8.modules():
+            if isinstance(m, GL):
+                dissolve_siblings(m)
+        alone = q8(ids).logits
+        set_numerics(q8, "gguf-q8")  # groups again
+        again = q8(ids).logits
+    assert torch.equal(grouped, alone) and torch.equal(again, alone)

@@ -48,7 +48,7 @@ from torch import nn
 from . import quantmm
 from .attention import ROW_INVARIANT, use_row_invariant_attention
 
-__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "set_numerics", "GGUFLinear", "GGUFEmbedding", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
+__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "set_numerics", "GGUFLinear", "GGUFEmbedding", "Siblings", "group_siblings", "dissolve_siblings", "GGUFTensor", "numerics_of", "read_gguf", "load_gguf_causal_lm", "dequantize_gguf",
            "write_gguf_metadata", "load_gguf_folder", "GGUF_FILE"]
 
 CONTRACT = quantmm.CONTRACT
@@ -111,6 +111,7 @@ class GGUFLinear(nn.Module):
         beside them)."""
         if numerics not in quantmm.CONTRACTS:
             raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(quantmm.CONTRACTS)}, got {numerics!r}")
+        dissolve_siblings(self)
         if numerics == quantmm.CONTRACT_Q8 and self.q8weight is None:
             self.q8weight = quantmm.pack_q8(self.qweight.cpu().contiguous(), self.qtype, self.out_features, self.in_features)
             release_file_pages(self.qweight)  # the repacked copy is what runs: the file's pages need not stay resident
@@ -149,6 +150,9 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         if x.dtype == torch.float32 and x.device.type == "cpu" and self.qweight.device.type == "cpu" and quantmm.available():
             if self.q8weight is not None:
+                siblings = self.__dict__.get("_siblings")
+                if siblings is not None:
+                    return siblings.output(self, x)
                 return quantmm.linear_q8(x, self.q8weight, self.qtype, self.out_features, self.in_features, self.bias)
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -166,6 +170,95 @@ class GGUFLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, type={self.qtype_name}, "
                 f"bias={self.bias is not None}{', tied' if self.__dict__.get('_tied') is not None else ''}, numerics={self.numerics}")
+
+
+# Projections of one module that read the same input: computed as one pass where they share a type.
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class Siblings:
+    """``GGUFLinear`` layers that a module calls on one input tensor (``SIBLINGS``: attention's
+    q/k/v, the MLP's gate/up), computed under ``gguf-q8`` as one layer of their stacked outputs.
+
+    The first member called on ``x`` computes ``x @ [W_1; ...; W_n].T (+ [b_1; ...])`` in one kernel
+    call (one quantisation of ``x``, one pass over the weights, one thread fork) and returns its own
+    columns; the others, called next on the same tensor object, take theirs from that pass.  The
+    bits are each member's own: an output column of the contract depends on its weight row, its
+    bias and ``x`` only (not on the other columns of the pass), and the stacked packing is the
+    members' packings end to end (every member but the last has a multiple of 16 outputs: whole
+    groups), so the members' ``q8weight`` are views into it and no memory is added.  A member called
+    on another tensor, or twice, computes the stacked pass again (right, only slower)."""
+
+    def __init__(self, members: list["GGUFLinear"]):
+        first = members[0]
+        self.members = list(members)
+        self.qtype, self.k = first.qtype, first.in_features
+        self.n = sum(m.out_features for m in members)
+        self.packed = torch.cat([m.q8weight for m in members])  # [sum of the members' packed bytes]
+        self.bias = torch.cat([m.bias for m in members]) if first.bias is not None else None  # [n]
+        self.spans: dict[int, tuple[int, int]] = {}
+        col = byte = 0
+        for m in members:
+            size = m.q8weight.numel()
+            m.q8weight = self.packed[byte: byte + size]  # a view: the stacked copy is the only one
+            self.spans[id(m)] = (col, col + m.out_features)
+            col, byte = col + m.out_features, byte + size
+            m.__dict__["_siblings"] = self
+        self._last = None  # (x, its version, the columns not yet taken by id of member)
+
+    def output(self, member: "GGUFLinear", x: torch.Tensor) -> torch.Tensor:
+        last = self._last
+        version = None if x.is_inference() else x._version  # inference tensors keep no version counter
+        if last is not None and last[0] is x and last[1] == version and id(member) in last[2]:
+            y = last[2].pop(id(member))
+            if not last[2]:
+                self._last = None
+            return y
+        y_all = quantmm.linear_q8(x, self.packed, self.qtype, self.n, self.k, self.bias)  # [..., n]
+        cols = {key: y_all[..., a:b] for key, (a, b) in self.spans.items()}
+        y = cols.pop(id(member))
+        self._last = (x, version, cols) if cols else None  # holds x: its identity cannot be reused meanwhile
+        return y
+
+    @staticmethod
+    def can_join(members: list["GGUFLinear"]) -> bool:
+        first = members[0]
+        return (len(members) > 1 and all(m.q8weight is not None and m.qtype == first.qtype
+                                         and m.in_features == first.in_features
+                                         and (m.bias is None) == (first.bias is None)
+                                         and m.__dict__.get("_tied") is None for m in members)
+                and all(m.out_features % 16 == 0 for m in members[:-1]))
+
+
+def dissolve_siblings(layer: "GGUFLinear") -> None:
+    """``layer``'s ``Siblings`` (if any) computes no more: each member computes alone (on its own
+    view of the stacked packing)."""
+    group = layer.__dict__.get("_siblings")
+    if group is not None:
+        for m in group.members:
+            m.__dict__["_siblings"] = None
+        group._last = None
+
+
+def group_siblings(model: nn.Module) -> int:
+    """Form ``Siblings`` in ``model`` (under ``gguf-q8``): per module, its ``SIBLINGS`` children that
+    are ``GGUFLinear`` of one type (q and k together where v has another); the groups formed."""
+    formed = 0
+    for mod in model.modules():
+        for names in SIBLINGS:
+            layers = [getattr(mod, n, None) for n in names]
+            layers = [m for m in layers if isinstance(m, GGUFLinear)]
+            for m in layers:
+                dissolve_siblings(m)
+            by_type: dict[int, list[GGUFLinear]] = {}
+            for m in layers:
+                if m.q8weight is not None:
+                    by_type.setdefault(m.qtype, []).append(m)
+            for members in by_type.values():
+                if Siblings.can_join(members):
+                    Siblings(members)
+                    formed += 1
+    return formed
 
 
 class GGUFEmbedding(nn.Module):
@@ -503,6 +596,8 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     model.requires_grad_(False)
     if quantised:
         _row_invariant_attention(model, numerics)
+        if numerics == CONTRACT_Q8:
+            group_siblings(model)
     model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
                             "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()}),
                             "embedding": quantmm.SUPPORTED[emb_blocks[1]] if emb_blocks is not None else "float32"}
@@ -518,6 +613,8 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
         if isinstance(m, GGUFLinear):
             m.set_numerics(numerics)
     _row_invariant_attention(model, numerics)
+    if numerics == CONTRACT_Q8:
+        group_siblings(model)
     return model
 
 
