@@ -64,9 +64,11 @@ drafter's 1-row forward.  The pair is loaded once from its float32 checkpoints (
 ``--weights`` says: the casts need float parameters) and cast in place from dtype to dtype, in
 turns, ``--cost-rounds`` rounds of ``--cost-repeats`` repeats each; medians and minima over all.
 
-Last lines: ``pair_speedup_strict=`` (best strict dc tokens/s / target), ``pair_ratio_vs_hf_assisted=``
-(best strict dc / hf-assisted), ``pair_speedup_best=`` (best dc, any rule / target), then with
-llama.cpp rows ``pair_vs_llamacpp_target=`` (best strict dc / llamacpp:target),
+Last lines: ``pair_speedup_strict=`` (best strict dc tokens/s / target), ``pair_certificate_share=``
+(the best strict method's certify stage / its rounds' time, ``DecodeStats.stage_seconds``),
+``pair_ratio_vs_hf_assisted=`` (best strict dc / hf-assisted), ``pair_speedup_best=`` (best dc, any
+rule / target), then with llama.cpp rows ``pair_target_vs_llamacpp_target=`` (our target alone /
+llamacpp:target), ``pair_vs_llamacpp_target=`` (best strict dc / llamacpp:target),
 ``pair_vs_llamacpp_best=`` (best strict dc / the fastest of llamacpp:target, its best
 llamacpp:spec:N and llamacpp:lookup), and per prompt set ``pair_vs_llamacpp_target_chat=``,
 ``..._code=``, ``pair_vs_llamacpp_best_chat=``, ``..._code=`` (on that set's prompts only: the
@@ -402,18 +404,24 @@ def main(argv=None) -> int:
             row["tokens_per_forward"] = sum(s["emitted"] for s in sts) / sum(s["target_forwards"] for s in sts)
             cert = [s["certified_fraction"] for s in sts if s.get("certified_fraction") is not None]
             row["certified"] = sum(cert) / len(cert) if cert else None
+            from draftcert.decode.stats import STAGES
+
+            stages = [s.stage_seconds for s in stats[m] if s is not None and s.stage_seconds]
+            if stages:  # the certify stage's share of the rounds' time, over every decode of the method
+                row["cert_share"] = sum(st[STAGES.index("certify")] for st in stages) / sum(sum(st) for st in stages)
         rows.append(row)
 
     base = next(r["tok_s"] for r in rows if r["method"] == "target")
-    print("\n| method | tokens/s | vs target | tokens/forward | certified | drift | identical to greedy (first difference) "
-          "| repeat spread |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    print("\n| method | tokens/s | vs target | tokens/forward | certified | certificate share | drift "
+          "| identical to greedy (first difference) | repeat spread |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         tpf = f"{r['tokens_per_forward']:.2f}" if "tokens_per_forward" in r else "-"
         cert = f"{r['certified']:.3f}" if r.get("certified") is not None else "-"
         drift = f"{r['drift']:.3f}" if "drift" in r else "-"
+        share = f"{r['cert_share']:.1%}" if "cert_share" in r else "-"
         first = "" if r["identical"] else " (" + ", ".join("-" if f is None else str(f) for f in r["first_diff"]) + ")"
-        print(f"| {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f} | {tpf} | {cert} | {drift} | "
+        print(f"| {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / base:.2f} | {tpf} | {cert} | {share} | {drift} | "
               f"{r['identical']}{first} | {r['spread']:.0%} |")  # fmt: skip
     bad = [r["method"] for r in rows if r["method"].startswith("dc:strict:") and not r["identical"]]
     if bad:  # strict is exact w.r.t. the target's argmax in the verification pass; a k-row pass rounds
@@ -454,10 +462,13 @@ def main(argv=None) -> int:
         print(f"llama.cpp: best {bl['method']}" + (f", best N for spec {bspec['method'].rpartition(':')[2]}" if spec else "")
               + (f"; llamacpp:target {lt['tok_s'] / base:.2f}x our target" if lt else ""))
     print(f"pair_speedup_strict={bs['tok_s'] / base:.3f}")
+    if "cert_share" in bs:
+        print(f"pair_certificate_share={bs['cert_share']:.4f}")
     if hf:
         print(f"pair_ratio_vs_hf_assisted={bs['tok_s'] / hf['tok_s']:.3f}")
     print(f"pair_speedup_best={bb['tok_s'] / base:.3f}")
     if lt:
+        print(f"pair_target_vs_llamacpp_target={base / lt['tok_s']:.3f}")
         print(f"pair_vs_llamacpp_target={bs['tok_s'] / lt['tok_s']:.3f}")
     if llama:
         print(f"pair_vs_llamacpp_best={bs['tok_s'] / max(r['tok_s'] for r in llama):.3f}")

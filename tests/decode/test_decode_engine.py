@@ -379,3 +379,22 @@ def test_live_certificates_are_the_librarys(target_factory, prompts, monkeypatch
         flags += certs.certified
         near += sum(r / 2 < d < 2 * r for d, r in zip(certs.divergence, certs.radius))
     assert True in flags and False in flags and near >= 2  # rows on both sides, some close to the radius
+
+
+def test_stage_seconds_add_up_to_the_rounds_and_name_the_certificates_share(tiny, prompts):
+    from draftcert.decode.stats import STAGES, DecodeStats
+
+    target, drafter, _ = tiny
+    res = speculative_generate(target, drafter, prompts[0], "strict", k=3, max_new_tokens=N_NEW)
+    st = res.stats
+    assert len(st.stage_seconds) == len(STAGES) and all(s >= 0 for s in st.stage_seconds)
+    assert 0 < sum(st.stage_seconds) <= st.seconds  # the rounds, inside the timed decode
+    assert st.stage_seconds[STAGES.index("verify")] > 0 and st.stage_seconds[STAGES.index("propose")] > 0
+    summary = st.summary()
+    assert summary["stage_seconds"] == dict(zip(STAGES, st.stage_seconds))
+    assert summary["certificate_share"] == pytest.approx(st.stage_seconds[STAGES.index("certify")] / sum(st.stage_seconds))
+    off = speculative_generate(target, drafter, prompts[0], "strict", k=3, max_new_tokens=N_NEW, certificates=False).stats
+    assert off.stage_seconds[STAGES.index("certify")] < 0.01 * sum(off.stage_seconds)  # nothing certified
+    merged = st.merge(st)
+    assert merged.stage_seconds == [2 * s for s in st.stage_seconds]
+    assert DecodeStats("strict", 3, None).certificate_share is None  # nothing timed (a replay's stats)

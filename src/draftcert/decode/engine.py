@@ -41,7 +41,7 @@ from .drafters import ModelDrafter, make_drafter
 from .round import accept, catch_up, certify, propose_draft, record, resolve_criterion, summary_size, verify
 from .shape import auto_engine_args
 from .state import CacheState, Layout, chain_of, layout_of
-from .stats import DecodeStats, RoundLog
+from .stats import STAGES, DecodeStats, RoundLog
 from .timing import interleave, median_or_none
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "check_drafter_vocab", "check_max_new_tokens",
@@ -288,7 +288,10 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
         draft_src.start(prompt)
         seq, out = list(prompt), []
         n_cached = n_observed = 0  # the target's cache holds seq[:n_cached]; the drafter has seen features of seq[:n_observed]
+        clock = time.perf_counter
+        spent = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES)
         while len(out) < max_new_tokens:
+            t0 = clock()
             draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
             if chains_only:
                 draft = chain_of(draft)
@@ -298,11 +301,15 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
             if fed is not None and n_observed < n_cached:
                 draft_src.observe(fed[n_observed - n_before:])
                 n_observed = n_cached
+            t1 = clock()
             state.mark(n_cached)
             logits, hidden = verify(target, state.cache, n_cached, seq[n_cached:], draft, with_hidden,
                                     state.layout, stats)  # [1 + N, V]
+            t2 = clock()
             verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
+            t3 = clock()
             certs = certify(rule, verdict, draft) if certificates else None  # per expanded node
+            t4 = clock()
             log = record(stats, draft, verdict, certs)  # RoundLog, counted into stats
 
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
@@ -315,6 +322,10 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
             n_cached = state.keep(len(seq), verdict.path, len(draft))
             seq += verdict.emitted
             out += verdict.emitted
+            t5 = clock()
+            for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                spent[i] += dt
+            stats.stage_seconds = list(spent)
             if on_round is not None:
                 on_round(log)
             if verdict.emitted and verdict.emitted[-1] in eos:

@@ -44,6 +44,11 @@ Ours, for which vLLM has no name (all per run):
   baseline, speedup = the median per-repeat ratio of the two tokens/s, each repeat timing the
   decode and the target alone next to each other; ``timing_reliable`` is False when the repeats'
   spread exceeds 20 % (None for a single timing);
+* stage seconds (the engine's rounds of the first timed decode, ``STAGES``): propose (drafting,
+  the drafter's forwards), verify (the target's pass, its catch-up included), accept (the rule's
+  walk), certify (the certificates), record (the counters, the round log, the caches' rollback and
+  the drafter's bookkeeping); certificate share = certify / the sum of the five (the certificates'
+  share of a round);
 * certificates: at every expanded node whose drafter distribution is known,
   certified = KL(p || q) < radius (for a width-m tree node radius = max(radius(criterion),
   radius(tree:m))); certified fraction = certified_positions / checked_positions.  Certified
@@ -56,6 +61,9 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Sequence
 
 from .timing import median_or_none, reliable, spread
+
+
+STAGES = ("propose", "verify", "accept", "certify", "record")  # a round's stages (round.py), stage_seconds' order
 
 
 class CertificateViolation(RuntimeError):
@@ -132,6 +140,7 @@ class DecodeStats:
     baseline_tokens: int | None = None
     baseline_match: bool | None = None  # strict: emitted tokens identical to plain greedy decoding
     rounds: list[RoundLog] = field(default_factory=list)
+    stage_seconds: list[float] = field(default_factory=list)  # [stage] (STAGES): the engine's rounds, first decode
 
     def __post_init__(self):
         _grow(self.accepted_tokens_histogram, self.depth + 1)
@@ -246,6 +255,12 @@ class DecodeStats:
         return self.certified_positions / self.checked_positions if self.checked_positions else None
 
     @property
+    def certificate_share(self) -> float | None:
+        """The certify stage's seconds / all five stages' (None: no stage timed, e.g. a replay)."""
+        total = sum(self.stage_seconds)
+        return self.stage_seconds[STAGES.index("certify")] / total if total > 0 else None
+
+    @property
     def tokens_per_second(self) -> float:
         """Emitted tokens / the median timed decode (``timing.py``; merged runs: per-repeat totals)."""
         sec = median_or_none(self.repeat_seconds) or self.seconds
@@ -329,6 +344,8 @@ class DecodeStats:
             "certified_fraction": self.certified_fraction,
             "certified_positions": self.certified_positions,
             "checked_positions": self.checked_positions,
+            "stage_seconds": dict(zip(STAGES, self.stage_seconds)) if self.stage_seconds else None,
+            "certificate_share": self.certificate_share,
             "seconds": self.seconds,
             "tokens_per_second": self.tokens_per_second,
             "baseline_tokens_per_second": self.baseline_tokens_per_second,
