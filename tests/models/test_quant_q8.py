@@ -295,22 +295,23 @@ def test_released_file_pages_read_back_the_same_bytes(tmp_path):
 
 
 @needs_kernel
-def test_siblings_compute_one_pass_with_each_members_own_bits():
+@pytest.mark.parametrize("numerics", ["gguf-exact-f32", "gguf-q8"])
+def test_siblings_compute_one_pass_with_each_members_own_bits(numerics):
     """q/k/v (and gate/up) on one input: one stacked kernel call, each member's output bits as if it
-    ran alone, whatever order and inputs the members are called with."""
+    ran alone, whatever order and inputs the members are called with, under either contract."""
     from torch import nn
 
     from draftcert.models.quant import Siblings, dissolve_siblings, group_siblings
 
     def layer(qtype, n, k, seed, bias=True):
         b = torch.from_numpy(np.random.default_rng(seed).standard_normal(n).astype(np.float32)) if bias else None
-        return GGUFLinear(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)), qtype, k, n, bias=b, numerics="gguf-q8")
+        return GGUFLinear(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)), qtype, k, n, bias=b, numerics=numerics)
 
     k = 256
     attn = nn.Module()
     attn.q_proj, attn.k_proj, attn.v_proj = layer(12, 48, k, 1), layer(12, 32, k, 2), layer(12, 19, k, 3)
     mlp = nn.Module()
-    mlp.gate_proj, mlp.up_proj = layer(14, 40, k, 4), layer(14, 40, k, 5)  # 40: not whole groups of 16
+    mlp.gate_proj, mlp.up_proj = layer(14, 40, k, 4), layer(14, 40, k, 5)  # 40: not whole groups of 16 (q8's packing)
     odd = nn.Module()
     odd.q_proj, odd.k_proj, odd.v_proj = layer(12, 32, k, 6), layer(12, 32, k, 7), layer(8, 32, k, 8)  # v: another type
     root = nn.ModuleList([attn, mlp, odd])
@@ -318,15 +319,20 @@ def test_siblings_compute_one_pass_with_each_members_own_bits():
     x2 = torch.randn(5, k, generator=torch.Generator().manual_seed(1))
     alone = {n: m(x) for n, m in root.named_modules() if isinstance(m, GGUFLinear)}
     alone2 = {n: m(x2) for n, m in root.named_modules() if isinstance(m, GGUFLinear)}
-    assert group_siblings(root) == 2  # q/k/v of attn; q/k of odd (v has another type); not gate/up
+    q8 = numerics == "gguf-q8"
+    # q/k/v of attn; q/k of odd (v has another type); gate/up only where 40 outputs can stack (not q8)
+    assert group_siblings(root) == (2 if q8 else 3)
     group = attn.q_proj.__dict__["_siblings"]
     assert isinstance(group, Siblings) and group.members == [attn.q_proj, attn.k_proj, attn.v_proj]
-    assert attn.k_proj.q8weight.data_ptr() == group.packed.data_ptr() + attn.q_proj.q8weight.numel()  # views, no copy
-    assert odd.v_proj.__dict__.get("_siblings") is None and mlp.up_proj.__dict__.get("_siblings") is None
+    w = (lambda m: m.q8weight) if q8 else (lambda m: m.qweight)
+    assert w(attn.k_proj).data_ptr() == group.weight.data_ptr() + w(attn.q_proj).numel()  # views, no copy
+    assert odd.v_proj.__dict__.get("_siblings") is None
+    assert (mlp.up_proj.__dict__.get("_siblings") is None) == q8
     calls = []
-    real = quantmm.linear_q8
+    fn = "linear_q8" if q8 else "linear"
+    real = getattr(quantmm, fn)
     try:
-        quantmm.linear_q8 = lambda *a, **kw: calls.append(a[3]) or real(*a, **kw)
+        setattr(quantmm, fn, lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
         for order in (("0.q_proj", "0.k_proj", "0.v_proj"), ("0.v_proj", "0.q_proj", "0.k_proj")):
             calls.clear()
             got = {n: root.get_submodule(n)(x) for n in order}
@@ -344,17 +350,18 @@ def test_siblings_compute_one_pass_with_each_members_own_bits():
         for n in ("2.q_proj", "2.k_proj", "2.v_proj", "1.gate_proj", "1.up_proj"):
             assert torch.equal(root.get_submodule(n)(x), alone[n]), n
     finally:
-        quantmm.linear_q8 = real
+        setattr(quantmm, fn, real)
     dissolve_siblings(attn.k_proj)
     assert all(m.__dict__.get("_siblings") is None for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     assert torch.equal(attn.k_proj(x), alone["0.k_proj"])  # alone again, on its view of the stacked packing
-    attn.q_proj.set_numerics("gguf-exact-f32")  # a member leaving the contract leaves its group
-    assert group_siblings(root) == 2 and attn.k_proj.__dict__["_siblings"].members == [attn.k_proj, attn.v_proj]
+    attn.q_proj.set_numerics("gguf-q8" if not q8 else "gguf-exact-f32")  # a member leaving the contract leaves its group
+    assert group_siblings(root) == (2 if q8 else 3) and attn.k_proj.__dict__["_siblings"].members == [attn.k_proj, attn.v_proj]
     assert torch.equal(attn.k_proj(x), alone["0.k_proj"]) and torch.equal(attn.v_proj(x), alone["0.v_proj"])
 
 
 @needs_kernel
-def test_tiny_gguf_model_groups_its_siblings_with_the_same_logits(tmp_path):
+@pytest.mark.parametrize("numerics", ["gguf-exact-f32", "gguf-q8"])
+def test_tiny_gguf_model_groups_its_siblings_with_the_same_logits(tmp_path, numerics):
     from transformers import AutoConfig
 
     from draftcert.models.quant import GGUFLinear as GL, dissolve_siblings, load_gguf_causal_lm
@@ -364,9 +371,14 @@ def test_tiny_gguf_model_groups_its_siblings_with_the_same_logits(tmp_path):
     path = tmp_path / "tiny.gguf"
     _write_tiny_llama(path, tied=True, qtypes={"emb": 8, "q": 12, "k": 12, "v": 14, "o": 14, "gate": 6, "up": 6, "down": 3})
     config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
-    q8 = load_gguf_causal_lm(path, config, quiet=True, numerics="gguf-q8")
+    q8 = load_gguf_causal_lm(path, config, quiet=True, numerics=numerics)
     groups = {id(m.__dict__["_siblings"]) for m in q8.modules() if isinstance(m, GL) and m.__dict__.get("_siblings")}
     assert len(groups) == 2 * 2  # per layer q/k (v is Q6_K) and gate/up
+    attn = q8.model.layers[0].self_attn
+    group = attn.q_proj.__dict__["_siblings"]
+    assert group.numerics == numerics and group.members == [attn.q_proj, attn.k_proj]
+    if numerics == "gguf-exact-f32":  # the members' blocks are rows of the stacked copy
+        assert attn.k_proj.qweight.data_ptr() == group.weight.data_ptr() + attn.q_proj.qweight.numel()
     ids = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         grouped = q8(ids).logits
@@ -374,6 +386,6 @@ def test_tiny_gguf_model_groups_its_siblings_with_the_same_logits(tmp_path):
             if isinstance(m, GL):
                 dissolve_siblings(m)
         alone = q8(ids).logits
-        set_numerics(q8, "gguf-q8")  # groups again
+        set_numerics(q8, numerics)  # groups again
         again = q8(ids).logits
     assert torch.equal(grouped, alone) and torch.equal(again, alone)

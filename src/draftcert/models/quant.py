@@ -154,6 +154,9 @@ class GGUFLinear(nn.Module):
                 if siblings is not None:
                     return siblings.output(self, x)
                 return quantmm.linear_q8(x, self.q8weight, self.qtype, self.out_features, self.in_features, self.bias)
+            siblings = self.__dict__.get("_siblings")
+            if siblings is not None:
+                return siblings.output(self, x)
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
@@ -178,31 +181,41 @@ SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 class Siblings:
     """``GGUFLinear`` layers that a module calls on one input tensor (``SIBLINGS``: attention's
-    q/k/v, the MLP's gate/up), computed under ``gguf-q8`` as one layer of their stacked outputs.
+    q/k/v, the MLP's gate/up), computed as one layer of their stacked outputs, under either contract.
 
     The first member called on ``x`` computes ``x @ [W_1; ...; W_n].T (+ [b_1; ...])`` in one kernel
-    call (one quantisation of ``x``, one pass over the weights, one thread fork) and returns its own
-    columns; the others, called next on the same tensor object, take theirs from that pass.  The
-    bits are each member's own: an output column of the contract depends on its weight row, its
-    bias and ``x`` only (not on the other columns of the pass), and the stacked packing is the
-    members' packings end to end (every member but the last has a multiple of 16 outputs: whole
-    groups), so the members' ``q8weight`` are views into it and no memory is added.  A member called
-    on another tensor, or twice, computes the stacked pass again (right, only slower)."""
+    call (one pass over the weights, one thread fork; under ``gguf-q8`` one quantisation of ``x``)
+    and returns its own columns; the others, called next on the same tensor object, take theirs
+    from that pass.  The bits are each member's own: under both contracts an output column depends
+    on its weight row, its bias and ``x`` only (one fixed order per output, not on the other columns
+    of the pass).  The stacked weights are the members' end to end (``gguf``: their block rows;
+    ``gguf-q8``: their packings, every member but the last with a multiple of 16 outputs, whole
+    groups), and each member's ``qweight`` / ``q8weight`` becomes a view into them, so no memory is
+    added (the file pages the ``gguf`` blocks were copied from are given back).  A member called on
+    another tensor, or twice, computes the stacked pass again (right, only slower)."""
 
     def __init__(self, members: list["GGUFLinear"]):
         first = members[0]
         self.members = list(members)
-        self.qtype, self.k = first.qtype, first.in_features
+        self.numerics, self.qtype, self.k = first.numerics, first.qtype, first.in_features
         self.n = sum(m.out_features for m in members)
-        self.packed = torch.cat([m.q8weight for m in members])  # [sum of the members' packed bytes]
         self.bias = torch.cat([m.bias for m in members]) if first.bias is not None else None  # [n]
+        self.q8 = self.numerics == CONTRACT_Q8
+        # gguf-q8: [sum of the members' packed bytes]; gguf: [n, row_bytes] block rows
+        self.weight = torch.cat([m.q8weight if self.q8 else m.qweight for m in members])
         self.spans: dict[int, tuple[int, int]] = {}
         col = byte = 0
         for m in members:
-            size = m.q8weight.numel()
-            m.q8weight = self.packed[byte: byte + size]  # a view: the stacked copy is the only one
+            if self.q8:
+                size = m.q8weight.numel()
+                m.q8weight = self.weight[byte: byte + size]  # a view: the stacked copy is the only one
+                byte += size
+            else:
+                old = m.qweight
+                m.qweight = self.weight[col: col + m.out_features]  # rows of the stacked blocks
+                release_file_pages(old)  # the copy is what runs: the file's pages need not stay resident
             self.spans[id(m)] = (col, col + m.out_features)
-            col, byte = col + m.out_features, byte + size
+            col += m.out_features
             m.__dict__["_siblings"] = self
         self._last = None  # (x, its version, the columns not yet taken by id of member)
 
@@ -214,7 +227,8 @@ class Siblings:
             if not last[2]:
                 self._last = None
             return y
-        y_all = quantmm.linear_q8(x, self.packed, self.qtype, self.n, self.k, self.bias)  # [..., n]
+        linear = quantmm.linear_q8 if self.q8 else quantmm.linear
+        y_all = linear(x, self.weight, self.qtype, self.n, self.k, self.bias)  # [..., n]
         cols = {key: y_all[..., a:b] for key, (a, b) in self.spans.items()}
         y = cols.pop(id(member))
         self._last = (x, version, cols) if cols else None  # holds x: its identity cannot be reused meanwhile
@@ -223,16 +237,18 @@ class Siblings:
     @staticmethod
     def can_join(members: list["GGUFLinear"]) -> bool:
         first = members[0]
-        return (len(members) > 1 and all(m.q8weight is not None and m.qtype == first.qtype
+        q8 = first.numerics == CONTRACT_Q8
+        return (len(members) > 1 and all(m.numerics == first.numerics and (m.q8weight is not None) == q8
+                                         and m.qweight.device.type == "cpu" and m.qtype == first.qtype
                                          and m.in_features == first.in_features
                                          and (m.bias is None) == (first.bias is None)
                                          and m.__dict__.get("_tied") is None for m in members)
-                and all(m.out_features % 16 == 0 for m in members[:-1]))
+                and (not q8 or all(m.out_features % 16 == 0 for m in members[:-1])))
 
 
 def dissolve_siblings(layer: "GGUFLinear") -> None:
     """``layer``'s ``Siblings`` (if any) computes no more: each member computes alone (on its own
-    view of the stacked packing)."""
+    view of the stacked weights)."""
     group = layer.__dict__.get("_siblings")
     if group is not None:
         for m in group.members:
@@ -241,8 +257,8 @@ def dissolve_siblings(layer: "GGUFLinear") -> None:
 
 
 def group_siblings(model: nn.Module) -> int:
-    """Form ``Siblings`` in ``model`` (under ``gguf-q8``): per module, its ``SIBLINGS`` children that
-    are ``GGUFLinear`` of one type (q and k together where v has another); the groups formed."""
+    """Form ``Siblings`` in ``model``: per module, its ``SIBLINGS`` children that are ``GGUFLinear``
+    of one type and contract (q and k together where v has another type); the groups formed."""
     formed = 0
     for mod in model.modules():
         for names in SIBLINGS:
@@ -250,11 +266,10 @@ def group_siblings(model: nn.Module) -> int:
             layers = [m for m in layers if isinstance(m, GGUFLinear)]
             for m in layers:
                 dissolve_siblings(m)
-            by_type: dict[int, list[GGUFLinear]] = {}
+            by_kind: dict[tuple[str, int], list[GGUFLinear]] = {}
             for m in layers:
-                if m.q8weight is not None:
-                    by_type.setdefault(m.qtype, []).append(m)
-            for members in by_type.values():
+                by_kind.setdefault((m.numerics, m.qtype), []).append(m)
+            for members in by_kind.values():
                 if Siblings.can_join(members):
                     Siblings(members)
                     formed += 1
@@ -596,8 +611,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     model.requires_grad_(False)
     if quantised:
         _row_invariant_attention(model, numerics)
-        if numerics == CONTRACT_Q8:
-            group_siblings(model)
+        group_siblings(model)
     model.draftcert_gguf = {"file": gguf_path.name, "quantised_layers": len(quantised),
                             "types": sorted({quantmm.SUPPORTED[q] for _, q in quantised.values()}),
                             "embedding": quantmm.SUPPORTED[emb_blocks[1]] if emb_blocks is not None else "float32"}
@@ -613,8 +627,7 @@ def set_numerics(model: nn.Module, numerics: str) -> nn.Module:
         if isinstance(m, GGUFLinear):
             m.set_numerics(numerics)
     _row_invariant_attention(model, numerics)
-    if numerics == CONTRACT_Q8:
-        group_siblings(model)
+    group_siblings(model)
     return model
 
 
