@@ -5,6 +5,7 @@ within the bound of the contract's float32 roundings), for batch, thread and bui
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -351,6 +352,9 @@ def test_siblings_compute_one_pass_with_each_members_own_bits(numerics):
             assert torch.equal(root.get_submodule(n)(x), alone[n]), n
     finally:
         setattr(quantmm, fn, real)
+    twin = copy.deepcopy(attn)  # e.g. a drafter layer initialised from the target's: its own group, same bits
+    assert twin.q_proj.__dict__["_siblings"] is twin.k_proj.__dict__["_siblings"] is not group
+    assert all(torch.equal(getattr(twin, n)(x), alone["0." + n]) for n in ("k_proj", "q_proj", "v_proj"))
     dissolve_siblings(attn.k_proj)
     assert all(m.__dict__.get("_siblings") is None for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     assert torch.equal(attn.k_proj(x), alone["0.k_proj"])  # alone again, on its view of the stacked packing

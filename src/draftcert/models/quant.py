@@ -203,7 +203,7 @@ class Siblings:
         self.q8 = self.numerics == CONTRACT_Q8
         # gguf-q8: [sum of the members' packed bytes]; gguf: [n, row_bytes] block rows
         self.weight = torch.cat([m.q8weight if self.q8 else m.qweight for m in members])
-        self.spans: dict[int, tuple[int, int]] = {}
+        self.spans: list[tuple[int, int]] = []  # [member] its output columns (a copy.deepcopy keeps them)
         col = byte = 0
         for m in members:
             if self.q8:
@@ -214,23 +214,24 @@ class Siblings:
                 old = m.qweight
                 m.qweight = self.weight[col: col + m.out_features]  # rows of the stacked blocks
                 release_file_pages(old)  # the copy is what runs: the file's pages need not stay resident
-            self.spans[id(m)] = (col, col + m.out_features)
+            self.spans.append((col, col + m.out_features))
             col += m.out_features
             m.__dict__["_siblings"] = self
-        self._last = None  # (x, its version, the columns not yet taken by id of member)
+        self._last = None  # (x, its version, the columns not yet taken by member index)
 
     def output(self, member: "GGUFLinear", x: torch.Tensor) -> torch.Tensor:
+        i = next(j for j, m in enumerate(self.members) if m is member)
         last = self._last
         version = None if x.is_inference() else x._version  # inference tensors keep no version counter
-        if last is not None and last[0] is x and last[1] == version and id(member) in last[2]:
-            y = last[2].pop(id(member))
+        if last is not None and last[0] is x and last[1] == version and i in last[2]:
+            y = last[2].pop(i)
             if not last[2]:
                 self._last = None
             return y
         linear = quantmm.linear_q8 if self.q8 else quantmm.linear
         y_all = linear(x, self.weight, self.qtype, self.n, self.k, self.bias)  # [..., n]
-        cols = {key: y_all[..., a:b] for key, (a, b) in self.spans.items()}
-        y = cols.pop(id(member))
+        cols = {j: y_all[..., a:b] for j, (a, b) in enumerate(self.spans)}
+        y = cols.pop(i)
         self._last = (x, version, cols) if cols else None  # holds x: its identity cannot be reused meanwhile
         return y
 
