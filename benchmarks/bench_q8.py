@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -73,22 +70,10 @@ def layers_of(path: Path) -> list[tuple[str, int, int, int, torch.Tensor]]:
 
 def build_baseline(source: Path) -> ctypes.CDLL:
     """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
-    cc = shutil.which("cc") or "cc"
-    out = Path(tempfile.mkdtemp(prefix="quantmm-base-")) / "base.so"
-    cmd = [cc, *quantmm.FLAGS, *quantmm.extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
-           "-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"--baseline-source: {source} did not build: {r.stderr.strip()[-500:]}")
-    lib = ctypes.CDLL(str(out))
-    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-    lib.dq8_packed_bytes.argtypes = [I, L, L]
-    lib.dq8_packed_bytes.restype = L
-    lib.dq8_pack.argtypes = [I, P, L, L, L, P, I]
-    lib.dq8_pack.restype = I
-    lib.dq8_linear.argtypes = [I, P, L, L, P, L, P, P, I]
-    lib.dq8_linear.restype = I
-    return lib
+    try:
+        return quantmm.load_source(source)
+    except RuntimeError as e:
+        raise SystemExit(f"--baseline-source: {source} did not build: {e}") from None
 
 
 def base_pack(lib, qtype: int, n: int, k: int, blocks: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,18 +45,10 @@ from draftcert.models.quant import GGUFLinear
 
 def build_baseline(source: Path) -> ctypes.CDLL:
     """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
-    cc = shutil.which("cc") or "cc"
-    out = Path(tempfile.mkdtemp(prefix="quantmm-base-")) / "base.so"
-    cmd = [cc, *quantmm.FLAGS, *quantmm.extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source), "-fopenmp",
-           "-o", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"--baseline-source: {source} did not build: {r.stderr.strip()[-500:]}")
-    lib = ctypes.CDLL(str(out))
-    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-    lib.dq_linear.argtypes = [I, P, L, L, L, P, L, P, P, I]
-    lib.dq_linear.restype = I
-    return lib
+    try:
+        return quantmm.load_source(source)
+    except RuntimeError as e:
+        raise SystemExit(f"--baseline-source: {source} did not build: {e}") from None
 
 
 def base_linear(lib, m: GGUFLinear, x: torch.Tensor) -> torch.Tensor:

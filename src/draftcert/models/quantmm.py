@@ -112,28 +112,39 @@ def build_native(source: Path) -> tuple[ctypes.CDLL | None, str, str]:
         return None, str(e), ""
 
 
+_SIGNATURES = {  # name: (argument types, return type); L long, P pointer, I int
+    "dq_linear": ("IPLLLPLPPI", "I"), "dq_dequantize": ("IPLLLPI", "I"), "dq8_packed_bytes": ("ILL", "L"),
+    "dq8_pack": ("IPLLLPI", "I"), "dq8_linear": ("IPLLPLPPI", "I"), "dq8_linear_portable": ("IPLLPLPP", "I"),
+    "dq8_quantize": ("IPLLPPPP", "I"),
+}
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument and return types of the kernel functions ``lib`` has (an older source may lack some)."""
+    types = {"L": ctypes.c_long, "P": ctypes.c_void_p, "I": ctypes.c_int}
+    for name, (args, ret) in _SIGNATURES.items():
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [types[c] for c in args], types[ret]
+    return lib
+
+
 @lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str, str]:
     """(the loaded kernel, "", its build id) or (None, why it is unavailable, "")."""
     lib, why, ident = build_native(SOURCE)
     if lib is None:
         return lib, why, ident
-    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-    lib.dq_linear.argtypes = [I, P, L, L, L, P, L, P, P, I]
-    lib.dq_linear.restype = I
-    lib.dq_dequantize.argtypes = [I, P, L, L, L, P, I]
-    lib.dq_dequantize.restype = I
-    lib.dq8_packed_bytes.argtypes = [I, L, L]
-    lib.dq8_packed_bytes.restype = L
-    lib.dq8_pack.argtypes = [I, P, L, L, L, P, I]
-    lib.dq8_pack.restype = I
-    lib.dq8_linear.argtypes = [I, P, L, L, P, L, P, P, I]
-    lib.dq8_linear.restype = I
-    lib.dq8_linear_portable.argtypes = [I, P, L, L, P, L, P, P]
-    lib.dq8_linear_portable.restype = I
-    lib.dq8_quantize.argtypes = [I, P, L, L, P, P, P, P]
-    lib.dq8_quantize.restype = I
-    return lib, "", ident
+    return _declare(lib), "", ident
+
+
+def load_source(source: str | Path) -> ctypes.CDLL:
+    """Another ``quantmm.c`` (an older revision, for benchmarks against it) compiled and loaded as
+    this module's own kernel is (same compiler, flags and cache); RuntimeError if it does not build."""
+    lib, why, _ = build_native(Path(source))
+    if lib is None:
+        raise RuntimeError(f"{source}: {why}")
+    return _declare(lib)
 
 
 def native_library() -> ctypes.CDLL | None:
