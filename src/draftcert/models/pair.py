@@ -154,14 +154,14 @@ PAIR_MODELS: dict[str, PairModel] = {
     for m in (
         PairModel(
             name="qwen2.5-coder-0.5b",
-            title="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M mixed with Q5_0/Q6_K/Q8_0, dequantised)",
+            title="Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M mixed with Q5_0/Q6_K/Q8_0)",
             parts=_DRAFTER_PARTS,
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
         PairModel(
             name="qwen2.5-coder-1.5b",
-            title="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M mixed with Q6_K, dequantised)",
+            title="Qwen2.5-Coder-1.5B-Instruct (GGUF Q4_K_M mixed with Q6_K)",
             parts=_TARGET_PARTS,
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
