@@ -16,21 +16,29 @@ Q8_0, Q6_K and Q4_K; downloaded on first use, 1.6 GB) and the embedded SmolLM2 f
 bits on every layer and row count (the contract does not depend on the layout), printed as
 ``<model>_base_identical=``.
 
+``--forward`` adds, per model, the whole transformers model under ``gguf-q8`` (``load_target``):
+one-row forwards (``hf.model_forward``, as the engine calls them) after a fixed 34-token prompt, timed in turns with the kernels and with
+``quantmm.linear_q8`` replaced by a function that only allocates its output (what the model costs
+around the kernels: norms, rotary, attention, Python), ``--repeats`` x 10 of each, medians.
+
     python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
-        [--threads 2] [--repeats 5] [--baseline-source FILE]
+        [--threads 2] [--repeats 5] [--baseline-source FILE] [--forward]
 
 Last lines, ``name=value`` per model: ``<model>_packed_mb`` (the bytes one pass reads),
 ``<model>_q8_ms_M<M>`` (one pass, ms), ``<model>_q8_ratio_M<M>`` (M rows / 1 row),
 ``<model>_q8_gb_s_M1`` (packed bytes / the one-row pass: the rate it streams the weights), per
 GGUF type ``<model>_q8_<type>_ms_M<M>`` (the layers of that type only, same rounds), and with a
 baseline ``<model>_base_ms_M<M>``, ``<model>_q8_vs_base_M<M>`` (below 1: this kernel is faster) and
-``<model>_base_identical``.
+``<model>_base_identical``; with ``--forward`` ``<model>_forward_ms_M1``,
+``<model>_forward_outside_kernels_ms_M1`` and ``<model>_forward_kernel_share`` (1 - the second / the
+first).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,6 +99,39 @@ def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
     return y
 
 
+def forward_costs(model: str, repeats: int) -> list[str]:
+    """One-row forwards of ``model`` under gguf-q8, with its kernels and with them stubbed out."""
+    from draftcert.models import load_target
+    from draftcert.models.hf import model_forward, new_cache
+    from draftcert.prompts import encode_prompt
+
+    target, tok = load_target(MODELS[model], weights="gguf-q8")  # None: the embedded target
+    ids = encode_prompt(tok, "Write a Python function that checks whether a number is prime.")
+    real = quantmm.linear_q8
+
+    def outputs_only(x, packed, qtype, n, k, bias=None):  # only the output a kernel call would fill
+        return torch.zeros(*x.shape[:-1], n)
+
+    times = {"kernels": [], "outside": []}
+    with torch.inference_mode():
+        cache = new_cache(target)
+        model_forward(target, cache, ids, 1)  # the prompt, as the engine feeds it
+        try:
+            for rep in range(repeats):
+                for mode in ("kernels", "outside") if rep % 2 == 0 else ("outside", "kernels"):
+                    quantmm.linear_q8 = real if mode == "kernels" else outputs_only
+                    for step in range(10):
+                        t0 = time.perf_counter()
+                        model_forward(target, cache, [100 + step], 1)  # one row, the engine's call
+                        times[mode].append(time.perf_counter() - t0)
+                        cache.crop(-1)
+        finally:
+            quantmm.linear_q8 = real
+    full, outside = (statistics.median(times[m]) for m in ("kernels", "outside"))
+    return [f"{model}_forward_ms_M1={full * 1e3:.2f}", f"{model}_forward_outside_kernels_ms_M1={outside * 1e3:.2f}",
+            f"{model}_forward_kernel_share={1 - outside / full:.3f}"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="target,drafter,embedded", help="comma-separated: " + ", ".join(MODELS))
@@ -98,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-source", default=None, help="another quantmm.c to time as kernel base (same flags)")
+    ap.add_argument("--forward", action="store_true", help="also time each model's one-row forward with and "
+                    "without its kernels (what the rest of the model costs)")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
@@ -171,6 +214,8 @@ def main(argv=None) -> int:
                 results.append(f"{model}_q8_vs_base_M{r}={best[('q8', r)] / best[('base', r)]:.3f}")
             results.append(f"{model}_base_identical={same}")
         del packs, xs
+        if args.forward:
+            results += forward_costs(model, args.repeats)
     print("\n".join(results))
     return 0
 
