@@ -289,7 +289,7 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
         seq, out = list(prompt), []
         n_cached = n_observed = 0  # the target's cache holds seq[:n_cached]; the drafter has seen features of seq[:n_observed]
         clock = time.perf_counter
-        spent = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES)
+        spent = stats.stage_seconds = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES), added up in place
         while len(out) < max_new_tokens:
             t0 = clock()
             draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
@@ -325,7 +325,6 @@ def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, 
             t5 = clock()
             for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
                 spent[i] += dt
-            stats.stage_seconds = list(spent)
             if on_round is not None:
                 on_round(log)
             if verdict.emitted and verdict.emitted[-1] in eos:
