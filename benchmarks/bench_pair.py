@@ -311,6 +311,7 @@ def main(argv=None) -> int:
         args.chat, args.code, args.max_new_tokens, args.repeats = 1, 1, 32, 1
     torch.set_num_threads(args.threads)
 
+    from draftcert.decode.stats import STAGES
     from draftcert.models import PAIR_DTYPE
     from draftcert.prompts import encode_prompt, load_prompts
 
@@ -404,8 +405,6 @@ def main(argv=None) -> int:
             row["tokens_per_forward"] = sum(s["emitted"] for s in sts) / sum(s["target_forwards"] for s in sts)
             cert = [s["certified_fraction"] for s in sts if s.get("certified_fraction") is not None]
             row["certified"] = sum(cert) / len(cert) if cert else None
-            from draftcert.decode.stats import STAGES
-
             stages = [s.stage_seconds for s in stats[m] if s is not None and s.stage_seconds]
             if stages:  # the certify stage's share of the rounds' time, over every decode of the method
                 row["cert_share"] = sum(st[STAGES.index("certify")] for st in stages) / sum(sum(st) for st in stages)

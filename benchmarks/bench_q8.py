@@ -70,8 +70,8 @@ def layers_of(path: Path) -> list[tuple[str, int, int, int, torch.Tensor]]:
         if len(t.shape) != 2 or t.qtype not in quantmm.SUPPORTED or (t.name == "token_embd.weight" and not tied):
             continue
         n = t.shape[0]
-        elems = 256 if t.qtype in (12, 14) else 32
-        k = t.data.shape[1] // {3: 20, 6: 22, 8: 34, 12: 144, 14: 210}[t.qtype] * elems
+        qk, qb = quantmm.block_shape(t.qtype)  # elements, bytes a block
+        k = t.data.shape[1] // qb * qk
         out.append((t.name, t.qtype, n, k, torch.from_numpy(t.data)))
     return out
 

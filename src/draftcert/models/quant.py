@@ -149,14 +149,11 @@ class GGUFLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
         if x.dtype == torch.float32 and x.device.type == "cpu" and self.qweight.device.type == "cpu" and quantmm.available():
-            if self.q8weight is not None:
-                siblings = self.__dict__.get("_siblings")
-                if siblings is not None:
-                    return siblings.output(self, x)
-                return quantmm.linear_q8(x, self.q8weight, self.qtype, self.out_features, self.in_features, self.bias)
             siblings = self.__dict__.get("_siblings")
-            if siblings is not None:
+            if siblings is not None:  # one stacked pass under this layer's own contract
                 return siblings.output(self, x)
+            if self.q8weight is not None:
+                return quantmm.linear_q8(x, self.q8weight, self.qtype, self.out_features, self.in_features, self.bias)
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
