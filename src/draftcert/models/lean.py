@@ -1,0 +1,204 @@
+"""Decoder layers of the Llama family run as one function each: the same torch operations as
+transformers' modules, without the module calls between them.
+
+Why: on a CPU a one-row pass of a small quantised model is a few milliseconds of kernels and a few
+milliseconds of Python around them.  transformers' decoder layer calls eight modules per layer
+(two norms, the attention and its four projections, the MLP and its activation), each through
+``nn.Module.__call__``, keyword plumbing, deprecation wrappers and the kernels hub's context
+switch; a 28-layer model makes ~430 such calls a pass.  ``lean_layer_forward`` is that layer's
+``forward`` written out::
+
+    x = rms(h)          ; q, k, v = q_proj(x), k_proj(x), v_proj(x)   # [B, T, H*D] -> [B, H, T, D]
+    q, k = q cos + rot(q) sin, k cos + rot(k) sin                       # rotary, unsqueezed on heads
+    k, v = cache.update(k, v, layer)                                     # [B, Hkv, S, D]
+    h = h + o_proj(attention(q, k, v, mask))                             # the model's own attention
+    h = h + down_proj(silu(gate_proj(rms'(h))) * up_proj(rms'(h)))
+
+(Qwen3 first norms q and k over each head's D values) with every operation transformers' (``rms`` is
+``w * (h * rsqrt(mean(h^2) + eps))``), in its order,
+on the same tensors, so the output is the same bits (``tests/models/test_lean.py`` compares logits of
+tiny Llama, Qwen2 and Qwen3 models, float32 and GGUF under both contracts, 1..16 rows, trees, batches).
+The projections are called through their ``forward`` (``GGUFLinear``, ``fastlinear``'s layers or
+``nn.Linear``), the attention through transformers' attention interface with the arguments its
+attention module passes, the cache through its public ``update``.  The model-level forward
+(embedding, masks, rotary tables, the output layer) stays transformers'.
+
+A layer is switched only when it and its children are exactly the classes written out here
+(``FAMILIES``), silu MLPs, no sliding window, no kernels-hub replacement; per call it hands back to
+the original forward whenever something is outside the written-out case: autograd or training
+mode, hooks on a child, attention weights requested, an eager attention, a cache layer that is
+not a plain ``DynamicLayer``.  ``DRAFTCERT_LEAN=0`` leaves every model as transformers built it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.modules import module as _nn_module  # the global hook registries
+
+__all__ = ["FAMILIES", "enabled", "use_lean_layers", "restore_layers", "lean_layers"]
+
+# decoder layer class -> (attention class, MLP class, RMSNorm class, whether the attention module
+# passes ``sliding_window=`` to the attention interface, whether q and k are normed per head first)
+FAMILIES = {
+    "LlamaDecoderLayer": ("LlamaAttention", "LlamaMLP", "LlamaRMSNorm", False, False),
+    "Qwen2DecoderLayer": ("Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm", True, False),
+    "Qwen3DecoderLayer": ("Qwen3Attention", "Qwen3MLP", "Qwen3RMSNorm", True, True),
+}
+_BASE = "_draftcert_lean_base"  # attribute of a switched layer's class: the class it was
+_SUBCLASSES: dict[type, type] = {}  # original decoder-layer class -> its switched subclass
+
+
+def enabled() -> bool:
+    """False under ``DRAFTCERT_LEAN=0``."""
+    return os.environ.get("DRAFTCERT_LEAN", "1").strip() != "0"
+
+
+def _eligible(layer: torch.nn.Module, config) -> str | None:
+    """None if ``layer`` is the written-out case, else why not."""
+    family = FAMILIES.get(type(layer).__name__)
+    if family is None:
+        return f"{type(layer).__name__} is not written out"
+    attn_cls, mlp_cls, norm_cls, _, qk_norm = family
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    if qk_norm:
+        norms += (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+    if type(attn).__name__ != attn_cls or type(mlp).__name__ != mlp_cls or any(type(n).__name__ != norm_cls for n in norms):
+        return "a child module is not its family's class"
+    for mod in (layer, attn, mlp, *norms):
+        if "forward" in vars(mod):  # replaced on the instance (kernelize, another patch)
+            return f"{type(mod).__name__}.forward is replaced on the instance"
+    if getattr(config, "hidden_act", None) != "silu" or type(mlp.act_fn).__name__ != "SiLUActivation":
+        return "the MLP's activation is not silu"
+    if getattr(attn, "sliding_window", None) is not None or getattr(config, "use_sliding_window", False):
+        return "sliding-window attention"
+    ret = inspect.signature(type(layer).forward).return_annotation
+    if "tuple" in str(ret).lower():  # older transformers returned (hidden, ...) tuples
+        return "its forward returns a tuple"
+    return None
+
+
+def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
+    # transformers' LlamaRMSNorm / Qwen2RMSNorm.forward on float32 input (its two .to() are no-ops)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    return norm._parameters["weight"] * (h * torch.rsqrt(variance + norm.variance_epsilon))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _hooked(*mods: torch.nn.Module) -> bool:
+    for m in mods:
+        if m is not None and (m._forward_hooks or m._forward_pre_hooks):
+            return True
+    return False
+
+
+def _global_hooks() -> bool:
+    return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)
+
+
+def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """The decoder layer's forward (module docstring); the original one outside the written-out case."""
+    from transformers.cache_utils import DynamicLayer  # optional: models extra (imported: a dict lookup)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    # children read from the module dicts (nn.Module.__getattr__'s lookup costs ~1 us per access)
+    mods = self._modules
+    attn, mlp, norm_in, norm_post = mods["self_attn"], mods["mlp"], mods["input_layernorm"], mods["post_attention_layernorm"]
+    am, mm = attn._modules, mlp._modules
+    q_proj, k_proj, v_proj, o_proj = am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"]
+    gate_proj, up_proj, down_proj = mm["gate_proj"], mm["up_proj"], mm["down_proj"]
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    position_embeddings = kwargs.get("position_embeddings")
+    impl = attn.config._attn_implementation
+    if (args or position_embeddings is None or torch.is_grad_enabled() or self.training
+            or hidden_states.dtype != torch.float32 or kwargs.get("output_attentions")
+            or impl == "eager" or impl not in ALL_ATTENTION_FUNCTIONS
+            or (cache is not None and type(cache.layers[attn.layer_idx]) is not DynamicLayer)
+            or _hooked(attn, mlp, norm_in, norm_post, mm["act_fn"], q_proj, k_proj, v_proj, o_proj,
+                       gate_proj, up_proj, down_proj, am.get("q_norm"), am.get("k_norm"))
+            or _global_hooks()):
+        return getattr(type(self), _BASE).forward(self, hidden_states, *args, **kwargs)
+    # what the layer hands its attention module as **kwargs: everything but the named arguments
+    attn_kwargs = {k: v for k, v in kwargs.items()
+                   if k not in ("attention_mask", "position_embeddings", "cache", "past_key_values")}
+    residual = hidden_states
+    x = _rms(norm_in, hidden_states)  # [B, T, hidden]
+    input_shape = x.shape[:-1]
+    hidden_shape = (*input_shape, -1, attn.head_dim)
+    _, _, _, sliding_kwarg, qk_norm = FAMILIES[type(self).__name__]
+    q = q_proj.forward(x).view(hidden_shape)  # [B, T, H, D]
+    k = k_proj.forward(x).view(hidden_shape)  # [B, T, Hkv, D]
+    if qk_norm:  # Qwen3: RMSNorm over each head's D values
+        q, k = _rms(am["q_norm"], q), _rms(am["k_norm"], k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
+    v = v_proj.forward(x).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx)  # [B, Hkv, S, D]
+    if sliding_kwarg:
+        attn_kwargs["sliding_window"] = attn.sliding_window
+    out, _ = ALL_ATTENTION_FUNCTIONS[impl](attn, q, k, v, kwargs.get("attention_mask"), dropout=0.0,
+                                           scaling=attn.scaling, **attn_kwargs)  # [B, T, H, D]
+    out = out.reshape(*input_shape, -1).contiguous()
+    hidden_states = residual + o_proj.forward(out)
+    residual = hidden_states
+    x = _rms(norm_post, hidden_states)
+    x = down_proj.forward(F.silu(gate_proj.forward(x)) * up_proj.forward(x))
+    return residual + x
+
+
+def _switched_class(cls: type) -> type:
+    """``cls`` with ``lean_layer_forward`` as its forward: a subclass of the same name (what class-name
+    checks read), so ``isinstance``, ``copy.deepcopy`` and transformers' output recording keep working."""
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:
+        sub = type(cls.__name__, (cls,), {"forward": lean_layer_forward, _BASE: cls, "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+def _switched(mod: torch.nn.Module) -> bool:
+    return _BASE in vars(type(mod))
+
+
+def lean_layers(model: torch.nn.Module) -> int:
+    """How many of ``model``'s decoder layers run ``lean_layer_forward``."""
+    return sum(1 for m in model.modules() if _switched(m))
+
+
+def use_lean_layers(model: torch.nn.Module) -> int:
+    """Switch every written-out decoder layer of ``model`` to ``lean_layer_forward`` (in place);
+    returns how many were switched (0 under ``DRAFTCERT_LEAN=0``, or for another family)."""
+    if not enabled():
+        return 0
+    config = getattr(model, "config", None)
+    n = 0
+    for mod in model.modules():
+        if _switched(mod):
+            n += 1
+        elif type(mod).__name__ in FAMILIES and _eligible(mod, getattr(mod.self_attn, "config", config)) is None:
+            mod.__class__ = _switched_class(type(mod))
+            n += 1
+    return n
+
+
+def restore_layers(model: torch.nn.Module) -> int:
+    """Give every switched layer of ``model`` its original forward back; returns how many."""
+    n = 0
+    for mod in model.modules():
+        if _switched(mod):
+            mod.__class__ = getattr(type(mod), _BASE)
+            n += 1
+    return n
