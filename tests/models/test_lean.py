@@ -88,8 +88,12 @@ def _passes(model) -> list[torch.Tensor]:
 def _same_bits_switched_and_not(model) -> None:
     n_layers = model.config.num_hidden_layers
     assert lean.use_lean_layers(model) == n_layers == lean.lean_layers(model)
+    with torch.inference_mode():  # model_forward runs the decoder written out too
+        assert lean.decoder_ready(model)
     switched = _passes(model)
     assert lean.restore_layers(model) == n_layers and lean.lean_layers(model) == 0
+    with torch.inference_mode():
+        assert not lean.decoder_ready(model)
     original = _passes(model)
     assert len(switched) == len(original)
     for i, (a, b) in enumerate(zip(switched, original)):
@@ -150,6 +154,15 @@ def test_outside_the_written_out_case_the_original_forward_runs():
     handle.remove()
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, hooked) and len(calls) == 1  # switched again: the hook is gone anyway
+    head_calls = []
+    handle = model.lm_head.register_forward_hook(lambda *a: head_calls.append(1))
+    with torch.inference_mode():  # a hook on the output layer: model_forward calls the model as a module
+        assert not lean.decoder_ready(model)
+        assert torch.equal(model_forward(model, new_cache(model), [1, 2, 3], 3), hooked[0]) and head_calls == [1]
+    handle.remove()
+    with torch.inference_mode():
+        assert lean.decoder_ready(model)
+    assert not lean.decoder_ready(model)  # autograd on
     with torch.enable_grad():  # autograd: the original forward (its graph is transformers')
         p = model.model.layers[0].mlp.up_proj.weight.requires_grad_(True)
         model(ids).logits.sum().backward()

@@ -19,6 +19,8 @@ from typing import Sequence
 
 import torch
 
+from . import lean
+
 __all__ = [
     "cache_kwarg",
     "new_cache",
@@ -156,6 +158,9 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     """
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
+    if lean.decoder_ready(model):  # the same bits without transformers' model-level plumbing (lean.py)
+        h = lean.lean_decoder(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask, position_ids)
+        return model._modules["lm_head"].forward(h[:, -keep:, :])[0]
     out = model(
         input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
         attention_mask=mask,
@@ -177,6 +182,9 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
     dec = model.get_decoder()
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
+    if lean.decoder_ready(model):
+        h = lean.lean_decoder(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask, position_ids)
+        return model.get_output_embeddings()(h[:, -keep:, :])[0], h[0]
     out = dec(
         input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
         attention_mask=mask,

@@ -20,8 +20,11 @@ on the same tensors, so the output is the same bits (``tests/models/test_lean.py
 tiny Llama, Qwen2 and Qwen3 models, float32 and GGUF under both contracts, 1..16 rows, trees, batches).
 The projections are called through their ``forward`` (``GGUFLinear``, ``fastlinear``'s layers or
 ``nn.Linear``), the attention through transformers' attention interface with the arguments its
-attention module passes, the cache through its public ``update``.  The model-level forward
-(embedding, masks, rotary tables, the output layer) stays transformers'.
+attention module passes, the cache through its public ``update``.  ``hf.model_forward`` and
+``hf.forward_with_hidden`` also write out the decoder around them (``lean_decoder``: the embedding,
+the rotary tables, transformers' own ``create_causal_mask``, the layers, the final norm) where
+``decoder_ready``: a Llama / Qwen2 / Qwen3 causal LM with every layer switched, full attention only,
+no hooks, no autograd, and the transformers 5 mask signature; anything else calls the model.
 
 A layer is switched only when it and its children are exactly the classes written out here
 (``FAMILIES``), silu MLPs, no sliding window, no kernels-hub replacement; per call it hands back to
@@ -39,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module  # the global hook registries
 
-__all__ = ["FAMILIES", "enabled", "use_lean_layers", "restore_layers", "lean_layers"]
+__all__ = ["FAMILIES", "CAUSAL_LMS", "enabled", "use_lean_layers", "restore_layers", "lean_layers", "decoder_ready",
+           "lean_decoder"]
 
 # decoder layer class -> (attention class, MLP class, RMSNorm class, whether the attention module
 # passes ``sliding_window=`` to the attention interface, whether q and k are normed per head first)
@@ -202,3 +206,62 @@ def restore_layers(model: torch.nn.Module) -> int:
             mod.__class__ = getattr(type(mod), _BASE)
             n += 1
     return n
+
+
+# ----------------------------------------------------------------------------- the causal LM around them
+
+# causal LM class -> its decoder class, whose forward ``lean_decoder`` writes out
+CAUSAL_LMS = {"LlamaForCausalLM": "LlamaModel", "Qwen2ForCausalLM": "Qwen2Model", "Qwen3ForCausalLM": "Qwen3Model"}
+# transformers' create_causal_mask arguments that lean_decoder passes (5.x names); another signature:
+# the model's own forward
+_MASK_ARGS = ("config", "inputs_embeds", "attention_mask", "cache", "position_ids")
+
+
+def _mask_function():
+    """transformers' ``create_causal_mask`` if its arguments are ``_MASK_ARGS``, else None."""
+    global _MASK_FN
+    if _MASK_FN is False:
+        try:  # optional: models extra
+            from transformers.masking_utils import create_causal_mask
+        except ImportError:
+            create_causal_mask = None
+        ok = create_causal_mask is not None and all(a in inspect.signature(create_causal_mask).parameters for a in _MASK_ARGS)
+        _MASK_FN = create_causal_mask if ok else None
+    return _MASK_FN
+
+
+_MASK_FN = False  # not looked up yet
+
+
+def decoder_ready(model) -> bool:
+    """Can ``lean_decoder`` run ``model`` (a whole causal LM, every layer switched) right now?"""
+    if CAUSAL_LMS.get(type(model).__name__) is None or "forward" in vars(model) or _mask_function() is None:
+        return False
+    base = model._modules.get("model")
+    if base is None or type(base).__name__ != CAUSAL_LMS[type(model).__name__] or "forward" in vars(base):
+        return False
+    if torch.is_grad_enabled() or model.training or getattr(base, "has_sliding_layers", False) or _global_hooks():
+        return False
+    if any(t != "full_attention" for t in getattr(base.config, "layer_types", None) or ()):
+        return False
+    bm = base._modules
+    if _hooked(model, base, bm.get("embed_tokens"), bm.get("norm"), bm.get("rotary_emb"), model._modules.get("lm_head")):
+        return False
+    layers = bm["layers"]
+    return all(_switched(layer) and not _hooked(layer) for layer in layers)
+
+
+def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states ``[B, T, hidden]`` (after its final norm), as its forward computes
+    them (``decoder_ready(model)`` first): embed, rotary tables, transformers' causal mask, the layers
+    (``lean_layer_forward``), the norm."""
+    base = model._modules["model"]
+    bm = base._modules
+    h = bm["embed_tokens"].forward(input_ids)  # [B, T, hidden]
+    position_embeddings = bm["rotary_emb"](h, position_ids)
+    mask = _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
+                            position_ids=position_ids)
+    for layer in bm["layers"][: base.config.num_hidden_layers]:
+        h = lean_layer_forward(layer, h, attention_mask=mask, position_embeddings=position_embeddings,
+                               position_ids=position_ids, cache=cache, use_cache=cache is not None)
+    return bm["norm"].forward(h)
