@@ -1,7 +1,9 @@
 """Method names shared by the speed benchmarks (``bench_speedup.py``, ``bench_pair.py``).
 
 ``dc:RULE:SHAPE`` is draftcert's engine with criterion RULE and SHAPE ``kN`` (a chain of N),
-``treeMxD`` (top-M children to depth D) or ``auto`` (``-k auto``'s choice, passed in as ``auto``).
+``treeMxD`` (top-M children to depth D) or ``auto`` (``-k auto``'s choice, passed in as ``auto``);
+``bench_pair.py`` also takes ``dc:RULE:SHAPE:vN``, the drafter proposing only the first N token ids
+(``--draft-vocab N``, ``split_vocab``).
 """
 
 from __future__ import annotations
@@ -23,3 +25,11 @@ def parse_dc(spec: str, auto: dict | None = None) -> tuple[str, dict]:
     except ValueError:
         pass
     raise ValueError(f"method {spec!r}: the shape must be kN, treeMxD or auto (e.g. dc:strict:k3, dc:strict:tree2x4)")
+
+
+def split_vocab(spec: str) -> tuple[str, int | None]:
+    """(``dc:RULE:SHAPE``, N) of ``dc:RULE:SHAPE:vN``; (spec, None) without the suffix."""
+    head, _, last = spec.rpartition(":")
+    if head.startswith("dc:") and last.startswith("v") and last[1:].isdigit() and int(last[1:]) > 0:
+        return head, int(last[1:])
+    return spec, None

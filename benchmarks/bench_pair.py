@@ -22,7 +22,9 @@ prompt is the median of its repeats, and its tokens/s is total tokens over the s
 (b) ``hf-assisted``: ``target.generate(do_sample=False, assistant_model=<0.5B>)``, transformers'
     assisted generation with the same drafter: the peer a user would pick instead.
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the 0.5B drafter, live certificates on, as a
-    chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D).
+    chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D);
+    ``dc:RULE:SHAPE:vN``: the drafter proposes only the first N token ids (``decode --draft-vocab N``:
+    its output layer computes N of 151,936 rows; no certificates).
 (d) llama.cpp (``benchmarks/_llamacpp.py``), one process per run, on the same GGUF files
     (``models.pair.ensure_pair_gguf``), ``-t --threads``, greedy (``--temp 0 --top-k 1``):
     ``llamacpp:target`` (``llama-completion -no-cnv``, the target alone),
@@ -90,7 +92,7 @@ from pathlib import Path
 
 import _llamacpp  # benchmarks/_llamacpp.py
 import torch
-from _methods import parse_dc  # benchmarks/_methods.py (python puts this folder first)
+from _methods import parse_dc, split_vocab  # benchmarks/_methods.py (python puts this folder first)
 
 DEFAULT_METHODS = [
     "target", "hf-assisted",
@@ -137,6 +139,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     """(tokens, seconds, stats or None) of one greedy continuation of ``ids``; for llama.cpp
     methods (prompt ``text``, the templated text of ``ids``) tokens is its ``LlamaRun``."""
     from draftcert.decode import speculative_generate
+    from draftcert.decode.drafters import ModelDrafter
 
     if method.startswith("llamacpp:"):
         mode, n = parse_llamacpp(method)
@@ -153,7 +156,10 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
                                   pad_token_id=pad, **extra)  # fmt: skip
             toks, st = out[0, len(ids) :].tolist(), None
         else:
-            rule, kw = parse_dc(method)
+            base, vocab = split_vocab(method)
+            rule, kw = parse_dc(base)
+            if vocab is not None:  # the drafter over the first ``vocab`` token ids (decode --draft-vocab)
+                drafter = ModelDrafter(drafter, vocab)
             res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
             toks, st = res.tokens, res.stats
     return toks, time.perf_counter() - t0, st

@@ -116,6 +116,9 @@ def _common(p) -> None:
                    "adds suffix-match candidates to DRAFTER's tree (default for the embedded target: default+suffix, "
                    "the shipped feature drafter with suffix-match candidates)")
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="a causal-LM drafter proposes only the "
+                   "first N token ids: its output layer computes N rows (e.g. 32768 of the Qwen pair's 151936), the "
+                   "other tokens get q = 0; strict stays lossless, and those drafts are never certified (docs/decoding.md)")
     p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M), or 'auto': the "
                    "chain or tree with the best predicted tokens/s from this machine's measured cost curve (decode's "
                    f"default; bench's: {FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
@@ -193,12 +196,18 @@ def _auto_k(args, target, drafter, dspec) -> None:
     note(f"-k auto: {choice.why()}; {source}")
 
 
-def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None):
+def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None, draft_vocab: int | None = None):
     try:
         with transformers_progress(progress):
-            return make_drafter(spec, target, tok, dtype=dtype)
+            made = make_drafter(spec, target, tok, dtype=dtype)
     except (models.ModelUnavailable, OSError, RuntimeError) as exc:  # unreachable hub, missing files, bad checkpoint...
         raise ValueError(f"--drafter: {exc}") from exc
+    if draft_vocab is None:
+        return made
+    try:
+        return make_drafter(made, target, tok, draft_vocab=draft_vocab)
+    except ValueError as exc:
+        raise ValueError(f"--draft-vocab: {exc}") from exc
 
 
 def use_color(args, stream) -> bool:
@@ -224,7 +233,7 @@ def run_decode(args) -> int:
     _check_tree(args)
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
-    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
     _auto_k(args, target, drafter, dspec)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
@@ -346,7 +355,7 @@ def run_bench(args) -> int:
         if note:
             print(f"bench: {note}", file=sys.stderr)
     ids = [encode_prompt(tok, t) for t in texts]
-    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype)
+    drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
     _default_k(args, drafter)
     from tqdm.auto import tqdm  # optional: the progress bar
 

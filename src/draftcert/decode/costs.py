@@ -394,6 +394,7 @@ def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
             "target": _fingerprint(target), "numerics": numerics_of(target),
             "kernels": [quantmm.build_id(), smallm.build_id()], "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
+            "draft_vocab": getattr(drafter, "vocab", None),  # a prefix of the output layer costs less
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
 
 

@@ -57,8 +57,13 @@ class ModelDrafter:
     drafter drafts chains and (m, depth) trees (only the greedy child is fed), not static full trees.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, vocab: int | None = None):
         self.model = model
+        # The first ``vocab`` token ids only (None: all): its output layer computes those rows and
+        # every other token gets q = 0, so it never proposes one (strict stays lossless; KL(p || q) is
+        # infinite, so its trees carry no q and its rounds no certificates).  BPE ids run roughly in merge order, so a
+        # prefix of the vocabulary keeps the frequent tokens (docs/decoding.md).
+        self.vocab = self.checked_vocab(model, vocab)
         self.state: CacheState | None = None
         self.n_valid = 0
         self.fed: list[int] = []
@@ -66,7 +71,20 @@ class ModelDrafter:
 
     def fork(self) -> "ModelDrafter":
         """A fresh drafter on the same model (shared weights; its own cache and counter)."""
-        return ModelDrafter(self.model)
+        return ModelDrafter(self.model, self.vocab)
+
+    @staticmethod
+    def checked_vocab(model, vocab: int | None) -> int | None:
+        """``vocab`` as ``ModelDrafter`` keeps it: None for the whole vocabulary; ValueError outside 1..V."""
+        from ..models.hf import vocab_size_of  # the logit dimension (models extra: transformers)
+
+        if vocab is None:
+            return None
+        V = vocab_size_of(model)
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= V:
+            raise ValueError(f"draft vocabulary: expected a number of tokens in 1..{V} (the drafter's output rows), "
+                             f"got {vocab!r}")
+        return None if vocab == V else vocab
 
     @property
     def cache(self):
@@ -81,7 +99,7 @@ class ModelDrafter:
         if self.state.layout.stepwise and self.n_valid and len(ids) > 1:  # its multi-token passes lose the state
             return torch.cat([self._fwd([t], 1) for t in ids])[-keep:]
         self.forwards += 1
-        return model_forward(self.model, self.state.cache, ids, keep, mask, pos)
+        return model_forward(self.model, self.state.cache, ids, keep, mask, pos, vocab_rows=self.vocab)
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
         self.fed = []
@@ -101,6 +119,8 @@ class ModelDrafter:
 
         tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, device=self.model.device,
                                    dtype=self.model.dtype)
+        if self.vocab is not None:  # q vanishes outside the prefix: KL(p || q) = inf, nothing to certify
+            tree.q = None
         return tree
 
     def checkpoint(self):
@@ -190,7 +210,7 @@ class PromptLookupDrafter:
         pass
 
 
-def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None):
+def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_vocab: int | None = None):
     """A drafter object from whatever the caller passed.
 
     A spec string (or path) is resolved by ``models.parse_drafter_spec``, exactly as the CLI's
@@ -201,7 +221,17 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None):
     A transformers model -> ModelDrafter; a feature drafter model -> FeatureDrafter (bound to
     ``target``); an object with ``start``/``propose`` is used as-is.  ``dtype``: the compute dtype of
     a drafter model loaded from a spec (``models.load_drafter``'s; None: its loader's default).
+    ``draft_vocab``: a causal-LM drafter proposes only the first ``draft_vocab`` token ids
+    (``ModelDrafter``'s ``vocab``); ValueError for any other drafter.
     """
+    if draft_vocab is not None:
+        made = make_drafter(drafter, target, tokenizer, dtype=dtype)
+        inner = made.model_drafter if isinstance(made, HybridDrafter) else made
+        if not isinstance(inner, ModelDrafter):
+            raise ValueError(f"draft vocabulary: only a causal-LM drafter computes a prefix of its output layer; "
+                             f"this drafter is a {type(inner).__name__} (drop --draft-vocab)")
+        inner.vocab = ModelDrafter.checked_vocab(inner.model, draft_vocab)
+        return made
     if hasattr(drafter, "propose") and hasattr(drafter, "start"):
         return drafter
     if isinstance(drafter, (str, os.PathLike)):

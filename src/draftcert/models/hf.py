@@ -23,6 +23,8 @@ from . import lean
 
 __all__ = [
     "cache_kwarg",
+    "head_rows",
+    "prefix_logits",
     "new_cache",
     "continued_positions",
     "select_cache_rows",
@@ -149,20 +151,32 @@ def continued_positions(cache, n: int, device) -> torch.Tensor | None:
     return torch.arange(start, start + n, device=device).unsqueeze(0)
 
 
-def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None) -> torch.Tensor:
+def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None,
+                  vocab_rows: int | None = None) -> torch.Tensor:
     """One forward pass of ``ids`` after ``cache`` (which it extends); logits of the last ``keep`` positions.
 
     ``mask``: an additive 4-D mask [1, 1, len(ids), cached + len(ids)] (tree attention), or None for
     plain causal attention; ``position_ids``: [1, len(ids)], or None to continue the cache.
+    ``vocab_rows``: compute only the first ``vocab_rows`` rows of the output layer (a drafter over a
+    vocabulary prefix, ``head_rows``); the other tokens get the logit -inf.
     Returns [keep, V].
     """
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+    if vocab_rows is not None:
+        if lean.decoder_ready(model):
+            h = lean.lean_decoder(model, cache, input_ids, mask, position_ids)
+        else:
+            dec = model.get_decoder()
+            h = dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+                    **{cache_kwarg(dec): cache}).last_hidden_state  # [1, T, H]
+        return prefix_logits(model, h[0, -keep:, :], vocab_rows)
     if lean.decoder_ready(model):  # the same bits without transformers' model-level plumbing (lean.py)
-        h = lean.lean_decoder(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask, position_ids)
+        h = lean.lean_decoder(model, cache, input_ids, mask, position_ids)
         return model._modules["lm_head"].forward(h[:, -keep:, :])[0]
     out = model(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
+        input_ids=input_ids,
         attention_mask=mask,
         position_ids=position_ids,
         use_cache=True,
@@ -170,6 +184,48 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
         **{cache_kwarg(model): cache},
     )
     return out.logits[0, -keep:]
+
+
+# head_rows's layers per output layer: a GGUF head's prefix is a view of its blocks, built once
+_PREFIX_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def head_rows(model, n: int):
+    """``(layer, n)``: a layer whose first ``n`` outputs are ``model``'s output layer's first ``n`` (a
+    GGUF head: ``GGUFLinear.first_rows``, the same bits; a dense head: its weight rows, float32
+    rounding of another GEMM shape); None for a head of another kind."""
+    from .quant import GGUFLinear  # the GGUF layer class (gguf and transformers are optional)
+
+    head = model.get_output_embeddings()
+    per = _PREFIX_HEADS.setdefault(head, {})
+    gguf = isinstance(head, GGUFLinear)
+    # what the prefix was built from: a contract switch (set_numerics) or new weights rebuild it
+    state = (head.numerics, head.qweight.data_ptr(), None if head.q8weight is None else head.q8weight.data_ptr()) \
+        if gguf else (getattr(getattr(head, "weight", None), "data_ptr", lambda: None)(),)
+    if n not in per or per[n][0] != state:
+        if gguf:
+            layer = head.first_rows(n)
+        elif isinstance(getattr(head, "weight", None), torch.Tensor) and head.weight.dim() == 2:
+            w, b = head.weight, getattr(head, "bias", None)
+            layer = lambda h: torch.nn.functional.linear(h, w[:n], None if b is None else b[:n])  # noqa: E731
+        else:
+            layer = None
+        per[n] = (state, layer)
+    return per[n][1]
+
+
+def prefix_logits(model, h: torch.Tensor, n: int) -> torch.Tensor:
+    """``[rows, V]`` logits of the final hidden states ``h [rows, H]`` over the first ``n`` tokens of the
+    vocabulary (the output layer's first ``n`` rows only), -inf for the rest."""
+    V = output_rows(model) or int(model.config.vocab_size)
+    if not 1 <= n <= V:
+        raise ValueError(f"vocab_rows must be in 1..{V} (the output layer's rows), got {n}")
+    layer = head_rows(model, n)
+    head = model.get_output_embeddings()
+    part = (layer(h) if layer is not None else head(h))[..., :n]  # [rows, >= n] -> [rows, n]
+    out = torch.full((*h.shape[:-1], V), float("-inf"), dtype=part.dtype, device=part.device)
+    out[..., :n] = part
+    return out
 
 
 def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, position_ids=None):

@@ -157,6 +157,22 @@ class GGUFLinear(nn.Module):
             return quantmm.linear(x, self.qweight, self.qtype, self.out_features, self.in_features, self.bias)
         return F.linear(x, self.weight.to(x.device, x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
+    def first_rows(self, n: int) -> "GGUFLinear":
+        """A layer computing this one's first ``m >= n`` outputs on views of its weights (no copy), with
+        the same bits as this layer's first m columns under either contract (an output column depends
+        on its weight row, its bias and x only).  Under ``gguf-q8`` the packing holds whole groups of 16
+        rows, so m is n rounded up to a multiple of 16 (at most ``out_features``); else m = n."""
+        if not 1 <= n <= self.out_features:
+            raise ValueError(f"GGUFLinear.first_rows: n must be in 1..{self.out_features}, got {n}")
+        m = n if self.q8weight is None else min(self.out_features, -(-n // 16) * 16)
+        tied = self.__dict__.get("_tied")
+        layer = GGUFLinear(self.qweight[:m], self.qtype, self.in_features, m,
+                           bias=None if self.bias is None else self.bias[:m], tied=None if tied is None else tied[:m])
+        if self.q8weight is not None:  # a prefix of the packing: the first m / 16 groups
+            layer.q8weight = self.q8weight[: quantmm.packed_bytes(self.qtype, m, self.in_features)]
+            layer.numerics = self.numerics
+        return layer
+
     def to_linear(self) -> nn.Linear:
         """A plain float32 ``nn.Linear`` holding the weights the blocks encode (a copy: editing it leaves
         the blocks as they are), e.g. for a drafter derived from the target that rewrites its weights."""

@@ -278,6 +278,19 @@ def pack_q8(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
     return out
 
 
+def packed_bytes(qtype: int, n: int, k: int) -> int:
+    """Bytes of :func:`pack_q8`'s packing of an ``[n, k]`` weight of ``qtype``: whole groups of 16
+    output rows one after another, so the first ``16 g`` rows' packing is its first
+    ``packed_bytes(qtype, 16 g, k)`` bytes."""
+    lib = _library()[0]
+    if lib is None:
+        raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
+    size = int(lib.dq8_packed_bytes(int(qtype), int(n), int(k)))
+    if size < 0:
+        raise ValueError(f"quantmm.packed_bytes: [{n}, {k}] does not fit {SUPPORTED.get(qtype)}")
+    return size
+
+
 def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int, bias, threads: bool):
     lib = _library()[0]
     if lib is None:
