@@ -209,7 +209,11 @@ def test_loaded_models_are_switched():
     from draftcert.models import ModelUnavailable, load_target
 
     try:
-        model, _ = load_target(weights="gguf")
+        model, tok = load_target(weights="gguf")
     except ModelUnavailable as e:
         pytest.skip(f"embedded model unavailable: {e}")
     assert lean.lean_layers(model) == model.config.num_hidden_layers == 30
+    from draftcert.models import load_drafter
+
+    drafter = load_drafter("default", model, tok)  # the shipped feature drafter's one layer, too
+    assert lean.lean_layers(drafter) == 1

@@ -40,6 +40,7 @@ import torch.nn as nn
 
 from ..fileio import atomic_path
 from .hf import cache_kwarg, new_cache
+from .lean import use_lean_layers
 
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"
@@ -404,6 +405,7 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     d.to(dtype)
     d.eval()
     d.requires_grad_(False)
+    use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (lean.py)
     d.draftcert_spec = str(path)
     try:
         d.extra = json.loads(meta.get("extra", "{}"))

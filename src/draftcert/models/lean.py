@@ -104,6 +104,12 @@ def _hooked(*mods: torch.nn.Module) -> bool:
     return False
 
 
+def _plain_cache_layer(cache, idx: int, plain: type) -> bool:
+    """Is layer ``idx`` of ``cache`` a plain ``DynamicLayer`` (a cache of another kind: no)?"""
+    layers = getattr(cache, "layers", None)
+    return isinstance(layers, list) and 0 <= idx < len(layers) and type(layers[idx]) is plain
+
+
 def _global_hooks() -> bool:
     return bool(_nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks)
 
@@ -125,7 +131,7 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     if (args or position_embeddings is None or torch.is_grad_enabled() or self.training
             or hidden_states.dtype != torch.float32 or kwargs.get("output_attentions")
             or impl == "eager" or impl not in ALL_ATTENTION_FUNCTIONS
-            or (cache is not None and type(cache.layers[attn.layer_idx]) is not DynamicLayer)
+            or (cache is not None and not _plain_cache_layer(cache, attn.layer_idx, DynamicLayer))
             or _hooked(attn, mlp, norm_in, norm_post, mm["act_fn"], q_proj, k_proj, v_proj, o_proj,
                        gate_proj, up_proj, down_proj, am.get("q_norm"), am.get("k_norm"))
             or _global_hooks()):
