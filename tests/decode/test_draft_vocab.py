@@ -62,19 +62,11 @@ def test_the_draft_vocabulary_is_checked_and_only_for_causal_lm_drafters(tiny):
 
 def test_gguf_heads_give_their_first_rows_bit_for_bit(tmp_path):
     pytest.importorskip("gguf")
-    from transformers import AutoConfig
+    from draftcert.models.quant import set_numerics
 
-    from draftcert.models import quantmm
-    from draftcert.models.quant import load_gguf_causal_lm, set_numerics
+    from ..models.test_quant import tiny_gguf_llama
 
-    from ..models.test_quant import _write_tiny_llama
-
-    if not quantmm.available():
-        pytest.skip(f"no quantmm kernel: {quantmm.unavailable_reason()}")
-    path = tmp_path / "tiny.gguf"
-    _write_tiny_llama(path, tied=False, qtypes={"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8,
-                                                "down": 3, "out": 8})
-    model = load_gguf_causal_lm(path, AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name), quiet=True)
+    model = tiny_gguf_llama(tmp_path, out_type=8)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
     for contract in ("gguf-exact-f32", "gguf-q8"):
         set_numerics(model, contract)

@@ -125,21 +125,9 @@ def test_biases_and_a_scaled_rope_give_the_same_bits():
 @pytest.mark.parametrize("contract", ["gguf-exact-f32", "gguf-q8"])
 def test_gguf_layers_give_the_same_bits(tmp_path, contract):
     pytest.importorskip("gguf")
-    from transformers import AutoConfig
+    from .test_quant import tiny_gguf_llama
 
-    from draftcert.models import quantmm
-    from draftcert.models.quant import load_gguf_causal_lm
-
-    from .test_quant import _write_tiny_llama
-
-    if not quantmm.available():
-        pytest.skip(f"no quantmm kernel: {quantmm.unavailable_reason()}")
-    path = tmp_path / "tiny.gguf"
-    _write_tiny_llama(path, tied=False, qtypes={"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8,
-                                                "down": 3, "out": 14})
-    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
-    model = load_gguf_causal_lm(path, config, quiet=True, numerics=contract)
-    _same_bits_switched_and_not(model)
+    _same_bits_switched_and_not(tiny_gguf_llama(tmp_path, numerics=contract))
 
 
 def test_outside_the_written_out_case_the_original_forward_runs():

@@ -202,6 +202,21 @@ def _write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int]):
     w.close()
 
 
+def tiny_gguf_llama(tmp_path, *, out_type: int = 14, numerics: str = "gguf-exact-f32"):
+    """The 2-layer llama of ``_write_tiny_llama`` (untied; every kernel type among its layers, the
+    output layer of ``out_type``) written under ``tmp_path`` and loaded from its blocks; skips the
+    test without the kernel."""
+    from transformers import AutoConfig
+
+    if not quantmm.available():
+        pytest.skip(f"no quantmm kernel: {quantmm.unavailable_reason()}")
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_llama(path, tied=False, qtypes={"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8,
+                                                "down": 3, "out": out_type})
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    return load_gguf_causal_lm(path, config, quiet=True, numerics=numerics)
+
+
 @needs_kernel
 @pytest.mark.parametrize("qtype", TYPES, ids=[quantmm.SUPPORTED[t] for t in TYPES])
 def test_gguf_embedding_looks_up_the_dequantised_rows_bit_for_bit(qtype):
