@@ -60,9 +60,9 @@ class ModelDrafter:
     def __init__(self, model, vocab: int | None = None):
         self.model = model
         # The first ``vocab`` token ids only (None: all): its output layer computes those rows and
-        # every other token gets q = 0, so it never proposes one (strict stays lossless; KL(p || q) is
-        # infinite, so its trees carry no q and its rounds no certificates).  BPE ids run roughly in merge order, so a
-        # prefix of the vocabulary keeps the frequent tokens (docs/decoding.md).
+        # every other token gets q = 0, so it never proposes one (strict stays lossless; KL(p || q)
+        # is infinite, so its trees carry no q and its rounds no certificates).  BPE ids run roughly
+        # in merge order, so a prefix of the vocabulary keeps the frequent tokens (docs/decoding.md).
         self.vocab = self.checked_vocab(model, vocab)
         self.state: CacheState | None = None
         self.n_valid = 0

@@ -164,16 +164,11 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
     input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
-    if vocab_rows is not None:
-        if lean.decoder_ready(model):
-            h = lean.lean_decoder(model, cache, input_ids, mask, position_ids)
-        else:
-            dec = model.get_decoder()
-            h = dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-                    **{cache_kwarg(dec): cache}).last_hidden_state  # [1, T, H]
-        return prefix_logits(model, h[0, -keep:, :], vocab_rows)
-    if lean.decoder_ready(model):  # the same bits without transformers' model-level plumbing (lean.py)
-        h = lean.lean_decoder(model, cache, input_ids, mask, position_ids)
+    ready = lean.decoder_ready(model)  # the same bits without transformers' model-level plumbing (lean.py)
+    if vocab_rows is not None or ready:
+        h = _decoder_states(model, cache, input_ids, mask, position_ids, ready)  # [1, T, H]
+        if vocab_rows is not None:
+            return prefix_logits(model, h[0, -keep:, :], vocab_rows)
         return model._modules["lm_head"].forward(h[:, -keep:, :])[0]
     out = model(
         input_ids=input_ids,
@@ -186,27 +181,39 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     return out.logits[0, -keep:]
 
 
+def _decoder_states(model, cache, input_ids: torch.Tensor, mask, position_ids, ready: bool) -> torch.Tensor:
+    """The decoder's final hidden states [B, T, H] (after its norm): written out where ``ready``
+    (``lean.decoder_ready``), else the decoder module's forward."""
+    if ready:
+        return lean.lean_decoder(model, cache, input_ids, mask, position_ids)
+    dec = model.get_decoder()
+    return dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+               **{cache_kwarg(dec): cache}).last_hidden_state
+
+
 # head_rows's layers per output layer: a GGUF head's prefix is a view of its blocks, built once
 _PREFIX_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def head_rows(model, n: int):
-    """``(layer, n)``: a layer whose first ``n`` outputs are ``model``'s output layer's first ``n`` (a
-    GGUF head: ``GGUFLinear.first_rows``, the same bits; a dense head: its weight rows, float32
-    rounding of another GEMM shape); None for a head of another kind."""
+    """A layer (a callable) whose first ``n`` outputs are ``model``'s output layer's first ``n`` (a GGUF
+    head: ``GGUFLinear.first_rows``, the same bits; a dense head: its weight rows, float32 rounding of
+    another GEMM shape); None for a head of another kind."""
     from .quant import GGUFLinear  # the GGUF layer class (gguf and transformers are optional)
 
     head = model.get_output_embeddings()
     per = _PREFIX_HEADS.setdefault(head, {})
     gguf = isinstance(head, GGUFLinear)
     # what the prefix was built from: a contract switch (set_numerics) or new weights rebuild it
+    w = None if gguf else getattr(head, "weight", None)
+    dense = isinstance(w, torch.Tensor) and w.dim() == 2
     state = (head.numerics, head.qweight.data_ptr(), None if head.q8weight is None else head.q8weight.data_ptr()) \
-        if gguf else (getattr(getattr(head, "weight", None), "data_ptr", lambda: None)(),)
+        if gguf else (w.data_ptr() if dense else None,)
     if n not in per or per[n][0] != state:
         if gguf:
             layer = head.first_rows(n)
-        elif isinstance(getattr(head, "weight", None), torch.Tensor) and head.weight.dim() == 2:
-            w, b = head.weight, getattr(head, "bias", None)
+        elif dense:
+            b = getattr(head, "bias", None)
             layer = lambda h: torch.nn.functional.linear(h, w[:n], None if b is None else b[:n])  # noqa: E731
         else:
             layer = None
@@ -217,7 +224,7 @@ def head_rows(model, n: int):
 def prefix_logits(model, h: torch.Tensor, n: int) -> torch.Tensor:
     """``[rows, V]`` logits of the final hidden states ``h [rows, H]`` over the first ``n`` tokens of the
     vocabulary (the output layer's first ``n`` rows only), -inf for the rest."""
-    V = output_rows(model) or int(model.config.vocab_size)
+    V = vocab_size_of(model)
     if not 1 <= n <= V:
         raise ValueError(f"vocab_rows must be in 1..{V} (the output layer's rows), got {n}")
     layer = head_rows(model, n)
@@ -239,7 +246,8 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
     if lean.decoder_ready(model):
-        h = lean.lean_decoder(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask, position_ids)
+        h = _decoder_states(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask,
+                            position_ids, True)
         return model.get_output_embeddings()(h[:, -keep:, :])[0], h[0]
     out = dec(
         input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
