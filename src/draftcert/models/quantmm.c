@@ -620,8 +620,8 @@ static inline int q8_block_hdr(int qtype)
     case Q4_1: return 64;            /* d[16], m[16] fp16 */
     case Q5_0: return 96;            /* d[16] fp16, the fifth bits: 8 x uint64 */
     case Q8_0: return 32;            /* d[16] fp16 */
-    case Q4_K: return 320;           /* d[16], dmin[16] fp16, sc[8][16], mn[8][16] u8 */
-    case Q6_K: return 288;           /* d[16] fp16, sc[16][16] int8 */
+    case Q4_K: return 320;           /* d[16], dmin[16] fp16, sc[8][16], mn[4][16][2] u8 */
+    case Q6_K: return 288;           /* d[16] fp16, sc[8][16][2] int8 */
     }
     return -1;
 }
@@ -729,10 +729,10 @@ int dq8_pack(int qtype, const uint8_t *w, long row_bytes, long N, long K, uint8_
             for (int c = 0; c < QG; c++) {
                 memcpy(o + 2 * c, d16[c], 2);
                 if (qtype == Q4_1 || qtype == Q4_K) memcpy(o + 32 + 2 * c, m16[c], 2);
-                if (qtype == Q4_K)
-                    for (int j = 0; j < 8; j++) { o[64 + 16 * j + c] = sc[c][j]; o[192 + 16 * j + c] = mn[c][j]; }
-                if (qtype == Q6_K)
-                    for (int j = 0; j < nsc; j++) o[32 + 16 * j + c] = sc[c][j];
+                if (qtype == Q4_K) /* sc[j][c]; mn in pairs of sub-blocks: [j / 2][c][j % 2] */
+                    for (int j = 0; j < 8; j++) { o[64 + 16 * j + c] = sc[c][j]; o[192 + 32 * (j >> 1) + 2 * c + (j & 1)] = mn[c][j]; }
+                if (qtype == Q6_K) /* sc in pairs of sub-blocks: [j / 2][c][j % 2] */
+                    for (int j = 0; j < nsc; j++) o[32 + 32 * (j >> 1) + 2 * c + (j & 1)] = sc[c][j];
             }
             if (qtype == Q5_0) { /* the fifth bits, then the low 4 bits as nibbles below */
                 for (int u = 0; u < 4; u++)
@@ -855,6 +855,7 @@ typedef struct {
     const int8_t *q;
     const float *da, *s1;
     const int32_t *as;
+    const int32_t *ap; /* Q4_K, Q6_K: as in pairs, (int16) as[2i] | as[2i + 1] << 16 (|as| <= 4064): one vpdpwssd operand */
     long K, nda, nas;
 } q8act;
 
@@ -888,14 +889,14 @@ static float q8_dot_scalar(int qtype, const uint8_t *grp, long nb, int c, const 
         case Q8_0: acc = __builtin_fmaf((float)(S[0] - 128 * as[b]), dw * da[b], acc); break;
         case Q4_K: {
             int32_t I = 0, Im = 0;
-            for (int j = 0; j < 8; j++) { I += (int32_t)h[64 + 16 * j + c] * S[j]; Im += (int32_t)h[192 + 16 * j + c] * as[b * 8 + j]; }
+            for (int j = 0; j < 8; j++) { I += (int32_t)h[64 + 16 * j + c] * S[j]; Im += (int32_t)h[192 + 32 * (j >> 1) + 2 * c + (j & 1)] * as[b * 8 + j]; }
             acc = __builtin_fmaf((float)I, dw * da[b], acc);
             acc = __builtin_fmaf(-(float)Im, h2f(h + 32 + 2 * c) * da[b], acc);
             break;
         }
         case Q6_K: {
             int32_t I = 0;
-            for (int j = 0; j < 16; j++) I += (int32_t)(int8_t)h[32 + 16 * j + c] * (S[j] - 32 * as[b * 16 + j]);
+            for (int j = 0; j < 16; j++) I += (int32_t)(int8_t)h[32 + 32 * (j >> 1) + 2 * c + (j & 1)] * (S[j] - 32 * as[b * 16 + j]);
             acc = __builtin_fmaf((float)I, dw * da[b], acc);
             break;
         }
@@ -913,7 +914,19 @@ static inline __m512i bc4(const int8_t *p)
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
-#define DP(acc, w, p) _mm512_dpbusd_epi32((acc), (w), bc4(p))
+/* acc + the 16 lanes' 4-byte dot products of w (unsigned) with the 4 signed bytes at p, broadcast.
+ * Written as the instruction's memory-broadcast form: compilers emit a separate vpbroadcastd for
+ * _mm512_set1_epi32 here, one more instruction for every multiply-add. */
+static inline __attribute__((always_inline)) __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
+{
+#if defined(__GNUC__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)p));
+    return acc;
+#else
+    return _mm512_dpbusd_epi32(acc, w, bc4(p));
+#endif
+}
+#define DP(acc, w, p) (qtype == Q4_K || qtype == Q6_K ? dp_bcast((acc), (w), (p)) : _mm512_dpbusd_epi32((acc), (w), bc4(p)))
 
 /* MT input rows (m0 ..) against the 16 outputs of one group: out[r] = the 16 accumulators. */
 static inline __attribute__((always_inline)) void
@@ -923,10 +936,11 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
     const __m512i lo4 = _mm512_set1_epi8(0x0F);
     const int8_t *q[Q8MT];
     const float *da[Q8MT];
-    const int32_t *as[Q8MT];
+    const int32_t *as[Q8MT], *ap[Q8MT];
     __m512 facc[Q8MT];
     for (int r = 0; r < MT; r++) {
         q[r] = A->q + (m0 + r) * A->K; da[r] = A->da + (m0 + r) * A->nda; as[r] = A->as + (m0 + r) * A->nas;
+        ap[r] = A->ap ? A->ap + (m0 + r) * (A->nas / 2) : NULL;
         facc[r] = _mm512_setzero_ps();
     }
     for (long b = 0; b < nb; b++) {
@@ -973,11 +987,10 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
             }
         } else if (qtype == Q4_K) {
             const long k0 = b * 256;
-            __m512i I[Q8MT], Im[Q8MT];
-            for (int r = 0; r < MT; r++) I[r] = Im[r] = _mm512_setzero_si512();
+            __m512i I[Q8MT];
+            for (int r = 0; r < MT; r++) I[r] = _mm512_setzero_si512();
             for (int j = 0; j < 8; j++) {
                 const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 64 + 16 * j)));
-                const __m512i mn = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(h + 192 + 16 * j)));
                 __m512i s0[Q8MT], s1[Q8MT];
                 for (int r = 0; r < MT; r++) s0[r] = s1[r] = _mm512_setzero_si512();
                 for (int u = 0; u < 4; u++) {
@@ -992,34 +1005,54 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
                 for (int r = 0; r < MT; r++) {
                     const __m512i S = MT <= 2 ? _mm512_add_epi32(s0[r], s1[r]) : s0[r];
                     I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, sc));
-                    Im[r] = _mm512_add_epi32(Im[r], _mm512_mullo_epi32(mn, _mm512_set1_epi32(as[r][b * 8 + j])));
                 }
             }
             const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 32)));
-            for (int r = 0; r < MT; r++) {
+            const __m512i mn0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(h + 192)));
+            const __m512i mn1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(h + 224)));
+            const __m512i mn2 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(h + 256)));
+            const __m512i mn3 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(h + 288)));
+            for (int r = 0; r < MT; r++) { /* sum_j mn_j A_j: pairs of sub-blocks, one vpdpwssd each */
+                const int32_t *a2 = ap[r] + b * 4;
+                __m512i Im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mn0, _mm512_set1_epi32(a2[0]));
+                Im = _mm512_dpwssd_epi32(Im, mn1, _mm512_set1_epi32(a2[1]));
+                Im = _mm512_dpwssd_epi32(Im, mn2, _mm512_set1_epi32(a2[2]));
+                Im = _mm512_dpwssd_epi32(Im, mn3, _mm512_set1_epi32(a2[3]));
                 const __m512 a = _mm512_set1_ps(da[r][b]);
                 facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(dw, a), facc[r]);
-                facc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Im[r]), _mm512_mul_ps(dm, a), facc[r]);
+                facc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(Im), _mm512_mul_ps(dm, a), facc[r]);
             }
-        } else { /* Q6_K */
+        } else { /* Q6_K: sum_j sc_j (S_j - 32 A_j) = sum_j sc_j S_j - 32 sum_j sc_j A_j, the same integer */
             const long k0 = b * 256;
-            __m512i I[Q8MT];
-            for (int r = 0; r < MT; r++) I[r] = _mm512_setzero_si512();
-            for (int j = 0; j < 16; j++) {
-                const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h + 32 + 16 * j)));
-                const __m512i v0 = _mm512_loadu_si512(cd + 256 * j), v1 = _mm512_loadu_si512(cd + 256 * j + 64);
-                const __m512i v2 = _mm512_loadu_si512(cd + 256 * j + 128), v3 = _mm512_loadu_si512(cd + 256 * j + 192);
-                for (int r = 0; r < MT; r++) {
-                    const int8_t *p = q[r] + k0 + 16 * j;
-                    __m512i s0 = DP(_mm512_setzero_si512(), v0, p), s1 = DP(_mm512_setzero_si512(), v1, p + 4);
-                    s0 = DP(s0, v2, p + 8);
-                    s1 = DP(s1, v3, p + 12);
-                    const __m512i S = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(32 * as[r][b * 16 + j]));
-                    I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, sc));
+            __m512i I[Q8MT], C[Q8MT];
+            for (int r = 0; r < MT; r++) I[r] = C[r] = _mm512_setzero_si512();
+            for (int p = 0; p < 8; p++) {
+                const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(h + 32 + 32 * p)));
+                const __m512i sce = _mm512_srai_epi32(_mm512_slli_epi32(w, 16), 16), sco = _mm512_srai_epi32(w, 16);
+                for (int r = 0; r < MT; r++) C[r] = _mm512_dpwssd_epi32(C[r], w, _mm512_set1_epi32(ap[r][b * 8 + p]));
+                for (int t = 0; t < 2; t++) {
+                    const int j = 2 * p + t;
+                    const __m512i sc = t ? sco : sce;
+                    const __m512i v0 = _mm512_loadu_si512(cd + 256 * j), v1 = _mm512_loadu_si512(cd + 256 * j + 64);
+                    const __m512i v2 = _mm512_loadu_si512(cd + 256 * j + 128), v3 = _mm512_loadu_si512(cd + 256 * j + 192);
+                    for (int r = 0; r < MT; r++) {
+                        const int8_t *pq = q[r] + k0 + 16 * j;
+                        __m512i S;
+                        if (MT <= 2) { /* 2 chains a row where few rows hide the latency */
+                            __m512i s0 = DP(_mm512_setzero_si512(), v0, pq), s1 = DP(_mm512_setzero_si512(), v1, pq + 4);
+                            s0 = DP(s0, v2, pq + 8);
+                            s1 = DP(s1, v3, pq + 12);
+                            S = _mm512_add_epi32(s0, s1);
+                        } else
+                            S = DP(DP(DP(DP(_mm512_setzero_si512(), v0, pq), v1, pq + 4), v2, pq + 8), v3, pq + 12);
+                        I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S, sc));
+                    }
                 }
             }
-            for (int r = 0; r < MT; r++)
-                facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(dw, _mm512_set1_ps(da[r][b])), facc[r]);
+            for (int r = 0; r < MT; r++) {
+                const __m512i T = _mm512_sub_epi32(I[r], _mm512_slli_epi32(C[r], 5));
+                facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(T), _mm512_mul_ps(dw, _mm512_set1_ps(da[r][b])), facc[r]);
+            }
         }
     }
     for (int r = 0; r < MT; r++) out[r] = facc[r];
@@ -1069,16 +1102,27 @@ static int q8_act_new(int qtype, const float *x, long M, long K, int threads, q8
     int32_t *as = malloc(sizeof(int32_t) * (size_t)(M * A->nas));
     A->q = q; A->da = da; A->as = as; A->s1 = s1;
     if (!q || !da || !s1 || !as) return -2;
+    int32_t *ap = NULL;
+    if (qtype == Q4_K || qtype == Q6_K) {
+        A->ap = ap = malloc(sizeof(int32_t) * (size_t)(M * (A->nas / 2)));
+        if (!ap) return -2;
+    }
     const int qthreads = threads > 1 && M >= 8 ? threads : 1;
 #pragma omp parallel for num_threads(qthreads) if (qthreads > 1) schedule(static)
     for (long m = 0; m < M; m++)
+    {
         q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A->nda, as + m * A->nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+        if (ap)
+            for (long i = 0; i < A->nas / 2; i++)
+                ap[m * (A->nas / 2) + i] = (int32_t)((uint32_t)(uint16_t)(int16_t)as[m * A->nas + 2 * i]
+                                                     | (uint32_t)(uint16_t)(int16_t)as[m * A->nas + 2 * i + 1] << 16);
+    }
     return 0;
 }
 
 static void q8_act_free(q8act *A)
 {
-    free((void *)A->q); free((void *)A->da); free((void *)A->as); free((void *)A->s1);
+    free((void *)A->q); free((void *)A->da); free((void *)A->as); free((void *)A->s1); free((void *)A->ap);
 }
 
 /* y[M, N] = the contract "gguf-q8" of x[M, K] against the packed weights (dq8_pack), + bias. */
