@@ -82,6 +82,11 @@ def _passes(model) -> list[torch.Tensor]:
         ids = torch.tensor([[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])  # a left-padded batch, teacher forced
         mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
         out.append(model(input_ids=ids, attention_mask=mask).logits)
+        # transformers' generate: its decoder calls (a cache, token ids) run lean_model_forward
+        g = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                           max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                           pad_token_id=0)
+        out += [g.sequences, torch.stack(g.scores)]
     return out
 
 
@@ -90,20 +95,24 @@ def _same_bits_switched_and_not(model) -> None:
     assert lean.use_lean_layers(model) == n_layers == lean.lean_layers(model)
     with torch.inference_mode():  # model_forward runs the decoder written out too
         assert lean.decoder_ready(model)
-    # the switched layers must not hand back to transformers' forward here (equal bits would then prove nothing)
-    family = type(model.model.layers[0]).__mro__[1]
-    original, fallbacks = family.forward, []
+    # the switched layers must not hand back to transformers' forward here (equal bits would then prove
+    # nothing), nor the switched decoder but for the batch called without a cache
+    family, decoder = type(model.model.layers[0]).__mro__[1], type(model.model).__mro__[1]
+    assert lean._switched(model.model) and decoder.__name__ in lean.DECODERS
+    originals, fallbacks = (family.forward, decoder.forward), []
 
-    def counted(self, *args, **kwargs):
-        fallbacks.append(1)
-        return original(self, *args, **kwargs)
+    def counted(original, who):
+        def forward(self, *args, **kwargs):
+            fallbacks.append(who)
+            return original(self, *args, **kwargs)
+        return forward
 
-    family.forward = counted
+    family.forward, decoder.forward = counted(originals[0], "layer"), counted(originals[1], "decoder")
     try:
         switched = _passes(model)
     finally:
-        family.forward = original
-    assert not fallbacks
+        family.forward, decoder.forward = originals
+    assert fallbacks == ["decoder"]
     assert lean.restore_layers(model) == n_layers and lean.lean_layers(model) == 0
     with torch.inference_mode():
         assert not lean.decoder_ready(model)
@@ -218,3 +227,24 @@ def test_loaded_models_are_switched():
 
     drafter = load_drafter("default", model, tok)  # the shipped feature drafter's one layer, too
     assert lean.lean_layers(drafter) == 1
+
+
+def test_a_decoder_call_that_records_outputs_runs_transformers_forward():
+    """Hidden states or attentions requested, embeddings given, no cache: the switched decoder hands
+    the call to the original forward, which records what was asked for (the same bits)."""
+    from transformers import DynamicCache
+
+    model = _model("qwen2")
+    twin = copy.deepcopy(model)
+    lean.use_lean_layers(model)
+    assert lean._switched(model.model) and not lean._switched(twin.model)
+    ids = torch.tensor([[4, 5, 6, 7]])
+    with torch.inference_mode():
+        for kwargs in ({"output_hidden_states": True}, {"inputs_embeds": model.model.embed_tokens(ids)}, {}):
+            call = {"input_ids": ids} if "inputs_embeds" not in kwargs else {}
+            a = model(**call, **kwargs, cache=DynamicCache(config=model.config), use_cache=True)
+            b = twin(**call, **kwargs, cache=DynamicCache(config=twin.config), use_cache=True)
+            assert torch.equal(a.logits, b.logits)
+            if kwargs.get("output_hidden_states"):
+                assert len(a.hidden_states) == len(b.hidden_states) == 3
+                assert all(torch.equal(x, y) for x, y in zip(a.hidden_states, b.hidden_states))

@@ -24,7 +24,10 @@ attention module passes, the cache through its public ``update``.  ``hf.model_fo
 ``hf.forward_with_hidden`` also write out the decoder around them (``lean_decoder``: the embedding,
 the rotary tables, transformers' own ``create_causal_mask``, the layers, the final norm) where
 ``decoder_ready``: a Llama / Qwen2 / Qwen3 causal LM with every layer switched, full attention only,
-no hooks, no autograd, and the transformers 5 mask signature; anything else calls the model.
+no hooks, no autograd, and the transformers 5 mask signature; anything else calls the model.  The
+decoder module itself (``LlamaModel`` / ``Qwen2Model`` / ``Qwen3Model``, once all its layers are
+switched) runs ``lean_model_forward``: the same written-out decoder for the calls transformers'
+``generate`` makes (token ids, a cache, nothing recorded), its own forward for any other call.
 
 A layer is switched only when it and its children are exactly the classes written out here
 (``FAMILIES``), silu MLPs, no sliding window, no kernels-hub replacement; per call it hands back to
@@ -42,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module  # the global hook registries
 
-__all__ = ["FAMILIES", "CAUSAL_LMS", "enabled", "use_lean_layers", "restore_layers", "lean_layers", "decoder_ready",
-           "lean_decoder"]
+__all__ = ["FAMILIES", "CAUSAL_LMS", "DECODERS", "enabled", "use_lean_layers", "restore_layers", "lean_layers",
+           "decoder_ready", "lean_decoder", "lean_model_forward"]
 
 # decoder layer class -> (attention class, MLP class, RMSNorm class, whether the attention module
 # passes ``sliding_window=`` to the attention interface, whether q and k are normed per head first)
@@ -168,12 +171,13 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     return residual + x
 
 
-def _switched_class(cls: type) -> type:
-    """``cls`` with ``lean_layer_forward`` as its forward: a subclass of the same name (what class-name
-    checks read), so ``isinstance``, ``copy.deepcopy`` and transformers' output recording keep working."""
+def _switched_class(cls: type, forward) -> type:
+    """``cls`` with ``forward`` (``lean_layer_forward``, ``lean_model_forward``): a subclass of the same
+    name (what class-name checks read), so ``isinstance``, ``copy.deepcopy`` and transformers' output
+    recording keep working."""
     sub = _SUBCLASSES.get(cls)
     if sub is None:
-        sub = type(cls.__name__, (cls,), {"forward": lean_layer_forward, _BASE: cls, "__module__": cls.__module__,
+        sub = type(cls.__name__, (cls,), {"forward": forward, _BASE: cls, "__module__": cls.__module__,
                                           "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
         _SUBCLASSES[cls] = sub
     return sub
@@ -185,32 +189,40 @@ def _switched(mod: torch.nn.Module) -> bool:
 
 def lean_layers(model: torch.nn.Module) -> int:
     """How many of ``model``'s decoder layers run ``lean_layer_forward``."""
-    return sum(1 for m in model.modules() if _switched(m))
+    return sum(1 for m in model.modules() if _switched(m) and type(m).__name__ in FAMILIES)
 
 
 def use_lean_layers(model: torch.nn.Module) -> int:
-    """Switch every written-out decoder layer of ``model`` to ``lean_layer_forward`` (in place);
-    returns how many were switched (0 under ``DRAFTCERT_LEAN=0``, or for another family)."""
+    """Switch every written-out decoder layer of ``model`` to ``lean_layer_forward`` (in place), and
+    each Llama / Qwen2 / Qwen3 decoder (``LlamaModel`` ...) to ``lean_model_forward``; returns how
+    many layers were switched (0 under ``DRAFTCERT_LEAN=0``, or for another family)."""
     if not enabled():
         return 0
     config = getattr(model, "config", None)
     n = 0
     for mod in model.modules():
+        name = type(mod).__name__
         if _switched(mod):
+            n += name in FAMILIES
+        elif name in FAMILIES and _eligible(mod, getattr(mod.self_attn, "config", config)) is None:
+            mod.__class__ = _switched_class(type(mod), lean_layer_forward)
             n += 1
-        elif type(mod).__name__ in FAMILIES and _eligible(mod, getattr(mod.self_attn, "config", config)) is None:
-            mod.__class__ = _switched_class(type(mod))
-            n += 1
+    for mod in model.modules():  # a decoder whose layers are all switched
+        layers = mod._modules.get("layers")
+        if (type(mod).__name__ in DECODERS and not _switched(mod) and "forward" not in vars(mod)
+                and layers is not None and len(layers) and all(_switched(layer) for layer in layers)):
+            mod.__class__ = _switched_class(type(mod), lean_model_forward)
     return n
 
 
 def restore_layers(model: torch.nn.Module) -> int:
-    """Give every switched layer of ``model`` its original forward back; returns how many."""
+    """Give every switched layer (and decoder) of ``model`` its original forward back; returns how
+    many layers."""
     n = 0
     for mod in model.modules():
         if _switched(mod):
+            n += type(mod).__name__ in FAMILIES
             mod.__class__ = getattr(type(mod), _BASE)
-            n += 1
     return n
 
 
@@ -218,6 +230,7 @@ def restore_layers(model: torch.nn.Module) -> int:
 
 # causal LM class -> its decoder class, whose forward ``lean_decoder`` writes out
 CAUSAL_LMS = {"LlamaForCausalLM": "LlamaModel", "Qwen2ForCausalLM": "Qwen2Model", "Qwen3ForCausalLM": "Qwen3Model"}
+DECODERS = frozenset(CAUSAL_LMS.values())
 # transformers' create_causal_mask arguments that lean_decoder passes (5.x names); another signature:
 # the model's own forward
 _MASK_ARGS = ("config", "inputs_embeds", "attention_mask", "cache", "position_ids")
@@ -239,29 +252,31 @@ def _mask_function():
 _MASK_FN = False  # not looked up yet
 
 
-def decoder_ready(model) -> bool:
-    """Can ``lean_decoder`` run ``model`` (a whole causal LM, every layer switched) right now?"""
-    if CAUSAL_LMS.get(type(model).__name__) is None or "forward" in vars(model) or _mask_function() is None:
+def _decoder_base_ready(base) -> bool:
+    """Can ``_lean_decode`` run the decoder ``base`` (``LlamaModel`` ...) right now?"""
+    if _mask_function() is None or "forward" in vars(base):
         return False
-    base = model._modules.get("model")
-    if base is None or type(base).__name__ != CAUSAL_LMS[type(model).__name__] or "forward" in vars(base):
-        return False
-    if torch.is_grad_enabled() or model.training or getattr(base, "has_sliding_layers", False) or _global_hooks():
+    if torch.is_grad_enabled() or base.training or getattr(base, "has_sliding_layers", False) or _global_hooks():
         return False
     if any(t != "full_attention" for t in getattr(base.config, "layer_types", None) or ()):
         return False
     bm = base._modules
-    if _hooked(model, base, bm.get("embed_tokens"), bm.get("norm"), bm.get("rotary_emb"), model._modules.get("lm_head")):
+    if _hooked(base, bm.get("embed_tokens"), bm.get("norm"), bm.get("rotary_emb")):
         return False
-    layers = bm["layers"]
-    return all(_switched(layer) and not _hooked(layer) for layer in layers)
+    return all(_switched(layer) and not _hooked(layer) for layer in bm["layers"])
 
 
-def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:
-    """The decoder's last hidden states ``[B, T, hidden]`` (after its final norm), as its forward computes
-    them (``decoder_ready(model)`` first): embed, rotary tables, transformers' causal mask, the layers
-    (``lean_layer_forward``), the norm."""
-    base = model._modules["model"]
+def decoder_ready(model) -> bool:
+    """Can ``lean_decoder`` run ``model`` (a whole causal LM, every layer switched) right now?"""
+    if CAUSAL_LMS.get(type(model).__name__) is None or "forward" in vars(model):
+        return False
+    base = model._modules.get("model")
+    if base is None or type(base).__name__ != CAUSAL_LMS[type(model).__name__]:
+        return False
+    return not model.training and not _hooked(model, model._modules.get("lm_head")) and _decoder_base_ready(base)
+
+
+def _lean_decode(base, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:
     bm = base._modules
     h = bm["embed_tokens"].forward(input_ids)  # [B, T, hidden]
     position_embeddings = bm["rotary_emb"](h, position_ids)
@@ -271,3 +286,39 @@ def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position
         h = lean_layer_forward(layer, h, attention_mask=mask, position_embeddings=position_embeddings,
                                position_ids=position_ids, cache=cache, use_cache=cache is not None)
     return bm["norm"].forward(h)
+
+
+def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's last hidden states ``[B, T, hidden]`` (after its final norm), as its forward computes
+    them (``decoder_ready(model)`` first): embed, rotary tables, transformers' causal mask, the layers
+    (``lean_layer_forward``), the norm."""
+    return _lean_decode(model._modules["model"], cache, input_ids, attention_mask, position_ids)
+
+
+# what a decoder's forward may be given besides its named arguments and still run written out: the
+# output-recording switches, off (``capture_outputs`` reads them), and return_dict left on
+_QUIET_KWARGS = ("output_attentions", "output_hidden_states")
+
+
+def lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                       use_cache=None, **kwargs):
+    """The decoder's forward (``LlamaModel`` / ``Qwen2Model`` / ``Qwen3Model``) written out for the
+    call ``generate`` makes every step (token ids, a cache, no outputs recorded): ``_lean_decode``, the
+    same bits; any other call, the original forward."""
+    from transformers.cache_utils import Cache  # optional: models extra
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    cfg = self.config
+    plain = (input_ids is not None and inputs_embeds is None and isinstance(cache, Cache) and use_cache
+             and (attention_mask is None or isinstance(attention_mask, torch.Tensor))
+             and all(k in _QUIET_KWARGS and not v for k, v in kwargs.items())
+             and not getattr(cfg, "output_attentions", False) and not getattr(cfg, "output_hidden_states", False)
+             and getattr(cfg, "return_dict", True) is not False)
+    if not plain or not _decoder_base_ready(self):
+        return getattr(type(self), _BASE).forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                                  position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
+                                                  use_cache=use_cache, **kwargs)
+    if position_ids is None:  # as the original: the positions after what the cache holds
+        position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + cache.get_seq_length()).unsqueeze(0)
+    h = _lean_decode(self, cache, input_ids, attention_mask, position_ids)
+    return BaseModelOutputWithPast(last_hidden_state=h, cache=cache)
