@@ -43,3 +43,13 @@ def test_the_models_extra_and_the_docs_name_the_transformers_generate_needs():
     stale = [f"{f.relative_to(ROOT)}: {m.group(0)}" for f in files for m in older.finditer(f.read_text(errors="replace"))
              if tuple(map(int, m.group(2).split("."))) < tuple(map(int, MIN_TRANSFORMERS.split(".")))]
     assert not stale, stale
+
+
+def test_no_help_text_shows_an_unfilled_placeholder():
+    """A help string written as a plain string where an f-string was meant prints '{NAME}' verbatim
+    (reproduce-paper's --weights said 'default: ${WEIGHTS_ENV}')."""
+    parser = build_parser()
+    subs = next(a for a in parser._actions if a.dest == "command").choices
+    placeholder = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+    found = {name: placeholder.findall(sub.format_help()) for name, sub in subs.items()}
+    assert not {k: v for k, v in found.items() if v}, found

@@ -161,7 +161,7 @@ def apply_pair(args, option: str = "--pair") -> None:
 WEIGHTS_HELP = (f"what a GGUF-sourced model (the embedded target, the --pair models) computes from: gguf = the "
                 "file's blocks as stored (exact dequantised weights, float32 activations and sums, batch invariant; "
                 "docs/gguf.md), gguf-q8 = the same blocks with 8-bit activations as llama.cpp computes them (integer "
-                "block sums, batch invariant, faster where the CPU has AVX-512 VNNI), float32 = its converted float32 checkpoint (default: ${WEIGHTS_ENV}, else "
+                f"block sums, batch invariant, faster where the CPU has AVX-512 VNNI), float32 = its converted float32 checkpoint (default: ${WEIGHTS_ENV}, else "
                 f"{DEFAULT_WEIGHTS}); other targets ignore it")
 
 
