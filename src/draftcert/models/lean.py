@@ -100,6 +100,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+_ROTARY: list = [None, None, None, None]  # the last (cos, sin) given, and their [B, 1, T, D] forms below
+
+
+def _rotary_tables(position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin with its first half negated), unsqueezed on heads ``[B, 1, T, D]``, once per pass
+    (the decoder hands every layer the same two tensors).  With them ``rotate_half(x) * sin`` is
+    ``x.roll(D / 2, -1) * sin_signed``: elementwise ``(-x2) s1`` becomes ``x2 (-s1)``, the same
+    float32 value (negation is exact), in two operations instead of five."""
+    cos, sin = position_embeddings
+    if _ROTARY[0] is not cos or _ROTARY[1] is not sin:
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        _ROTARY[:] = [cos, sin, cos.unsqueeze(1), signed.unsqueeze(1)]
+    return _ROTARY[2], _ROTARY[3]
+
+
 def _hooked(*mods: torch.nn.Module) -> bool:
     for m in mods:
         if m is not None and (m._forward_hooks or m._forward_pre_hooks):
@@ -153,10 +169,16 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
         q, k = _rms(am["q_norm"], q), _rms(am["k_norm"], k)
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
     v = v_proj.forward(x).view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
-    q = (q * cos) + (_rotate_half(q) * sin)
-    k = (k * cos) + (_rotate_half(k) * sin)
+    if attn.head_dim % 2 == 0:  # transformers' q cos + rotate_half(q) sin, the same bits (_rotary_tables)
+        cos, sin_signed = _rotary_tables(position_embeddings)  # [B, 1, T, D]
+        half = attn.head_dim // 2
+        q = (q * cos) + (q.roll(half, -1) * sin_signed)
+        k = (k * cos) + (k.roll(half, -1) * sin_signed)
+    else:
+        cos, sin = position_embeddings
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)  # [B, Hkv, S, D]
     if sliding_kwarg:

@@ -68,7 +68,9 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
             if mask.shape[1] != 1:
                 raise ValueError(f"rowattn: a per-head mask {tuple(mask.shape)} is not supported")
             mask = mask[:, 0]
-        m = mask.expand(B, M, S).to(torch.uint8)
+        m = mask.expand(B, M, S)
+        # a bool tensor's bytes are 0 and 1: read them as uint8 in place (no copy per layer)
+        m = m.view(torch.uint8) if m.dtype == torch.bool else m.to(torch.uint8)
         if m.stride(-1) != 1:
             m = m.contiguous()
     out = torch.empty(B, M, H, D, dtype=torch.float32)
