@@ -100,20 +100,22 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-_ROTARY: list = [None, None, None, None]  # the last (cos, sin) given, and their [B, 1, T, D] forms below
+_SIN_SIGNED = "_draftcert_sin_signed"  # attribute of a rotary sin table: its signed form (below)
 
 
 def _rotary_tables(position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin with its first half negated), unsqueezed on heads ``[B, 1, T, D]``, once per pass
-    (the decoder hands every layer the same two tensors).  With them ``rotate_half(x) * sin`` is
-    ``x.roll(D / 2, -1) * sin_signed``: elementwise ``(-x2) s1`` becomes ``x2 (-s1)``, the same
-    float32 value (negation is exact), in two operations instead of five."""
+    """(cos, sin with its first half negated), unsqueezed on heads ``[B, 1, T, D]``.  With them
+    ``rotate_half(x) * sin`` is ``x.roll(D / 2, -1) * sin_signed``: elementwise ``(-x2) s1`` becomes
+    ``x2 (-s1)``, the same float32 value (negation is exact), in two operations instead of five.
+    The signed table is built once a pass (the decoder hands every layer the same sin tensor) and
+    kept on that tensor, so it goes when the pass's tables go, and threads never share one."""
     cos, sin = position_embeddings
-    if _ROTARY[0] is not cos or _ROTARY[1] is not sin:
+    signed = sin.__dict__.get(_SIN_SIGNED)
+    if signed is None:
         half = sin.shape[-1] // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-        _ROTARY[:] = [cos, sin, cos.unsqueeze(1), signed.unsqueeze(1)]
-    return _ROTARY[2], _ROTARY[3]
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+        sin.__dict__[_SIN_SIGNED] = signed
+    return cos.unsqueeze(1), signed
 
 
 def _hooked(*mods: torch.nn.Module) -> bool:
