@@ -87,6 +87,9 @@ def _passes(model) -> list[torch.Tensor]:
                            max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
                            pad_token_id=0)
         out += [g.sequences, torch.stack(g.scores)]
+        g = model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True, pad_token_id=0)  # the left-padded batch
+        out += [g.sequences, torch.stack(g.scores)]
     return out
 
 
