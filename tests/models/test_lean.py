@@ -232,6 +232,7 @@ def test_loaded_models_are_switched():
     assert lean.lean_layers(drafter) == 1
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")  # called so on purpose below
 def test_a_decoder_call_that_records_outputs_runs_transformers_forward():
     """Hidden states or attentions requested, embeddings given, no cache: the switched decoder hands
     the call to the original forward, which records what was asked for (the same bits)."""
@@ -251,3 +252,9 @@ def test_a_decoder_call_that_records_outputs_runs_transformers_forward():
             if kwargs.get("output_hidden_states"):
                 assert len(a.hidden_states) == len(b.hidden_states) == 3
                 assert all(torch.equal(x, y) for x, y in zip(a.hidden_states, b.hidden_states))
+        # the decoder called with token ids positionally, or its cache under the old keyword
+        for call in (lambda m: m.model(ids, cache=DynamicCache(config=m.config), use_cache=True),
+                     lambda m: m.model(input_ids=ids, past_key_values=DynamicCache(config=m.config), use_cache=True)):
+            a, b = call(model), call(twin)
+            assert torch.equal(a.last_hidden_state, b.last_hidden_state)
+            assert a.cache.get_seq_length() == b.cache.get_seq_length() == 4

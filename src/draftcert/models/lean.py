@@ -319,30 +319,36 @@ def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position
     return _lean_decode(model._modules["model"], cache, input_ids, attention_mask, position_ids)
 
 
-# what a decoder's forward may be given besides its named arguments and still run written out: the
-# output-recording switches, off (``capture_outputs`` reads them), and return_dict left on
-_QUIET_KWARGS = ("output_attentions", "output_hidden_states")
+# the keywords of the call ``generate`` makes to a decoder (transformers 5 names); the two output
+# switches only when off.  Any other call (positional arguments, ``past_key_values=``, embeddings,
+# outputs recorded) goes to the decoder's own forward exactly as it was made.
+_PLAIN_KWARGS = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "inputs_embeds", "use_cache",
+                           "output_attentions", "output_hidden_states"})
 
 
-def lean_model_forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
-                       use_cache=None, **kwargs):
-    """The decoder's forward (``LlamaModel`` / ``Qwen2Model`` / ``Qwen3Model``) written out for the
-    call ``generate`` makes every step (token ids, a cache, no outputs recorded): ``_lean_decode``, the
-    same bits; any other call, the original forward."""
+def _plain_decoder_call(self, kwargs) -> bool:
     from transformers.cache_utils import Cache  # optional: models extra
-    from transformers.modeling_outputs import BaseModelOutputWithPast
 
     cfg = self.config
-    plain = (input_ids is not None and inputs_embeds is None and isinstance(cache, Cache) and use_cache
-             and (attention_mask is None or isinstance(attention_mask, torch.Tensor))
-             and all(k in _QUIET_KWARGS and not v for k, v in kwargs.items())
-             and not getattr(cfg, "output_attentions", False) and not getattr(cfg, "output_hidden_states", False)
-             and getattr(cfg, "return_dict", True) is not False)
-    if not plain or not _decoder_base_ready(self):
-        return getattr(type(self), _BASE).forward(self, input_ids=input_ids, attention_mask=attention_mask,
-                                                  position_ids=position_ids, cache=cache, inputs_embeds=inputs_embeds,
-                                                  use_cache=use_cache, **kwargs)
+    mask = kwargs.get("attention_mask")
+    return (kwargs.keys() <= _PLAIN_KWARGS and kwargs.get("input_ids") is not None
+            and kwargs.get("inputs_embeds") is None and isinstance(kwargs.get("cache"), Cache)
+            and bool(kwargs.get("use_cache")) and (mask is None or isinstance(mask, torch.Tensor))
+            and not kwargs.get("output_attentions") and not kwargs.get("output_hidden_states")
+            and not getattr(cfg, "output_attentions", False) and not getattr(cfg, "output_hidden_states", False)
+            and getattr(cfg, "return_dict", True) is not False)
+
+
+def lean_model_forward(self, *args, **kwargs):
+    """The decoder's forward (``LlamaModel`` / ``Qwen2Model`` / ``Qwen3Model``) written out for the
+    call ``generate`` makes every step (token ids, a cache, no outputs recorded): ``_lean_decode``, the
+    same bits; any other call, the original forward with the same arguments."""
+    if args or not _plain_decoder_call(self, kwargs) or not _decoder_base_ready(self):
+        return getattr(type(self), _BASE).forward(self, *args, **kwargs)
+    from transformers.modeling_outputs import BaseModelOutputWithPast  # optional: models extra
+
+    input_ids, cache, position_ids = kwargs["input_ids"], kwargs["cache"], kwargs.get("position_ids")
     if position_ids is None:  # as the original: the positions after what the cache holds
         position_ids = (torch.arange(input_ids.shape[1], device=input_ids.device) + cache.get_seq_length()).unsqueeze(0)
-    h = _lean_decode(self, cache, input_ids, attention_mask, position_ids)
+    h = _lean_decode(self, cache, input_ids, kwargs.get("attention_mask"), position_ids)
     return BaseModelOutputWithPast(last_hidden_state=h, cache=cache)
