@@ -193,8 +193,7 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             for rep in range(args.repeats + 1):  # the first round warms up
                 for r in rows:
-                    # the kernels take turns in alternating order: timing one source against itself
-                    # gave the first one measured 1-9 % slower when the order was fixed
+                    # the kernels take turns in alternating order, so neither is always timed first
                     for kind in (list(packs) if rep % 2 else list(packs)[::-1]):
                         t, per = 0.0, dict.fromkeys(names, 0.0)
                         for i, (_, qt, _, k, _) in enumerate(layers):
