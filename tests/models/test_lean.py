@@ -101,7 +101,8 @@ def _same_bits_switched_and_not(model) -> None:
     # the switched layers must not hand back to transformers' forward here (equal bits would then prove
     # nothing), nor the switched decoder but for the batch called without a cache
     family, decoder = type(model.model.layers[0]).__mro__[1], type(model.model).__mro__[1]
-    assert lean._switched(model.model) and decoder.__name__ in lean.DECODERS
+    assert type(model.model) is not decoder and type(model.model).forward is lean.lean_model_forward
+    assert decoder.__name__ in lean.DECODERS
     originals, fallbacks = (family.forward, decoder.forward), []
 
     def counted(original, who):
@@ -241,7 +242,7 @@ def test_a_decoder_call_that_records_outputs_runs_transformers_forward():
     model = _model("qwen2")
     twin = copy.deepcopy(model)
     lean.use_lean_layers(model)
-    assert lean._switched(model.model) and not lean._switched(twin.model)
+    assert type(model.model).forward is lean.lean_model_forward and type(twin.model).forward is not lean.lean_model_forward
     ids = torch.tensor([[4, 5, 6, 7]])
     with torch.inference_mode():
         for kwargs in ({"output_hidden_states": True}, {"inputs_embeds": model.model.embed_tokens(ids)}, {}):
