@@ -9,7 +9,7 @@ switch; a 28-layer model makes ~430 such calls a pass.  ``lean_layer_forward`` i
 ``forward`` written out::
 
     x = rms(h)          ; q, k, v = q_proj(x), k_proj(x), v_proj(x)   # [B, T, H*D] -> [B, H, T, D]
-    q, k = q cos + rot(q) sin, k cos + rot(k) sin                       # rotary, unsqueezed on heads
+    q, k = q cos + roll(q, D/2) sin', k cos + roll(k, D/2) sin'        # rotary: sin' = sin, first half negated
     k, v = cache.update(k, v, layer)                                     # [B, Hkv, S, D]
     h = h + o_proj(attention(q, k, v, mask))                             # the model's own attention
     h = h + down_proj(silu(gate_proj(rms'(h))) * up_proj(rms'(h)))
@@ -83,6 +83,8 @@ def _eligible(layer: torch.nn.Module, config) -> str | None:
         return "the MLP's activation is not silu"
     if getattr(attn, "sliding_window", None) is not None or getattr(config, "use_sliding_window", False):
         return "sliding-window attention"
+    if getattr(attn, "head_dim", 1) % 2:  # the rotary tables pair dimension i with i + D/2
+        return "an odd head dimension"
     ret = inspect.signature(type(layer).forward).return_annotation
     if "tuple" in str(ret).lower():  # older transformers returned (hidden, ...) tuples
         return "its forward returns a tuple"
@@ -93,11 +95,6 @@ def _rms(norm: torch.nn.Module, h: torch.Tensor) -> torch.Tensor:
     # transformers' LlamaRMSNorm / Qwen2RMSNorm.forward on float32 input (its two .to() are no-ops)
     variance = h.pow(2).mean(-1, keepdim=True)
     return norm._parameters["weight"] * (h * torch.rsqrt(variance + norm.variance_epsilon))
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 _SIN_SIGNED = "_draftcert_sin_signed"  # attribute of a rotary sin table: its signed form (below)
@@ -171,16 +168,11 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
         q, k = _rms(am["q_norm"], q), _rms(am["k_norm"], k)
     q, k = q.transpose(1, 2), k.transpose(1, 2)  # [B, H, T, D], [B, Hkv, T, D]
     v = v_proj.forward(x).view(hidden_shape).transpose(1, 2)
-    if attn.head_dim % 2 == 0:  # transformers' q cos + rotate_half(q) sin, the same bits (_rotary_tables)
-        cos, sin_signed = _rotary_tables(position_embeddings)  # [B, 1, T, D]
-        half = attn.head_dim // 2
-        q = (q * cos) + (q.roll(half, -1) * sin_signed)
-        k = (k * cos) + (k.roll(half, -1) * sin_signed)
-    else:
-        cos, sin = position_embeddings
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, T, D]
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
+    # transformers' q cos + rotate_half(q) sin, the same bits (_rotary_tables)
+    cos, sin_signed = _rotary_tables(position_embeddings)  # [B, 1, T, D]
+    half = attn.head_dim // 2
+    q = (q * cos) + (q.roll(half, -1) * sin_signed)
+    k = (k * cos) + (k.roll(half, -1) * sin_signed)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)  # [B, Hkv, S, D]
     if sliding_kwarg:

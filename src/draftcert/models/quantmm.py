@@ -269,10 +269,7 @@ def pack_q8(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
     if lib is None:
         raise RuntimeError(f"the quantmm kernel is unavailable: {unavailable_reason()}")
     row_bytes = _check(blocks, qtype, n, k)
-    size = lib.dq8_packed_bytes(int(qtype), n, k)
-    if size < 0:
-        raise ValueError(f"quantmm: no gguf-q8 layout for {SUPPORTED.get(qtype)} [{n}, {k}]")
-    out = torch.empty(size, dtype=torch.uint8)
+    out = torch.empty(packed_bytes(qtype, n, k), dtype=torch.uint8)
     if lib.dq8_pack(int(qtype), blocks.data_ptr(), row_bytes, n, k, out.data_ptr(), torch.get_num_threads()):
         raise RuntimeError(f"quantmm could not pack {SUPPORTED.get(qtype)} [{n}, {k}]")
     return out
