@@ -21,10 +21,16 @@ probabilities, for reverse KL their geometric mean.
 
 from __future__ import annotations
 
+import ctypes
+import os
+from functools import lru_cache
+from pathlib import Path
+
 import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_probs, output_spec, to_tensor
 from ._fp import TINY, U, gamma, psi
+from ._native import build_native
 
 DIVERGENCES = ("forward", "reverse", "tv")
 
@@ -230,6 +236,72 @@ _EXP_REL = 4 * U
 _HALF_TINY = 2.0**-1021
 
 
+_DIVPASS = Path(__file__).with_name("divpass.c")
+
+
+@lru_cache(maxsize=1)
+def _divpass_library() -> tuple[ctypes.CDLL | None, str]:
+    """(the fused pass ``divpass.c``, "") or (None, why not).  Used only where it builds with
+    AVX-512: its scalar build is not vectorised and was not measured against torch's pass."""
+    if os.environ.get("DRAFTCERT_FUSED_DIVERGENCE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, "disabled by DRAFTCERT_FUSED_DIVERGENCE=0"
+    lib, why, _ = build_native(_DIVPASS)
+    if lib is None:
+        return None, why
+    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
+    lib.dc_pair_pass.argtypes = [P, L, P, L, L, L, I, P, P, I]
+    lib.dc_pair_pass.restype = L
+    lib.dc_exp_array.argtypes = [P, L, P]
+    lib.dc_exp_array.restype = I
+    lib.dc_vector_width.restype = I
+    if lib.dc_vector_width() < 8:
+        return None, "divpass.c built without AVX-512: torch's pass is used"
+    return lib, ""
+
+
+def fused_pass_reason() -> str:
+    """"" where ``_logit_pair_pass`` runs the fused native pass on float32 CPU rows, else why not."""
+    return _divpass_library()[1]
+
+
+def _fused_reductions(x: torch.Tensor, y: torch.Tensor, full: bool) -> torch.Tensor | None:
+    """The pass's row reductions [N, 8] (S_p, S_q, T, T_q, TV sum, max|a|, max|b|, max y; see
+    ``divpass.c``) from the native pass, NaN in column 0 for a row with a non-finite logit; None
+    where the pass does not apply (float64 or non-CPU rows, or no library)."""
+    half = (torch.float16, torch.bfloat16, torch.float32)
+    if x.device.type != "cpu" or x.dtype not in half or y.dtype not in half \
+            or x.shape != y.shape or x.dim() != 2 or x.shape[-1] == 0:
+        return None
+    # float16 / bfloat16 values are exact in float32: the same values get the same bits in any of the three
+    x, y = x.float(), y.float()
+    lib = _divpass_library()[0]
+    if lib is None:
+        return None
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if y.stride(-1) != 1:
+        y = y.contiguous()
+    n, V = x.shape
+    threads = max(1, min(torch.get_num_threads(), n))
+    out = torch.empty(n, 8, dtype=torch.float64)
+    scratch = torch.empty(threads if full else 1, 2 * V if full else 1, dtype=torch.float64)
+    lib.dc_pair_pass(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), n, V, int(full),
+                     out.data_ptr(), scratch.data_ptr(), threads)
+    return out
+
+
+def exp_fused(a: torch.Tensor) -> torch.Tensor:
+    """The fused pass's float64 exp on float64 ``a`` (for its tests): relative error <= 2 U where
+    e^a >= 2^-1021, 0 below a = -708.  RuntimeError where the fused pass is unavailable."""
+    lib = _divpass_library()[0]
+    if lib is None:
+        raise RuntimeError(f"fused divergence pass unavailable: {fused_pass_reason()}")
+    a = a.detach().to(torch.float64).contiguous().cpu()
+    out = torch.empty_like(a)
+    lib.dc_exp_array(a.data_ptr(), a.numel(), out.data_ptr())
+    return out
+
+
 def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
     """One chunked float64 pass over rows of target logits x and drafter logits y [N, V].
 
@@ -254,12 +326,39 @@ def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, 
     (1.01 covers the rounding of e itself).  Rows with a non-finite logit, or dS >= 1e-3, get
     [0, inf]: undecided.  The interval's arithmetic is the same whether ``full`` or not, so
     the profiler (full) and ``forward_kl_interval`` get the same bits.
+
+    On float32 (or float16 / bfloat16) CPU rows the reductions come from one fused native pass
+    (``divpass.c``, where it builds with AVX-512; ``DRAFTCERT_FUSED_DIVERGENCE=0`` or
+    ``DRAFTCERT_NATIVE=0`` turn it off): the same operations per element, its own exp within
+    2 U (inside the 2 ulps charged above), the sums in another order (inside gamma_V), reading
+    each row once instead of a dozen float64 passes.  A row's values depend on that row alone
+    either way.
     """
+    n, V = x.shape
+    fused = _fused_reductions(x, y, full)
+    if fused is not None:
+        s_p, s_q, t, t_q, tv, m_a, m_b, max_y = fused.unbind(1)
+        tv = tv / s_q * 0.5
+        rows = torch.isnan(s_p).nonzero().squeeze(1)  # a non-finite logit: torch's pass gives its bits
+        if rows.numel():
+            sub = _torch_reductions(x[rows], y[rows], full)
+            for col, val in zip((s_p, s_q, t, t_q, tv, m_a, m_b, max_y), sub):
+                if val is not None:
+                    col[rows] = val
+    else:
+        s_p, s_q, t, t_q, tv, m_a, m_b, max_y = _torch_reductions(x, y, full)
+    return _pair_bounds(V, s_p, s_q, t, t_q, tv, m_a, m_b, max_y, full)
+
+
+def _torch_reductions(x: torch.Tensor, y: torch.Tensor, full: bool):
+    """The pass's row reductions by torch, a few rows at a time: (S_p, S_q, T, T_q, TV, max|a|,
+    max|b|, max y), T_q and TV None unless ``full``."""
     n, V = x.shape
     f64 = dict(dtype=torch.float64, device=x.device)
     # Per row: the row reductions come from the chunked pass; the bound arithmetic on them runs
     # once, vectorised, after it (per-chunk work on one-row tensors costs more than the pass).
     s_p, s_q, t, m_a, m_b, max_y = (torch.empty(n, **f64) for _ in range(6))
+    t_q = tv = None
     if full:
         t_q, tv = torch.empty(n, **f64), torch.empty(n, **f64)
     step = row_chunk(x)
@@ -285,6 +384,12 @@ def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, 
             t_q[i:j] = torch.mul(b, d, out=g).sum(1)          # sum e^b d
             # TV = (1/2) sum |e^a (S_q / S_p) - e^b| / S_q: one multiply per element instead of two divisions
             tv[i:j] = a.mul_((s_q[i:j] / s_p[i:j])[:, None]).sub_(b).abs_().sum(1).div_(s_q[i:j]).mul_(0.5)
+    return s_p, s_q, t, t_q, tv, m_a, m_b, max_y
+
+
+def _pair_bounds(V, s_p, s_q, t, t_q, tv, m_a, m_b, max_y, full: bool) -> dict[str, torch.Tensor]:
+    """The pass's outputs from its row reductions: the estimates and the enclosure [lo, hi]
+    (the error model in ``_logit_pair_pass``'s docstring)."""
     gV = gamma(V)
     log_sp, log_sq = torch.log(s_p), torch.log(s_q)
     quot = t / s_p

@@ -24,18 +24,14 @@ weights (``draftcert.models.quant``).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
-import shutil
-import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from .._cache import cache_root
+from .._native import FLAGS, build_native, extra_flags  # noqa: F401  (re-exported)
+from .._native import library_path as native_library_path
 
 __all__ = ["SUPPORTED", "CONTRACT", "available", "unavailable_reason", "build_id", "vector_width", "block_shape",
            "linear", "dequantize", "error_bound",
@@ -50,66 +46,11 @@ CONTRACTS = (CONTRACT, CONTRACT_Q8)
 # GGMLQuantizationType values -> names (the kernel's types)
 SUPPORTED = {3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 _BLOCKS = {3: (32, 20), 6: (32, 22), 8: (32, 34), 12: (256, 144), 14: (256, 210)}
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-Werror=implicit-function-declaration")
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def extra_flags() -> list[str]:
-    """``$DRAFTCERT_NATIVE_CFLAGS`` (shared with smallm): e.g. ``-mno-avx512f`` for the AVX2 build."""
-    return os.environ.get("DRAFTCERT_NATIVE_CFLAGS", "").split()
 
 
 def library_path(cc: str, source: Path = SOURCE) -> Path:
     """Where the compiled kernel for this source, compiler, flags and CPU lives."""
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    ident = b"\0".join([source.read_bytes(), version.encode(), _cpu_flags().encode(),
-                        " ".join([*FLAGS, *extra_flags()]).encode()])
-    return cache_root() / "kernels" / f"{source.stem}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
-
-
-def _compile(cc: str, out: Path, source: Path = SOURCE) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, *FLAGS, *extra_flags(), "-shared", "-fPIC", "-std=gnu11", str(source)]
-    errors = []
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        tmp_out = Path(tmp) / out.name
-        for extra in (["-fopenmp"], []):  # without OpenMP the kernel runs on one thread
-            r = subprocess.run(base + extra + ["-o", str(tmp_out)], capture_output=True, text=True, timeout=300)
-            if r.returncode == 0:
-                os.replace(tmp_out, out)  # atomic: a concurrent process sees the old file or the new one
-                return
-            errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
-    raise RuntimeError(f"{cc} could not build {source.name}: {errors[0][0]}")
-
-
-def build_native(source: Path) -> tuple[ctypes.CDLL | None, str, str]:
-    """Compile (once, cached by source, compiler, flags and CPU) and load a C source of this package
-    with the kernels' flags: (the library, "", its build id) or (None, why it is unavailable, "")."""
-    if os.environ.get("DRAFTCERT_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "disabled by DRAFTCERT_NATIVE=0", ""
-    cc = shutil.which(os.environ.get("CC") or "cc")
-    if cc is None:
-        return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)", ""
-    try:
-        path = library_path(cc, source)
-        if not path.exists():
-            _compile(cc, path, source)
-        return ctypes.CDLL(str(path)), "", path.stem
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return None, str(e), ""
+    return native_library_path(cc, source)
 
 
 _SIGNATURES = {  # name: (argument types, return type); L long, P pointer, I int
