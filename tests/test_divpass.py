@@ -92,7 +92,7 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_at_any_thread_count():
         torch.set_num_threads(threads)
     for i in (0, 4, 8):
         alone = D.divergences_from_logits(x[i:i + 1], y[i:i + 1])
-        strided = D.divergences_from_logits(x[:, :4099][i:i + 1], y.t().contiguous().t()[i:i + 1])  # column-major y
+        strided = D.divergences_from_logits(x[i:i + 1], y.t().contiguous().t()[i:i + 1])  # column-major y
         for key in one:
             assert torch.equal(one[key][i:i + 1], alone[key]), key
             assert torch.equal(one[key][i:i + 1], strided[key]), key

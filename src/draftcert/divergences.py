@@ -260,7 +260,8 @@ def _divpass_library() -> tuple[ctypes.CDLL | None, str]:
 
 
 def fused_pass_reason() -> str:
-    """"" where ``_logit_pair_pass`` runs the fused native pass on float32 CPU rows, else why not."""
+    """"" where ``_logit_pair_pass`` runs the fused native pass on float32, float16 and bfloat16
+    CPU rows, else why not."""
     return _divpass_library()[1]
 
 
@@ -272,11 +273,11 @@ def _fused_reductions(x: torch.Tensor, y: torch.Tensor, full: bool) -> torch.Ten
     if x.device.type != "cpu" or x.dtype not in half or y.dtype not in half \
             or x.shape != y.shape or x.dim() != 2 or x.shape[-1] == 0:
         return None
-    # float16 / bfloat16 values are exact in float32: the same values get the same bits in any of the three
-    x, y = x.float(), y.float()
     lib = _divpass_library()[0]
     if lib is None:
         return None
+    # float16 / bfloat16 values are exact in float32: the same values get the same bits in any of the three
+    x, y = x.float(), y.float()
     if x.stride(-1) != 1:
         x = x.contiguous()
     if y.stride(-1) != 1:

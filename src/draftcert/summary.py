@@ -307,11 +307,9 @@ class Summary:
         return Summary(vocab_size=self.vocab_size, is_logits=self.is_logits, out=self.out.flat(n), **picked)
 
     @staticmethod
-    def concat(parts: "Sequence[Summary]", source_out: torch.Tensor | None = None) -> "Summary":
+    def concat(parts: "Sequence[Summary]") -> "Summary":
         """One summary over the rows of several, in order (same V, k and input kind; a
-        per-row field present in one part must be present in all).  ``source_out``: a
-        (rows, V) tensor of the sources' dtype to concatenate the given values into (a buffer
-        reused across calls: a fresh tensor of that size costs its page faults every time)."""
+        per-row field present in one part must be present in all)."""
         if len(parts) == 1:
             return parts[0]
         p0 = parts[0]
@@ -320,12 +318,7 @@ class Summary:
         fields = {}
         for f in Summary._ROW_FIELDS:
             vals = [getattr(s, f) for s in parts]
-            if any(v is None for v in vals):
-                fields[f] = None
-            elif f == "source" and source_out is not None:
-                fields[f] = torch.cat(vals, out=source_out)
-            else:
-                fields[f] = torch.cat(vals)
+            fields[f] = None if any(v is None for v in vals) else torch.cat(vals)
         n = fields["top_probs"].shape[0]
         return Summary(vocab_size=p0.vocab_size, is_logits=p0.is_logits, out=p0.out.flat(n), **fields)
 

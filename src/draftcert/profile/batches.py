@@ -191,12 +191,7 @@ def _certify_drafter(ctx: BatchContext, batch: BatchTrace, pending: list[Pending
         for group in _groups(pending, dlogits.shape[-1]):
             r = torch.cat([s.rows for s in group])
             c = torch.cat([index[s.rows] + s.position for s in group])
-            # one gather, into the certifier's reused buffer where the logits allow: [rows of the group, V]
-            if dlogits.is_contiguous():
-                d = torch.index_select(dlogits.view(-1, dlogits.shape[-1]), 0, r * dlogits.shape[1] + c,
-                                       out=ctx.certifier.buffer("draft", r.shape[0], dlogits))
-            else:
-                d = dlogits[r, c]
+            d = dlogits[r, c]  # one gather: [rows of the group, V]
             _flush(ctx.certifier, group, batch, d, None if rollout is None else (r_ids[r, c], r_gap[r, c]))
     del dlogits
 

@@ -77,18 +77,6 @@ class StepCertifier:
         if "forward" not in self.divergences:
             self.divergences.insert(0, "forward")
         self.k = max([SUMMARY_K, TOPK_STORED] + [c.min_k for c in self.criteria])
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def buffer(self, name: str, rows: int, like: torch.Tensor) -> torch.Tensor:
-        """A (rows, V) tensor shaped like ``like``'s rows, reused by every flush under ``name``:
-        a group's concatenated logits (~40 MB on the Qwen pair) cost their page faults each time
-        as fresh tensors, 0.18 against 0.025 ms a row to fill.  Valid until the next call with
-        that name; nothing this class returns refers to it."""
-        V, n = like.shape[-1], rows * like.shape[-1]
-        buf = self._buffers.get(name)
-        if buf is None or buf.numel() < n or buf.dtype != like.dtype or buf.device != like.device:
-            buf = self._buffers[name] = torch.empty(n, dtype=like.dtype, device=like.device)
-        return buf[:n].view(rows, V)
 
     def summarize_step(self, logits: torch.Tensor) -> tuple[Summary, torch.Tensor]:
         """One step's (A, V) logits -> (summary, nonfinite mask), right as they are produced.
@@ -106,10 +94,7 @@ class StepCertifier:
         steps, not once per step).  With ``draft_logits`` (N, V), the drafter's logits for
         the same rows, the drafter columns are added.
         """
-        src = [s.source for s in summaries]
-        same = all(t is not None and t.dtype == src[0].dtype and t.device == src[0].device for t in src)
-        source_out = self.buffer("source", sum(t.shape[0] for t in src), src[0]) if same and len(src) > 1 else None
-        summ = Summary.concat(summaries, source_out=source_out)
+        summ = Summary.concat(summaries)
         bad = torch.cat(list(bads))
         top = summ.top_probs
         nan = torch.tensor(torch.nan, dtype=torch.float64, device=top.device)
