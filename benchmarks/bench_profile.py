@@ -36,10 +36,10 @@ drafter its top-16, the exact float64 KL(p||q), KL(q||p), TV, acceptance and cer
 ``trace`` covers the Arrow table, the shard write, counting soundness violations and the
 final totals pass over the shards.
 
-Since 2026-12-05 the float64 divergence pass is one fused native pass (``divpass.c``).  Seven
+Since 2026-12-05 the float64 divergence pass is one fused native pass (``divpass.c``).  Six
 runs that day on a 2-core AMD EPYC Zen 4 (AVX-512), interleaved with ``DRAFTCERT_FUSED_DIVERGENCE=0``
-(torch's pass): overhead 0.0296, 0.0311, 0.0310 (and 0.0637 on the first, cold run) against
-0.0386, 0.0382, 0.0376; ``certificate.draft`` 0.126-0.127 s against 0.186-0.192 s.
+(torch's pass): overhead 0.0327, 0.0348, 0.0353 against 0.0426, 0.0424, 0.0423;
+``certificate.draft`` 0.132-0.143 s against 0.206-0.217 s.
 """
 
 from __future__ import annotations
