@@ -21,16 +21,11 @@ probabilities, for reverse KL their geometric mean.
 
 from __future__ import annotations
 
-import ctypes
-import os
-from functools import lru_cache
-from pathlib import Path
-
 import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_probs, output_spec, to_tensor
 from ._fp import TINY, U, gamma, psi
-from ._native import build_native
+from . import fusedpass
 
 DIVERGENCES = ("forward", "reverse", "tv")
 
@@ -236,71 +231,18 @@ _EXP_REL = 4 * U
 _HALF_TINY = 2.0**-1021
 
 
-_DIVPASS = Path(__file__).with_name("divpass.c")
-
-
-@lru_cache(maxsize=1)
-def _divpass_library() -> tuple[ctypes.CDLL | None, str]:
-    """(the fused pass ``divpass.c``, "") or (None, why not).  Used only where it builds with
-    AVX-512: its scalar build is not vectorised and was not measured against torch's pass."""
-    if os.environ.get("DRAFTCERT_FUSED_DIVERGENCE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, "disabled by DRAFTCERT_FUSED_DIVERGENCE=0"
-    lib, why, _ = build_native(_DIVPASS)
-    if lib is None:
-        return None, why
-    L, P, I = ctypes.c_long, ctypes.c_void_p, ctypes.c_int
-    lib.dc_pair_pass.argtypes = [P, L, P, L, L, L, I, P, P, I]
-    lib.dc_pair_pass.restype = L
-    lib.dc_exp_array.argtypes = [P, L, P]
-    lib.dc_exp_array.restype = I
-    lib.dc_vector_width.restype = I
-    if lib.dc_vector_width() < 8:
-        return None, "divpass.c built without AVX-512: torch's pass is used"
-    return lib, ""
-
-
 def fused_pass_reason() -> str:
     """"" where ``_logit_pair_pass`` runs the fused native pass on float32, float16 and bfloat16
-    CPU rows, else why not."""
-    return _divpass_library()[1]
-
-
-def _fused_reductions(x: torch.Tensor, y: torch.Tensor, full: bool) -> torch.Tensor | None:
-    """The pass's row reductions [N, 8] (S_p, S_q, T, T_q, TV sum, max|a|, max|b|, max y; see
-    ``divpass.c``) from the native pass, NaN in column 0 for a row with a non-finite logit; None
-    where the pass does not apply (float64 or non-CPU rows, or no library)."""
-    half = (torch.float16, torch.bfloat16, torch.float32)
-    if x.device.type != "cpu" or x.dtype not in half or y.dtype not in half \
-            or x.shape != y.shape or x.dim() != 2 or x.shape[-1] == 0:
-        return None
-    lib = _divpass_library()[0]
-    if lib is None:
-        return None
-    # float16 / bfloat16 values are exact in float32: the same values get the same bits in any of the three
-    x, y = x.float(), y.float()
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if y.stride(-1) != 1:
-        y = y.contiguous()
-    n, V = x.shape
-    threads = max(1, min(torch.get_num_threads(), n))
-    out = torch.empty(n, 8, dtype=torch.float64)
-    scratch = torch.empty(threads if full else 1, 2 * V if full else 1, dtype=torch.float64)
-    lib.dc_pair_pass(x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), n, V, int(full),
-                     out.data_ptr(), scratch.data_ptr(), threads)
-    return out
+    CPU rows, else why not (``draftcert.fusedpass``)."""
+    return fusedpass.reason("divergence")
 
 
 def exp_fused(a: torch.Tensor) -> torch.Tensor:
     """The fused pass's float64 exp on float64 ``a`` (for its tests): relative error <= 2 U where
     e^a >= 2^-1021, 0 below a = -708.  RuntimeError where the fused pass is unavailable."""
-    lib = _divpass_library()[0]
-    if lib is None:
+    if fused_pass_reason():
         raise RuntimeError(f"fused divergence pass unavailable: {fused_pass_reason()}")
-    a = a.detach().to(torch.float64).contiguous().cpu()
-    out = torch.empty_like(a)
-    lib.dc_exp_array(a.data_ptr(), a.numel(), out.data_ptr())
-    return out
+    return fusedpass.exp_fused(a)
 
 
 def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
@@ -336,7 +278,7 @@ def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, 
     either way.
     """
     n, V = x.shape
-    fused = _fused_reductions(x, y, full)
+    fused = fusedpass.pair_reductions(x, y, full)
     if fused is not None:
         s_p, s_q, t, t_q, tv, m_a, m_b, max_y = fused.unbind(1)
         tv = tv / s_q * 0.5

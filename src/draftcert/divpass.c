@@ -1,4 +1,6 @@
-/* The float64 pass over a pair of logit rows behind divergences._logit_pair_pass, fused.
+/* The float64 passes over logit rows, fused: the divergence pass behind
+ * divergences._logit_pair_pass (dc_pair_pass) and the summary's moments behind
+ * summary.summarize (dc_logit_moments, at the end of this file).
  *
  * For each row of target logits x and drafter logits y (float32, [n, V], row stride ldx / ldy),
  * with a = fl(x - max x), b = fl(y - max y), d = fl(a - b), all float64:
@@ -164,6 +166,142 @@ long dc_pair_pass(const float *x, long ldx, const float *y, long ldy, long n, lo
         double *mine = scratch;
 #endif
         broken += pair_row(x + r * ldx, y + r * ldy, V, full, out + r * 8, mine);
+    }
+    return broken;
+}
+
+/* ---------------------------------------------------------------- the summary's moments
+ *
+ * For each row of logits x (float32, [n, V], row stride ldx) and its reference m (float64, the
+ * row maximum as float32 gives it), with z = fl(x - m) in float64:
+ *
+ *   out[r*3 + 0] = s  = sum e^z
+ *   out[r*3 + 1] = d  = sum e^z z   (a term with e^z = 0 counts 0: x = -inf, or deep underflow)
+ *   out[r*3 + 2] = lo = min x
+ *
+ * the quantities of summary._logit_moments, each product rounded and then added, summed over
+ * fixed chunks of CHUNK columns (each chunk's eight lanes, then the chunks in order), so a row's
+ * values depend on V and the build only, never on the other rows or the threads; a row is split
+ * across threads by its chunks.  Returns the number of rows holding a NaN or +inf (or with a
+ * non-finite m): those get out[r*3 + 0] = NaN and the caller recomputes them.
+ *
+ * exp is dc_exp_gradual: dc_exp's reduction and polynomial (relative error <= 1.94 U where
+ * e^z >= 2^-1022), scaled by 2^n1 2^n2 with n1 = floor(n / 2), n2 = n - n1: both factors and
+ * e^r 2^n1 are normal, so the first product is exact and the second rounds once -- exact
+ * scaling above 2^-1022, one rounding into the subnormals below it (an absolute error
+ * < 2^-1073 with the polynomial's), 0 for z < -760 (e^z < 2^-1096 rounds to 0).  That is
+ * inside what docs/theory.md, section 7, charges the summary: the "(|z| + 4) U" of each term
+ * of s (a 2-ulp exp) and the absolute 2^-1060 of each underflowing term e^z z of d.
+ */
+#define GRAD_LO (-760.0)
+#define GRAD_HI 709.0
+#define CHUNK 8192
+
+static inline double dc_exp_gradual(double a) {
+    a = a < GRAD_LO ? GRAD_LO : (a > GRAD_HI ? GRAD_HI : a);
+    double t = a * LOG2E + SHIFTER;
+    double n = t - SHIFTER;
+    double r = fma(-n, LN2_HI, a);
+    r = fma(-n, LN2_LO, r);
+    double h = C[13];
+    for (int k = 12; k >= 0; k--) h = fma(h, r, C[k]);
+    int64_t ni = (int64_t)n, n1 = ni >> 1, n2 = ni - n1;
+    int64_t b1 = (n1 + 1023) << 52, b2 = (n2 + 1023) << 52;
+    double s1, s2;
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return (h * s1) * s2;
+}
+
+int dc_exp_gradual_array(const double *a, long n, double *out) {
+    for (long i = 0; i < n; i++) out[i] = dc_exp_gradual(a[i]);
+    return 0;
+}
+
+#if defined(__AVX512F__)
+static inline __m512d dc_exp_gradual8(__m512d a) {
+    a = _mm512_min_pd(_mm512_max_pd(a, _mm512_set1_pd(GRAD_LO)), _mm512_set1_pd(GRAD_HI));
+    const __m512d shifter = _mm512_set1_pd(SHIFTER);
+    __m512d t = _mm512_add_pd(_mm512_mul_pd(a, _mm512_set1_pd(LOG2E)), shifter);
+    __m512d n = _mm512_sub_pd(t, shifter);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(LN2_HI), a);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(LN2_LO), r);
+    __m512d h = _mm512_set1_pd(C[13]);
+    for (int k = 12; k >= 0; k--) h = _mm512_fmadd_pd(h, r, _mm512_set1_pd(C[k]));
+    __m512i ni = _mm512_cvtpd_epi64(n), n1 = _mm512_srai_epi64(ni, 1), n2 = _mm512_sub_epi64(ni, n1);
+    const __m512i bias = _mm512_set1_epi64(1023);
+    __m512d s1 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(n1, bias), 52));
+    __m512d s2 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(n2, bias), 52));
+    return _mm512_mul_pd(_mm512_mul_pd(h, s1), s2);
+}
+#endif
+
+/* Columns [i0, i1) of one row: (s, d) of the chunk, its minimum; returns 1 on a NaN or +inf. */
+static int moments_chunk(const float *x, long i0, long i1, double m, int want_d, double *s_out, double *d_out,
+                         float *lo_out) {
+    double s = 0, d = 0;
+    float lo = x[i0];
+    int bad = 0;
+    long i = i0;
+#if defined(__AVX512F__)
+    __m512d vs = _mm512_setzero_pd(), vd = vs;
+    __m256 vlo = _mm256_set1_ps(lo);
+    const __m256 pinf = _mm256_set1_ps(INFINITY);
+    const __m512d vm = _mm512_set1_pd(m), zero = _mm512_setzero_pd();
+    __mmask8 vbad = 0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256 xf = _mm256_loadu_ps(x + i);
+        vbad |= _mm256_cmp_ps_mask(xf, pinf, _CMP_NLT_UQ);  /* NaN or +inf */
+        vlo = _mm256_min_ps(vlo, xf);
+        __m512d z = _mm512_sub_pd(_mm512_cvtps_pd(xf), vm);
+        __m512d e = dc_exp_gradual8(z);
+        vs = _mm512_add_pd(vs, e);
+        if (want_d)
+            vd = _mm512_add_pd(vd, _mm512_maskz_mul_pd(_mm512_cmp_pd_mask(e, zero, _CMP_GT_OQ), e, z));
+    }
+    s = _mm512_reduce_add_pd(vs);
+    d = _mm512_reduce_add_pd(vd);
+    bad = vbad != 0;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vlo);
+    for (int k = 0; k < 8; k++) lo = lanes[k] < lo ? lanes[k] : lo;
+#endif
+    for (; i < i1; i++) {
+        float xi = x[i];
+        bad |= !(xi < INFINITY);
+        lo = xi < lo ? xi : lo;
+        double z = (double)xi - m, e = dc_exp_gradual(z);
+        s += e;
+        if (want_d && e > 0) d += e * z;
+    }
+    *s_out = s; *d_out = d; *lo_out = lo;
+    return bad;
+}
+
+/* part: n * ceil(V / CHUNK) * 4 doubles, each chunk's (s, d, min, NaN or +inf seen). */
+long dc_logit_moments(const float *x, long ldx, long n, long V, const double *m, int want_d, double *out,
+                      double *part, int threads) {
+    const long nc = (V + CHUNK - 1) / CHUNK, total = n * nc;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (long w = 0; w < total; w++) {
+        long r = w / nc, c = w % nc, i0 = c * CHUNK, i1 = i0 + CHUNK < V ? i0 + CHUNK : V;
+        float lo;
+        double *p = part + 4 * w;
+        p[3] = moments_chunk(x + r * ldx, i0, i1, m[r], want_d, p, p + 1, &lo);
+        p[2] = lo;
+    }
+    long broken = 0;
+    for (long r = 0; r < n; r++) {
+        const double *p = part + 4 * r * nc;
+        double s = 0, d = 0, lo = p[2];
+        int b = !(m[r] > -INFINITY && m[r] < INFINITY);
+        for (long c = 0; c < nc; c++, p += 4) {
+            s += p[0]; d += p[1];
+            lo = p[2] < lo ? p[2] : lo;
+            b |= p[3] != 0;
+        }
+        out[3 * r] = b ? NAN : s; out[3 * r + 1] = d; out[3 * r + 2] = lo;
+        broken += b;
     }
     return broken;
 }

@@ -25,6 +25,7 @@ import math
 import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_logits_rows, check_probs, output_spec, pick_input, to_tensor
+from . import fusedpass
 from ._fp import U, gamma, round_out
 
 DEFAULT_TOPK = 16  # exactness never depends on it; 16 measured fastest for radii at V = 151,936 (benchmarks/bench_certificates.py)
@@ -225,16 +226,21 @@ _compile_broken = False
 
 
 def _moments(kind: str, *args, **kw):
-    """Fused single read of the (N, V) input when it is large: XLA-style fusion of
-    exp, the two reductions and the -inf guard, via torch.compile.  Falls back to
+    """Fused single read of the (N, V) input when it is large ("below": the rows it reads):
+    XLA-style fusion of exp, the two reductions and the -inf guard, via torch.compile; the
+    logit moments of 16/32-bit CPU rows come from the native pass (``fusedpass``) first.  Falls back to
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
     eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "below": _below}[kind]
+    if kind == "logit":
+        fused = fusedpass.logit_moments(x, args[1], kw["want_entropy"])
+        if fused is not None:
+            return _fused_moments(x, args[1], kw["want_entropy"], fused)
     use_compile = (
         not _compile_broken
         and os.environ.get("DRAFTCERT_COMPILE", "1") != "0"
-        and x.numel() >= _COMPILE_MIN_NUMEL
+        and (x.numel() if kind != "below" else args[1].numel() * x.shape[-1]) >= _COMPILE_MIN_NUMEL
         and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
     )
     if use_compile:
@@ -244,6 +250,20 @@ def _moments(kind: str, *args, **kw):
             _compile_broken = True
             warnings.warn(f"draftcert: torch.compile unavailable ({exc!s:.200}); using eager kernels", stacklevel=3)
     return eager(*args, **kw)
+
+
+def _fused_moments(x: torch.Tensor, m: torch.Tensor, want_entropy: bool, fused: torch.Tensor):
+    """(s, d, min) from the native pass's [N, 3]; rows it flags (a NaN or +inf logit) get
+    torch's values, so that a broken row reads the same whichever pass ran."""
+    s, d, lo = fused.unbind(1)
+    lo = lo.to(x.dtype)  # the minimum is one of the given values: exact in their dtype
+    rows = torch.isnan(s).nonzero().squeeze(1)
+    if rows.numel():
+        ts, td, tlo = _logit_moments_eager(x[rows], m[rows], want_entropy)
+        s[rows], lo[rows] = ts, tlo
+        if want_entropy:
+            d[rows] = td
+    return s, d if want_entropy else None, lo
 
 
 @dataclass
