@@ -103,12 +103,10 @@ def test_a_row_gets_the_same_bits_alone_in_any_batch_and_at_any_thread_count():
 def without_fused(monkeypatch, fn):
     """fn() with the fused pass switched off (torch's pass throughout)."""
     monkeypatch.setenv("DRAFTCERT_FUSED_DIVERGENCE", "0")
-    pass
     try:
         return fn()
     finally:
         monkeypatch.delenv("DRAFTCERT_FUSED_DIVERGENCE")
-        pass
 
 
 @fused

@@ -51,13 +51,20 @@ static const double C[14] = {
 };
 
 /* e^a for a <= 0 (a > 0 up to 709 also works); 0 below CUTOFF. */
-static inline double dc_exp(double a) {
+/* e^r for the reduced r = a - n ln2 (both steps above), n the nearest integer to a log2(e). */
+static inline double exp_reduced(double a, double *n_out) {
     double t = a * LOG2E + SHIFTER;
     double n = t - SHIFTER;
     double r = fma(-n, LN2_HI, a);
     r = fma(-n, LN2_LO, r);
     double h = C[13];
     for (int k = 12; k >= 0; k--) h = fma(h, r, C[k]);
+    *n_out = n;
+    return h;
+}
+
+static inline double dc_exp(double a) {
+    double n, h = exp_reduced(a, &n);
     int64_t bits = ((int64_t)n + 1023) << 52;
     double s;
     memcpy(&s, &bits, sizeof s);
@@ -70,7 +77,8 @@ int dc_exp_array(const double *a, long n, double *out) {
 }
 
 #if defined(__AVX512F__)
-static inline __m512d dc_exp8(__m512d a) {
+/* exp_reduced, eight lanes. */
+static inline __m512d exp_reduced8(__m512d a, __m512d *n_out) {
     const __m512d shifter = _mm512_set1_pd(SHIFTER);
     __m512d t = _mm512_add_pd(_mm512_mul_pd(a, _mm512_set1_pd(LOG2E)), shifter);
     __m512d n = _mm512_sub_pd(t, shifter);
@@ -78,6 +86,12 @@ static inline __m512d dc_exp8(__m512d a) {
     r = _mm512_fnmadd_pd(n, _mm512_set1_pd(LN2_LO), r);
     __m512d h = _mm512_set1_pd(C[13]);
     for (int k = 12; k >= 0; k--) h = _mm512_fmadd_pd(h, r, _mm512_set1_pd(C[k]));
+    *n_out = n;
+    return h;
+}
+
+static inline __m512d dc_exp8(__m512d a) {
+    __m512d n, h = exp_reduced8(a, &n);
     __m512i bits = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtpd_epi64(n), _mm512_set1_epi64(1023)), 52);
     __m512d v = _mm512_mul_pd(h, _mm512_castsi512_pd(bits));
     __mmask8 under = _mm512_cmp_pd_mask(a, _mm512_set1_pd(CUTOFF), _CMP_LT_OQ);
@@ -199,12 +213,7 @@ long dc_pair_pass(const float *x, long ldx, const float *y, long ldy, long n, lo
 
 static inline double dc_exp_gradual(double a) {
     a = a < GRAD_LO ? GRAD_LO : (a > GRAD_HI ? GRAD_HI : a);
-    double t = a * LOG2E + SHIFTER;
-    double n = t - SHIFTER;
-    double r = fma(-n, LN2_HI, a);
-    r = fma(-n, LN2_LO, r);
-    double h = C[13];
-    for (int k = 12; k >= 0; k--) h = fma(h, r, C[k]);
+    double n, h = exp_reduced(a, &n);
     int64_t ni = (int64_t)n, n1 = ni >> 1, n2 = ni - n1;
     int64_t b1 = (n1 + 1023) << 52, b2 = (n2 + 1023) << 52;
     double s1, s2;
@@ -221,13 +230,7 @@ int dc_exp_gradual_array(const double *a, long n, double *out) {
 #if defined(__AVX512F__)
 static inline __m512d dc_exp_gradual8(__m512d a) {
     a = _mm512_min_pd(_mm512_max_pd(a, _mm512_set1_pd(GRAD_LO)), _mm512_set1_pd(GRAD_HI));
-    const __m512d shifter = _mm512_set1_pd(SHIFTER);
-    __m512d t = _mm512_add_pd(_mm512_mul_pd(a, _mm512_set1_pd(LOG2E)), shifter);
-    __m512d n = _mm512_sub_pd(t, shifter);
-    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(LN2_HI), a);
-    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(LN2_LO), r);
-    __m512d h = _mm512_set1_pd(C[13]);
-    for (int k = 12; k >= 0; k--) h = _mm512_fmadd_pd(h, r, _mm512_set1_pd(C[k]));
+    __m512d n, h = exp_reduced8(a, &n);
     __m512i ni = _mm512_cvtpd_epi64(n), n1 = _mm512_srai_epi64(ni, 1), n2 = _mm512_sub_epi64(ni, n1);
     const __m512i bias = _mm512_set1_epi64(1023);
     __m512d s1 = _mm512_castsi512_pd(_mm512_slli_epi64(_mm512_add_epi64(n1, bias), 52));
