@@ -4,8 +4,8 @@
     PYTHONPATH=src python benchmarks/bench_default_decode.py --drafter default -k 1   # another setting, same prompts
 
 Each prompt runs ``draftcert decode --baseline --max-new-tokens 128 --prompt TEXT --json`` in a fresh
-process (model loading, the fastlinear plan and the ``-k auto`` cost curve come from the user's
-cache, as they would; delete ``~/.cache/draftcert/{fastlinear,costs}`` to time a first run).  The
+process (model loading, the linear_chooser plan and the ``-k auto`` cost curve come from the user's
+cache, as they would; delete ``~/.cache/draftcert/{linear_chooser,costs}`` to time a first run).  The
 decode times itself and the target alone in turns (``--repeats``, default 3) and reports the median
 speedup and whether strict's output equals the target's greedy output.  Extra arguments after the
 options are passed to ``draftcert decode`` unchanged.

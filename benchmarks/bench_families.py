@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.decode.tree import DraftTree
-from draftcert.decode.state import CacheState, layout_of
+from draftcert.models.tree_attention import DraftTree
+from draftcert.models.cache_state import CacheState, layout_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decode"))
 from families import EOS, build  # noqa: E402  (the test matrix's models, built from their Config classes)

@@ -142,7 +142,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     """(tokens, seconds, stats or None) of one greedy continuation of ``ids``; for llama.cpp
     methods (prompt ``text``, the templated text of ``ids``) tokens is its ``LlamaRun``."""
     from draftcert.decode import speculative_generate
-    from draftcert.decode.drafters import ModelDrafter
+    from draftcert.drafting.make import ModelDrafter
     from draftcert.decode.engine import greedy_generate
 
     if method.startswith("llamacpp:"):
@@ -215,7 +215,7 @@ COST_ROWS = (1, 2, 4, 6, 8, 16)
 def forward_costs(target, drafter, ids, reps: int, rows=COST_ROWS) -> dict:
     """Seconds of target passes of n rows after the prompt's cache, and of a drafter row:
     ``{"target_n": [reps timings], "drafter_1": [...]}``."""
-    from draftcert.decode.tree import crop_cache
+    from draftcert.models.tree_attention import crop_cache
     from draftcert.models.hf import model_forward, new_cache
 
     out = {f"target_{n}": [] for n in rows} | {"drafter_1": []}
@@ -248,7 +248,7 @@ def costs_only(args, ids_text: str) -> int:
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if args.weights != "float32":  # the GGUF pair: its two numeric contracts in turn, one copy of the blocks
-        from draftcert.models.quant import CONTRACTS, set_numerics
+        from draftcert.gguf.layers import CONTRACTS, set_numerics
 
         target, tok, drafter = load_pair("float32", args.weights)
         dtypes = list(CONTRACTS)
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
             methods = [m for m in methods if not m.startswith("llamacpp:")]
         else:
             from draftcert.models import ensure_pair_gguf
-            from draftcert.models.quant import GGUF_FILE
+            from draftcert.gguf.loader import GGUF_FILE
 
             peer = Peer(_llamacpp.binaries(args.llamacpp), ensure_pair_gguf(TARGET) / GGUF_FILE,
                         ensure_pair_gguf(DRAFTER) / GGUF_FILE, args.threads)  # fmt: skip
@@ -361,7 +361,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"prompt {prompts[k].id}: our tokenizer gives other ids from the templated text "
                                  "than encode_prompt; llama.cpp cannot be fed the same prompt as text")  # fmt: skip
     sets = [("chat", range(args.chat)), ("code", range(args.chat, args.chat + args.code))]
-    from draftcert.models.quant import numerics_of
+    from draftcert.gguf.layers import numerics_of
 
     print(f"pair qwen2.5-coder ({TARGET} drafted by {DRAFTER}), {dtype}, weights {args.weights} "
           f"(target {numerics_of(target)}, drafter {numerics_of(drafter)}); {args.chat} chat + {args.code} code "

@@ -36,7 +36,7 @@ drafter its top-16, the exact float64 KL(p||q), KL(q||p), TV, acceptance and cer
 ``trace`` covers the Arrow table, the shard write, counting soundness violations and the
 final totals pass over the shards.
 
-Since 2026-12-05 the float64 divergence pass is one fused native pass (``divpass.c``).  Six
+Since 2026-12-05 the float64 divergence pass is one fused native pass (``logit_pass.c``).  Six
 runs that day on a 2-core AMD EPYC Zen 4 (AVX-512), interleaved with ``DRAFTCERT_FUSED_DIVERGENCE=0``
 (torch's pass): overhead 0.0327, 0.0348, 0.0353 against 0.0426, 0.0424, 0.0423;
 ``certificate.draft`` 0.132-0.143 s against 0.206-0.217 s.
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from draftcert.profile import profile
-    from draftcert.profile.generate import StepTimer
+    from draftcert.profile.greedy_steps import StepTimer
 
     timer = StepTimer(torch.device(args.device))
     t0 = time.perf_counter()

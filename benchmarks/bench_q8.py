@@ -1,16 +1,16 @@
-"""The contract ``gguf-q8``'s kernel (``quantmm.linear_q8``) on every linear layer of a GGUF file, as
+"""The contract ``gguf-q8``'s kernel (``block_matmul.linear_q8``) on every linear layer of a GGUF file, as
 stored: one pass per row count, the cost curve of a verification pass without the rest of the model.
 
 The layers are a GGUF file's 2-D block tensors in file order (``blk.*.weight`` and ``output.weight``,
 or ``token_embd.weight`` where the output layer is tied to it; the input embedding is a lookup, not a
-pass), each packed once with ``quantmm.pack_q8``, each fed a
+pass), each packed once with ``block_matmul.pack_q8``, each fed a
 fixed random ``[M, K]`` float32 input.  Per ``--rows`` M, one pass = every layer once; the passes of
 all row counts and kernels take turns (round robin, the kernels in alternating order), and the fastest of ``--repeats`` rounds is kept
 (on a shared machine that only removes time others added).  The models default to the Qwen pair's
 two files (``models.pair.ensure_pair_gguf``: the 1.5B target, Q4_K and Q6_K; the 0.5B drafter, Q5_0,
 Q8_0, Q6_K and Q4_K; downloaded on first use, 1.6 GB) and the embedded SmolLM2 file (Q4_1, Q8_0).
 
-``--baseline-source FILE`` (an older ``quantmm.c``: ``git show REV:src/draftcert/models/quantmm.c >
+``--baseline-source FILE`` (an older ``block_matmul.c``: ``git show REV:src/draftcert/models/block_matmul.c >
 /tmp/old.c``) builds that source with the same compiler and flags and times its own ``dq8_pack`` and
 ``dq8_linear`` on the same layers in the same rounds (kernel ``base``); both must give the same output
 bits on every layer and row count (the contract does not depend on the layout), printed as
@@ -18,9 +18,9 @@ bits on every layer and row count (the contract does not depend on the layout), 
 
 ``--forward`` adds, per model, the whole transformers model under ``gguf-q8`` (``load_target``):
 one-row forwards (``hf.model_forward``, as the engine calls them) after a fixed 34-token prompt, timed in turns with the kernels and with
-``quantmm.linear_q8`` replaced by a function that only allocates its output (what the model costs
+``block_matmul.linear_q8`` replaced by a function that only allocates its output (what the model costs
 around the kernels: norms, rotary, attention, Python), and with the decoder layers given back to
-transformers' own modules (``models.lean``: what writing the layers out saves), ``--repeats`` x 10
+transformers' own modules (``kernels.decoder_layers``: what writing the layers out saves), ``--repeats`` x 10
 of each, medians.
 
     python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
@@ -48,8 +48,9 @@ from pathlib import Path
 
 import torch
 
-from draftcert.models import quantmm
-from draftcert.models.quant import read_gguf
+from draftcert.kernels import block_matmul
+from draftcert.gguf.blocks import KERNEL_TYPES, block_type
+from draftcert.gguf.reader import read_gguf
 
 MODELS = {"target": "qwen2.5-coder-1.5b", "drafter": "qwen2.5-coder-0.5b", "embedded": None}
 
@@ -70,19 +71,19 @@ def layers_of(path: Path) -> list[tuple[str, int, int, int, torch.Tensor]]:
     tied = "output.weight" not in tensors  # the output layer is the embedding's blocks
     out = []
     for t in tensors.values():
-        if len(t.shape) != 2 or t.qtype not in quantmm.SUPPORTED or (t.name == "token_embd.weight" and not tied):
+        if len(t.shape) != 2 or t.qtype not in KERNEL_TYPES or (t.name == "token_embd.weight" and not tied):
             continue
         n = t.shape[0]
-        qk, qb = quantmm.block_shape(t.qtype)  # elements, bytes a block
+        qk, qb = block_matmul.block_shape(t.qtype)  # elements, bytes a block
         k = t.data.shape[1] // qb * qk
         out.append((t.name, t.qtype, n, k, torch.from_numpy(t.data)))
     return out
 
 
 def build_baseline(source: Path) -> ctypes.CDLL:
-    """``source`` (a quantmm.c) compiled as draftcert compiles its own kernel, loaded."""
+    """``source`` (a block_matmul.c) compiled as draftcert compiles its own kernel, loaded."""
     try:
-        return quantmm.load_source(source)
+        return block_matmul.LIBRARY.load_other(source)
     except RuntimeError as e:
         raise SystemExit(f"--baseline-source: {source} did not build: {e}") from None
 
@@ -104,15 +105,16 @@ def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
 
 def forward_costs(model: str, repeats: int) -> list[str]:
     """One-row forwards of ``model`` under gguf-q8: with its kernels, with them stubbed out, and with
-    its decoder layers given back to transformers' modules (``lean.restore_layers``)."""
-    from draftcert.models import lean, load_target
+    its decoder layers given back to transformers' modules (``decoder_layers.restore_layers``)."""
+    from draftcert.kernels import decoder_layers
+    from draftcert.models import load_target
     from draftcert.models.hf import model_forward, new_cache
     from draftcert.prompts import encode_prompt
 
     target, tok = load_target(MODELS[model], weights="gguf-q8")  # None: the embedded target
     ids = encode_prompt(tok, "Write a Python function that checks whether a number is prime.")
-    real = quantmm.linear_q8
-    n_lean = lean.lean_layers(target)
+    real = block_matmul.linear_q8
+    n_lean = decoder_layers.lean_layers(target)
 
     def outputs_only(x, packed, qtype, n, k, bias=None):  # only the output a kernel call would fill
         return torch.zeros(*x.shape[:-1], n)
@@ -126,9 +128,9 @@ def forward_costs(model: str, repeats: int) -> list[str]:
         try:
             for rep in range(repeats):
                 for mode in modes if rep % 2 == 0 else modes[::-1]:
-                    quantmm.linear_q8 = outputs_only if mode == "outside" else real
+                    block_matmul.linear_q8 = outputs_only if mode == "outside" else real
                     if mode == "modules":
-                        lean.restore_layers(target)
+                        decoder_layers.restore_layers(target)
                     for step in range(10):
                         t0 = time.perf_counter()
                         out = model_forward(target, cache, [100 + step], 1)  # one row, the engine's call
@@ -136,10 +138,10 @@ def forward_costs(model: str, repeats: int) -> list[str]:
                         cache.crop(-1)
                         if step == 0 and mode != "outside":
                             logits.setdefault(mode, out)
-                    lean.use_lean_layers(target)
+                    decoder_layers.use_lean_layers(target)
         finally:
-            quantmm.linear_q8 = real
-            lean.use_lean_layers(target)
+            block_matmul.linear_q8 = real
+            decoder_layers.use_lean_layers(target)
     full, outside, modules = (statistics.median(times[m]) for m in modes)
     return [f"{model}_forward_ms_M1={full * 1e3:.2f}", f"{model}_forward_outside_kernels_ms_M1={outside * 1e3:.2f}",
             f"{model}_forward_kernel_share={1 - outside / full:.3f}",
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,2,3,4,8,16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--baseline-source", default=None, help="another quantmm.c to time as kernel base (same flags)")
+    ap.add_argument("--baseline-source", default=None, help="another block_matmul.c to time as kernel base (same flags)")
     ap.add_argument("--forward", action="store_true", help="also time each model's one-row forward with and "
                     "without its kernels (what the rest of the model costs)")
     args = ap.parse_args(argv)
@@ -163,26 +165,26 @@ def main(argv=None) -> int:
     bad = [m for m in models if m not in MODELS]
     if bad:
         ap.error(f"--models: unknown {', '.join(bad)} (choose from {', '.join(MODELS)})")
-    if not quantmm.available():
-        print(f"the quantmm kernel is unavailable here: {quantmm.unavailable_reason()}", file=sys.stderr)
+    if not block_matmul.LIBRARY.available():
+        print(f"the block_matmul kernel is unavailable here: {block_matmul.LIBRARY.reason()}", file=sys.stderr)
         return 1
     rows = sorted({int(r) for r in args.rows.split(",")})
     if rows[0] != 1:
         rows = [1, *rows]
     torch.set_num_threads(args.threads)
     base = build_baseline(Path(args.baseline_source)) if args.baseline_source else None
-    lib = quantmm.native_library()
+    lib = block_matmul.LIBRARY.lib
     gen = torch.Generator().manual_seed(0)
-    print(f"quantmm build {quantmm.build_id()} (gguf-q8 {'AVX-512 VNNI' if quantmm.q8_vectorised() else 'portable'}), "
+    print(f"block_matmul build {block_matmul.LIBRARY.build_id()} (gguf-q8 {'AVX-512 VNNI' if block_matmul.q8_vectorised() else 'portable'}), "
           f"{args.threads} thread(s), fastest of {args.repeats} rounds", flush=True)
     results = []
     for model in models:
         layers = layers_of(gguf_path(model))
-        packs = {"q8": [quantmm.pack_q8(b, qt, n, k) for _, qt, n, k, b in layers]}
+        packs = {"q8": [block_matmul.pack_q8(b, qt, n, k) for _, qt, n, k, b in layers]}
         if base is not None:
             packs["base"] = [base_pack(base, qt, n, k, b) for _, qt, n, k, b in layers]
         xs = {(r, k): torch.randn(r, k, generator=gen) for r in rows for k in {k for _, _, _, k, _ in layers}}
-        names = {qt: quantmm.SUPPORTED[qt] for _, qt, _, _, _ in layers}
+        names = {qt: block_type(qt).name for _, qt, _, _, _ in layers}
 
         def run(kind, i, x):  # both kernels through the same direct call: the kernels' time, no wrapper
             _, qt, n, k, _ = layers[i]

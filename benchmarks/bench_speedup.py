@@ -19,7 +19,7 @@ its total tokens over the sum, over prompts, of its fastest repeat):
 
 Then the machine's cost curve, at 1 and 2 threads (``draftcert.decode.costs.measure``, the engine's
 own timing: a verification of n = 1..9 rows after a 128-token cache (``--cost-context``), with the kernels
-``draftcert.models.fastlinear`` measured for this machine and with the plain layers, alternated;
+``draftcert.kernels.linear_chooser`` measured for this machine and with the plain layers, alternated;
 one drafter round of k=1; the certificate work per round), relative to one row, and the kernel
 chosen per weight shape (``--costs-only`` prints just that).
 
@@ -68,26 +68,26 @@ def cost_curve(target, drafter, threads: int, reps: int = 5, context: int = 128)
     with the measured kernels (``t``) and the plain layers (``plain``), alternated ``reps`` times; one
     drafter round of k=1 (``drafter``); the certificate work of a round verifying n rows (``cert``)."""
     from draftcert.decode.costs import measure
-    from draftcert.decode.drafters import make_drafter
-    from draftcert.models import fastlinear
+    from draftcert.drafting.make import make_drafter
+    from draftcert.kernels import linear_chooser
 
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        fastlinear.disable(target)
-        fastlinear.enable(target)  # this thread count's kernel choice (measured once, then cached)
-        plan = fastlinear.plan_of(target)
+        linear_chooser.disable(target)
+        linear_chooser.enable(target)  # this thread count's kernel choice (measured once, then cached)
+        plan = linear_chooser.plan_of(target)
         src = make_drafter(drafter, target)
         runs = {"t": [], "plain": []}
         for _ in range(reps):
             runs["t"].append(measure(target, src.fork(), [((1,), False)], max_rows=9, repeats=1, context=context))
-            with fastlinear.plain_kernels(target):
+            with linear_chooser.plain_kernels(target):
                 runs["plain"].append(measure(target, src.fork(), [((1,), False)], max_rows=9, repeats=1,
                                              context=context))
     finally:
         torch.set_num_threads(saved)
-        fastlinear.disable(target)
-        fastlinear.enable(target)  # back to the decoding thread count's choice
+        linear_chooser.disable(target)
+        linear_chooser.enable(target)  # back to the decoding thread count's choice
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     return {
         "threads": threads, "plan": plan,
@@ -119,7 +119,7 @@ def _print_costs(target, drafter, reps: int, context: int) -> None:
 
 def _auto_shape(target, drafter, dspec: str) -> dict:
     """What `draftcert decode -k auto` picks on this machine (printed with its reason)."""
-    from draftcert.decode.drafters import make_drafter
+    from draftcert.drafting.make import make_drafter
     from draftcert.decode.shape import auto_shape
 
     choice, source = auto_shape(target, make_drafter(drafter, target), dspec, on_note=lambda m: print(m, flush=True))
@@ -147,7 +147,7 @@ def main(argv=None) -> int:
         args.mt_bench, args.humaneval, args.max_new_tokens, args.repeats = 1, 1, 32, 1
     torch.set_num_threads(args.threads)
 
-    from draftcert.decode.drafters import make_drafter
+    from draftcert.drafting.make import make_drafter
     from draftcert.models import DEFAULT_DRAFTER, load_target
     from draftcert.prompts import encode_prompt, load_prompts
 

@@ -1,4 +1,4 @@
-"""Suffix-match candidates (``draftcert.decode.suffix``) on the embedded target: ``default`` vs
+"""Suffix-match candidates (``draftcert.drafting.suffix``) on the embedded target: ``default`` vs
 ``default+suffix`` vs ``suffix``, strict, against the target alone, on held-out prompts.
 
     PYTHONPATH=src python benchmarks/bench_suffix.py                   # 4 MT-Bench + 4 HumanEval, 128 tokens, 3 repeats
@@ -38,7 +38,7 @@ def geomean(xs):
 
 def index_costs(tokens: list[int], rounds: int = 400) -> dict:
     """Seconds per ``SuffixIndex.draft`` round (a few new tokens each) after a prompt of len(tokens) - rounds * 3."""
-    from draftcert.decode.suffix import SuffixIndex, SuffixStore
+    from draftcert.drafting.suffix import SuffixIndex, SuffixStore
 
     ix = SuffixIndex(store=SuffixStore(0))
     n0 = len(tokens) - rounds * 3
@@ -69,8 +69,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from draftcert.decode import greedy_generate, make_drafter, speculative_generate
-    from draftcert.decode.feature import FeatureDrafter
-    from draftcert.decode.suffix import HybridDrafter, SuffixDrafter, SuffixIndex, SuffixStore
+    from draftcert.drafting.feature_drafter import FeatureDrafter
+    from draftcert.drafting.suffix import HybridDrafter, SuffixDrafter, SuffixIndex, SuffixStore
     from draftcert.decode.timing import interleave
     from draftcert.models import load_target
     from draftcert.prompts import encode_prompt, load_prompts

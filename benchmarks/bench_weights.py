@@ -36,10 +36,10 @@ import time
 import torch
 
 from draftcert.decode import speculative_generate
-from draftcert.decode.drafters import DEFAULT_DRAFTER_TRAINED, make_drafter
+from draftcert.drafting.make import DEFAULT_DRAFTER_TRAINED, make_drafter
 from draftcert.decode.engine import greedy_generate
 from draftcert.decode.shape import auto_engine_args
-from draftcert.decode.suffix import SuffixIndex, SuffixStore
+from draftcert.drafting.suffix import SuffixIndex, SuffixStore
 from draftcert.decode.timing import interleave
 from draftcert.models import load_target, numerics_of
 from draftcert.prompts import encode_prompt, load_prompts
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
             for s, shape in shapes[w].items():
                 runs.append(strict_run(w, i, shape))
                 names.append((w, f"strict_{s}", i))
-    for r in runs:  # warm-up: every shape once (the drafters' first calls, the fastlinear plan)
+    for r in runs:  # warm-up: every shape once (the drafters' first calls, the linear_chooser plan)
         r()
     times = interleave(runs, args.repeats)
     tokens = {w: sum(len(g) for g in greedy[w]) for w in WEIGHTS}

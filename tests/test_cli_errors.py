@@ -17,7 +17,7 @@ import draftcert.models
 from draftcert.cli import build_parser, main, name_option
 from draftcert.cli.checks import check_drafter, suggest_drafter
 from draftcert.fileio import atomic_path, atomic_write
-from draftcert.models import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 NO_SUCH_HUB_ID = "no-such-org/no-such-model"
 

@@ -12,7 +12,7 @@ import pytest
 import draftcert.models
 from draftcert.cli import build_parser, main
 from draftcert.cli.checks import apply_weights
-from draftcert.models import quantmm
+from draftcert.kernels import block_matmul
 from draftcert.models.loading import WEIGHTS_ENV
 from draftcert.profile.settings import check_resume_numerics
 
@@ -61,10 +61,10 @@ def test_a_profile_run_refuses_traces_of_other_numerics(tmp_path):
         check_resume_numerics(tmp_path, "float32")
 
 
-@pytest.mark.skipif(not quantmm.available(), reason="no native quantmm kernel here")
+@pytest.mark.skipif(not block_matmul.LIBRARY.available(), reason="no native block_matmul kernel here")
 def test_decode_json_records_the_numerics(capsys, monkeypatch):
     from draftcert.models.loading import embedded_gguf_dir
-    from draftcert.models.quant import MARKER
+    from draftcert.gguf.loader import MARKER
 
     if not (embedded_gguf_dir() / MARKER).is_file():
         pytest.skip("the embedded GGUF is not cached (first use downloads it)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -82,3 +83,68 @@ def test_tests_dir_is_not_on_sys_path():
     its children as top-level modules."""
     here = (ROOT / "tests").resolve()
     assert all(Path(e or os.getcwd()).resolve() != here for e in sys.path)
+
+
+# ---------------------------------------------------------------------------- one room per concern
+
+
+def _package_modules(src: Path) -> list[Path]:
+    """Every module (``.py``) and C source (``.c``) of the package, relative to ``src/draftcert``."""
+    pkg = src / "draftcert"
+    return sorted(p.relative_to(pkg) for p in pkg.rglob("*") if p.suffix in (".py", ".c") and "__pycache__" not in p.parts)
+
+
+def _unnamed_in_layout(src: Path, layout_text: str) -> list[str]:
+    """Modules that docs/layout.md does not name: a module counts as named when its file name stands
+    in the page's module tree (``name.py``, or ``name.py, .c`` for a binding and its source)."""
+    tree = layout_text[layout_text.index("## Modules"):]
+    missing = []
+    for rel in _package_modules(src):
+        if rel.name == "__init__.py":
+            continue  # each package's docstring says what it owns; the page names the package
+        stem_py = rel.with_suffix(".py").name
+        named = re.search(rf"(?<![\w/.]){re.escape(rel.name)}(?![\w])", tree) is not None \
+            or (rel.suffix == ".c" and re.search(rf"(?<![\w/.]){re.escape(stem_py)}, \.c", tree) is not None) \
+            or any("/".join(rel.parts[i:]) in tree for i in range(1, len(rel.parts) - 1))  # a path's tail
+        if not named:
+            missing.append(str(rel))
+    return missing
+
+
+def test_layout_page_names_every_module():
+    missing = _unnamed_in_layout(ROOT / "src", (ROOT / "docs" / "layout.md").read_text())
+    assert not missing, f"docs/layout.md does not name these modules: {missing}"
+
+
+def test_the_layout_check_sees_an_unnamed_module(tmp_path):
+    pkg = tmp_path / "draftcert" / "sub"
+    pkg.mkdir(parents=True)
+    for name in ("__init__.py", "named.py", "named.c", "forgotten.py", "data.py"):
+        (pkg / name).write_text("")
+    page = "## Modules\n  sub/\n    named.py, .c   something\n    distill_data.py  not data.py's name\n"
+    assert _unnamed_in_layout(tmp_path, page) == ["sub/forgotten.py"]
+    assert _unnamed_in_layout(tmp_path, page.replace("not data.py's name", "")) == ["sub/data.py", "sub/forgotten.py"]
+
+
+def test_no_two_modules_share_a_file_name():
+    """One name, one module: ``draftcert/x/data.py`` beside ``draftcert/y/data.py`` hides which one a
+    traceback or a grep means (``__init__``/``__main__`` aside, and the hub's generate.py, whose
+    name transformers fixes)."""
+    seen: dict[str, list[str]] = {}
+    for rel in _package_modules(ROOT / "src"):
+        if rel.name in ("__init__.py", "__main__.py") or rel.parts[:2] == ("generation", "hub"):
+            continue
+        seen.setdefault(rel.name, []).append(str(rel))
+    twins = {name: where for name, where in seen.items() if len(where) > 1}
+    assert not twins, f"modules sharing a file name: {twins}"
+
+
+def test_no_package_holds_more_than_3000_lines():
+    """No room grows back into a quarter of the code: each subpackage's .py and .c lines (its own
+    files, not its subfolders') stay at most 3,000 (docs/layout.md; issue 48)."""
+    pkg = ROOT / "src" / "draftcert"
+    sizes = {}
+    for d in [p for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").exists()]:
+        sizes[d.name] = sum(len(f.read_text().splitlines()) for f in d.iterdir() if f.suffix in (".py", ".c"))
+    big = {name: n for name, n in sizes.items() if n > 3000}
+    assert not big, f"packages over 3,000 lines: {big}"

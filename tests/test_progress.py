@@ -9,11 +9,12 @@ import torch
 import tqdm.auto
 
 from draftcert.cli import main
-from draftcert.models import derive_drafter, tiny_qwen3
+from draftcert.models import derive_drafter
+from tests.tiny_models import tiny_qwen3
 from draftcert.profile import profile
 from draftcert.replay.speed import calibrate
 from draftcert.replay.walk import Shape
-from draftcert.train.data import generate_examples
+from draftcert.train.distill_data import generate_examples
 
 torch.set_num_threads(1)  # a shared machine: tiny reductions on 2 threads wait on each other
 

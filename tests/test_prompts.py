@@ -93,7 +93,7 @@ def test_hf_dataset_unreachable_is_a_clear_error(monkeypatch):
 
 
 def test_encode_prompt_with_and_without_chat_template():
-    from draftcert.models import tiny_tokenizer
+    from tests.tiny_models import tiny_tokenizer
 
     tok = tiny_tokenizer()
     with_template = encode_prompt(tok, "hi")

@@ -162,7 +162,7 @@ def _in_top(row, x, spec):
 
 @pytest.mark.parametrize("spec", ["additive:0.1", "relaxed:4:0.1", "relaxed:2:0.1"])
 def test_engine_acceptance_is_exact(spec):
-    from draftcert.decode import DraftTree, engine as engine_mod
+    from draftcert.decode import DraftTree, round as round_mod
 
     row = _NEAR_ADDITIVE[1][1]
     truth = _exact_additive_accepts(row, True, 1, 0.1) and _in_top(row, 1, spec)
@@ -170,7 +170,7 @@ def test_engine_acceptance_is_exact(spec):
     t.add(1, -1)
     logits = torch.full((2, 6), -5.0, dtype=torch.float64)
     logits[0] = torch.tensor(row, dtype=torch.float64)
-    verdict = engine_mod.accept(dc.parse_criterion(spec), logits, t, 16)
+    verdict = round_mod.accept(dc.parse_criterion(spec), logits, t, 16)
     assert (verdict.path == [0]) == truth
 
 

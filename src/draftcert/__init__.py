@@ -22,20 +22,8 @@ if "torch" not in sys.modules:  # libgomp reads the policy once, when torch is f
 
 from .bounds import margin_bound, margin_bound_from_statistic, margin_statistic
 from .certificates import accepts, certified, certified_run_length, radii, radius
-from .criteria import (
-    Additive,
-    Criterion,
-    EntropyThreshold,
-    LevelSet,
-    MarginAware,
-    Multiplicative,
-    RelaxedAcceptance,
-    Strict,
-    TopM,
-    TreeCoverage,
-    TypicalAcceptance,
-    parse_criterion,
-)
+from .criteria import (Additive, Criterion, EntropyThreshold, LevelSet, MarginAware, Multiplicative, RelaxedAcceptance,
+                       Strict, TopM, TreeCoverage, TypicalAcceptance, parse_criterion)
 from .divergences import DIVERGENCES, divergence
 from .summary import Summary, summarize
 
@@ -54,28 +42,8 @@ def __getattr__(name):
 
 
 __all__ = [
-    "parse_criterion",
-    "Criterion",
-    "Strict",
-    "Additive",
-    "Multiplicative",
-    "TopM",
-    "RelaxedAcceptance",
-    "EntropyThreshold",
-    "TypicalAcceptance",
-    "MarginAware",
-    "TreeCoverage",
-    "LevelSet",
-    "radius",
-    "radii",
-    "margin_bound",
-    "margin_statistic",
-    "margin_bound_from_statistic",
-    "divergence",
-    "accepts",
-    "certified",
-    "certified_run_length",
-    "summarize",
-    "Summary",
-    "DIVERGENCES",
+    "parse_criterion", "Criterion", "Strict", "Additive", "Multiplicative", "TopM", "RelaxedAcceptance", "EntropyThreshold",
+    "TypicalAcceptance", "MarginAware", "TreeCoverage", "LevelSet",
+    "radius", "radii", "margin_bound", "margin_statistic", "margin_bound_from_statistic", "divergence", "accepts",
+    "certified", "certified_run_length", "summarize", "Summary", "DIVERGENCES",
 ]

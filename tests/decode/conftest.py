@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftcert.models import derive_drafter, tiny_qwen3
+from draftcert.models import derive_drafter
+
+from tests.tiny_models import tiny_qwen3
 
 
 def make_target(attn: str = "sdpa", seed: int = 0, layers: int = 4):

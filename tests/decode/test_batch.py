@@ -14,12 +14,12 @@ from dataclasses import fields
 import pytest
 import torch
 
-import draftcert.decode.drafters as drafters_mod
+import draftcert.drafting.make as drafters_mod
 from draftcert.decode import (BatchDecodeResult, DecodeStats, PromptLookupDrafter, batch_speculative_generate,
                               greedy_generate, speculative_generate)
 from draftcert.decode import batch as batch_mod
-from draftcert.decode.drafters import ModelDrafter
-from draftcert.decode.feature import FeatureDrafter
+from draftcert.drafting.make import ModelDrafter
+from draftcert.drafting.feature_drafter import FeatureDrafter
 from draftcert.models.eagle import EagleDrafter
 from draftcert.models.hf import left_pad
 
@@ -232,8 +232,8 @@ def test_suffix_drafts_run_as_deep_in_a_batch_as_at_batch_1(tiny, spec):
     """A suffix drafter's matches may run deeper than k (never past the length limit): the batch sets
     its ``depth_limit`` as the single-row engine does, so every row drafts, accepts and counts the same."""
     target, model_drafter, _ = tiny
-    from draftcert.decode.drafters import make_drafter
-    from draftcert.decode.suffix import HybridDrafter, SuffixDrafter
+    from draftcert.drafting.make import make_drafter
+    from draftcert.drafting.suffix import HybridDrafter, SuffixDrafter
 
     g = torch.Generator().manual_seed(3)
     reps = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (4, 6, 3)]

@@ -123,7 +123,7 @@ def test_dtype_sets_the_target_and_the_drafter_model_and_baseline_uses_the_same_
     import torch
 
     import draftcert.models
-    from draftcert.decode import drafters as drafters_mod
+    from draftcert.drafting import make as drafters_mod
 
     seen = {}
     real_target, real_drafter = draftcert.models.load_target, drafters_mod.load_drafter

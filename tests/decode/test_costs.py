@@ -11,9 +11,9 @@ import torch
 
 from draftcert.decode import costs as costs_mod
 from draftcert.decode.costs import Costs, engine_costs, round_seconds
-from draftcert.decode.drafters import make_drafter
+from draftcert.drafting.make import make_drafter
 from draftcert.decode.shape import CANDIDATES, Acceptance, acceptance_of, choose, expected_tokens
-from draftcert.models import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 
 
 def _curve(t_of_n, drafter=0.002, overhead=0.0005, step=None) -> Costs:

@@ -17,9 +17,11 @@ from draftcert.decode import (
     greedy_generate,
     speculative_generate,
 )
-from draftcert.decode import engine as engine_mod
 from draftcert.decode import round as round_mod
-from draftcert.models import derive_drafter, tiny_qwen3
+from draftcert.decode.bench import timed_generate
+from draftcert.decode.config import resolve_criterion
+from draftcert.models import derive_drafter
+from tests.tiny_models import tiny_qwen3
 
 N_NEW = 24
 RELAXED = ["additive:0.1", "multiplicative:0.5", "topm:2", "entropy:0.09:0.3", "mars:0.5"]
@@ -138,7 +140,7 @@ def test_certified_but_rejected_raises(tiny, prompts, monkeypatch):
 @pytest.mark.parametrize("spec,tree", [("strict", None), ("additive:0.1", None), ("strict", (3, 3)), ("topm:2", [2, 2])])
 def test_stats_are_consistent(tiny, prompts, spec, tree):
     target, drafter, _ = tiny
-    res = speculative_generate(target, drafter, prompts[0], spec, k=3, tree=tree, max_new_tokens=N_NEW, baseline=True)
+    res = timed_generate(target, drafter, prompts[0], spec, k=3, tree=tree, max_new_tokens=N_NEW, baseline=True)
     st = res.stats
     assert st.emitted == len(res.tokens) == N_NEW
     assert st.tokens_per_forward == st.emitted / st.target_forwards
@@ -268,16 +270,16 @@ def test_tree_acceptance_picks_most_probable_passing_child():
     logits[0, 3], logits[0, 5], logits[0, 1] = 1.0, 1.2, 1.3  # root: argmax 1, children 3 and 5 close behind
     logits[b + 1, 2] = 4.0  # after 5: greedy 2, child 7 far below
     st = DecodeStats("additive:0.3", 2, [2, 1])
-    verdict = engine_mod.accept(parse_criterion("additive:0.3"), logits, t, 16)
+    verdict = round_mod.accept(parse_criterion("additive:0.3"), logits, t, 16)
     assert verdict.path == [b] and verdict.emitted == [5, 2] and verdict.rows == [0, b + 1]
-    assert engine_mod.certify(parse_criterion("additive:0.3"), verdict, t) is None  # no drafter distribution
-    log = engine_mod.record(st, t, verdict, None)
+    assert round_mod.certify(parse_criterion("additive:0.3"), verdict, t) is None  # no drafter distribution
+    log = round_mod.record(st, t, verdict, None)
     assert log.depth_accepted == [True, False] and log.drift_tokens == 1 and st.drift_tokens == 1
     assert (st.num_drafts, st.num_draft_tokens, st.num_accepted_tokens, st.num_accepted_tokens_per_pos) == (1, 3, 1, [1, 0])
     p = torch.softmax(logits[0], -1)
     assert st.divergence_spent == pytest.approx(float(torch.log(p[1]) - torch.log(p[5])))
     # strict on the same tree: neither child is the argmax (1) -> emit 1 and stop
-    verdict = engine_mod.accept(parse_criterion("strict"), logits, t, 16)
+    verdict = round_mod.accept(parse_criterion("strict"), logits, t, 16)
     assert verdict.path == [] and verdict.emitted == [1] and verdict.rows == [0]
 
 
@@ -333,16 +335,16 @@ def _noisy(model, scale: float):
 
 
 def _certified_rounds(monkeypatch):
-    """Wrap the engine's certify stage: every round's (verdict, draft, certificates) is kept."""
+    """Wrap the rounds' certify stage (``round.settle`` calls it): every round's (verdict, draft, certificates) is kept."""
     seen = []
-    stage = engine_mod.certify
+    stage = round_mod.certify
 
     def spy(rule, verdict, draft):
         certs = stage(rule, verdict, draft)
         seen.append((verdict, draft, certs))
         return certs
 
-    monkeypatch.setattr(engine_mod, "certify", spy)
+    monkeypatch.setattr(round_mod, "certify", spy)
     return seen
 
 
@@ -357,7 +359,7 @@ def test_live_certificates_are_the_librarys(target_factory, prompts, monkeypatch
     target, _ = target_factory(seed=4, layers=3)
     target.to(dtype)
     seen = _certified_rounds(monkeypatch)
-    _, rule, _, _ = engine_mod.resolve_criterion(spec, 3, tree)
+    _, rule, _, _ = resolve_criterion(spec, 3, tree)
     for drafter in [_noisy(target, s) for s in (0.003, 0.01, 0.1)] + [target]:  # KL from ~radius to far above, and 0
         for p in prompts:
             speculative_generate(target, drafter, p, spec, k=3, tree=tree, max_new_tokens=16)

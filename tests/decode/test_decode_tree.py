@@ -7,7 +7,7 @@ import torch
 
 from draftcert.decode import DraftTree, parse_tree
 from draftcert.models.hf import model_forward, new_cache
-from draftcert.decode.tree import keep_cache, tree_attention_mask, tree_position_ids
+from draftcert.models.tree_attention import keep_cache, tree_attention_mask, tree_position_ids
 
 
 def _fresh(model, ids):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftcert.decode import speculative_generate
-from draftcert.decode.drafters import ModelDrafter, make_drafter
+from draftcert.drafting.make import ModelDrafter, make_drafter
 from draftcert.models.hf import model_forward, new_cache
 
 
@@ -62,9 +62,9 @@ def test_the_draft_vocabulary_is_checked_and_only_for_causal_lm_drafters(tiny):
 
 def test_gguf_heads_give_their_first_rows_bit_for_bit(tmp_path):
     pytest.importorskip("gguf")
-    from draftcert.models.quant import set_numerics
+    from draftcert.gguf.layers import set_numerics
 
-    from ..models.test_quant import tiny_gguf_llama
+    from tests.tiny_gguf import tiny_gguf_llama
 
     model = tiny_gguf_llama(tmp_path, out_type=8)
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))

@@ -24,7 +24,7 @@ import torch
 
 import draftcert
 from draftcert.decode import batch_speculative_generate, speculative_generate
-from draftcert.decode.state import layout_of
+from draftcert.models.cache_state import layout_of
 
 from .families import EOS, FAMILIES, KIND, PAD, build
 
@@ -197,7 +197,7 @@ class _ScriptedDrafter:
         pass
 
     def propose(self, seq, widths, expand_all=False):
-        from draftcert.decode.tree import DraftTree
+        from draftcert.models.tree_attention import DraftTree
 
         tree, node = DraftTree(), -1
         for d in range(min(len(widths), len(self.text) - len(seq))):

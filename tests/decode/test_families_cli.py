@@ -19,7 +19,7 @@ from .families import FAMILIES
 def hybrid_dir(tmp_path_factory):
     import transformers  # models extra
 
-    from draftcert.models import tiny_tokenizer
+    from tests.tiny_models import tiny_tokenizer
 
     tok = tiny_tokenizer()
     cfg = FAMILIES["qwen3_5"]()

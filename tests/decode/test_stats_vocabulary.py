@@ -14,7 +14,7 @@ import pytest
 from draftcert.cli import main
 from draftcert.decode import DecodeStats, greedy_generate, speculative_generate
 from draftcert.decode.bench import bench_row
-from draftcert.decode.tree import DraftTree
+from draftcert.models.tree_attention import DraftTree
 from draftcert.replay.api import replay
 
 from ..report import tracegen

@@ -17,7 +17,7 @@ import draftcert_launcher
 from draftcert.cli import main
 from draftcert.cli.decode import timing_note
 from draftcert.decode import bench
-from draftcert.decode.engine import DecodeResult, speculative_generate
+from draftcert.decode.engine import DecodeResult
 from draftcert.decode.stats import DecodeStats
 from draftcert.decode.timing import interleave, reliable, spread
 
@@ -78,20 +78,18 @@ def test_timing_note_says_unreliable_rather_than_a_plain_figure():
     assert "one run" in timing_note(_stats([1.0], [2.0]).summary(), True)
 
 
-def test_engine_repeats_decode_and_baseline_in_turns(tiny, prompts, monkeypatch):
-    from draftcert.decode import engine
-
+def test_timed_generate_repeats_decode_and_baseline_in_turns(tiny, prompts, monkeypatch):
     target, drafter, _ = tiny
     order = []
-    real_greedy = engine.greedy_generate
+    real_greedy = bench.greedy_generate
 
     def greedy(*a, **k):
         order.append("B")
         return real_greedy(*a, **k)
 
-    monkeypatch.setattr(engine, "greedy_generate", greedy)
+    monkeypatch.setattr(bench, "greedy_generate", greedy)
     rounds = []
-    res = speculative_generate(target, drafter, prompts[0], "strict", k=2, max_new_tokens=8, baseline=True,
+    res = bench.timed_generate(target, drafter, prompts[0], "strict", k=2, max_new_tokens=8, baseline=True,
                                repeats=3, on_round=lambda log: (rounds.append(log), order.append("A")))
     st = res.stats
     assert len(st.repeat_seconds) == 3 and len(st.baseline_repeat_seconds) == 3
@@ -100,7 +98,7 @@ def test_engine_repeats_decode_and_baseline_in_turns(tiny, prompts, monkeypatch)
     assert st.baseline_match is True and st.emitted == 8
     assert st.seconds == sorted(st.repeat_seconds)[1]
     with pytest.raises(ValueError, match="repeats"):
-        speculative_generate(target, drafter, prompts[0], "strict", k=2, max_new_tokens=4, repeats=0)
+        bench.timed_generate(target, drafter, prompts[0], "strict", k=2, max_new_tokens=4, repeats=0)
 
 
 def test_bench_rows_time_the_criteria_in_turns_and_star_disagreeing_rows(monkeypatch):

@@ -31,7 +31,8 @@ from draftcert.generation import (
     default_drafter,
     write_folder,
 )
-from draftcert.models import derive_drafter, tiny_qwen3
+from draftcert.models import derive_drafter
+from tests.tiny_models import tiny_qwen3
 
 N_NEW = 20
 PAD = 256

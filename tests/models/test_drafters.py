@@ -8,8 +8,8 @@ from draftcert.models import (
     load_drafter,
     parse_self_spec,
     quantize_rtn_,
-    tiny_qwen3,
 )
+from tests.tiny_models import tiny_qwen3
 
 X = torch.tensor([[257, 117, 115, 101, 114, 10, 104, 105, 258, 10]])
 

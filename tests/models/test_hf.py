@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftcert.models import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 from draftcert.models.hf import (
     cache_kwarg,
     eos_token_ids,

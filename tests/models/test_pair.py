@@ -52,7 +52,8 @@ def parts(tmp_path, monkeypatch):
         data = _wheel_bytes(module, member, payload)
         name = f"{module}-1.0-py3-none-any.whl"
         (index / name).write_bytes(data)
-        wheel = PinnedWheel(f"fake-part{i}", "1.0", name, hashlib.sha256(data).hexdigest(), len(data) / 1e6)
+        wheel = PinnedWheel(f"fake-part{i}", "1.0", hashlib.sha256(data).hexdigest(), len(data) / 1e6)
+        assert wheel.filename == name
         payloads.append(payload)
         gparts.append(GgufPart(wheel, member, n))
     joined = b"".join(payloads)

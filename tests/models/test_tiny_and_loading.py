@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from draftcert.models import ModelUnavailable, load_target, tiny_qwen3, tiny_tokenizer
+from draftcert.models import ModelUnavailable, load_target
+
+from tests.tiny_models import tiny_qwen3, tiny_tokenizer
 from draftcert.prompts import encode_prompt
 
 

@@ -28,7 +28,7 @@ PROMPTS = [
 
 
 def tiny_qwen3(seed: int = 0, layers: int = 3):
-    from draftcert.models import tiny_qwen3 as build
+    from tests.tiny_models import tiny_qwen3 as build
 
     model, _ = build(seed, vocab_size=VOCAB, hidden_size=64, num_layers=layers, intermediate_size=128,
                      init_std=0.5, with_tokenizer=False)
@@ -36,7 +36,7 @@ def tiny_qwen3(seed: int = 0, layers: int = 3):
 
 
 def byte_tokenizer():
-    from draftcert.models import tiny_tokenizer
+    from tests.tiny_models import tiny_tokenizer
 
     return tiny_tokenizer()
 

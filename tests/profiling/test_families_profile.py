@@ -16,7 +16,7 @@ import torch
 
 from draftcert.decode import greedy_generate
 from draftcert.models.hf import module_states
-from draftcert.profile.generate import GreedyRun, score_teacher_forced
+from draftcert.profile.greedy_steps import GreedyRun, score_teacher_forced
 
 from ..decode.families import EOS, FAMILIES, PAD, build
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from draftcert.profile.generate import GreedyRun, score_teacher_forced
+from draftcert.profile.greedy_steps import GreedyRun, score_teacher_forced
 
 
 def _reference_greedy(model, prompt, steps):

@@ -218,7 +218,7 @@ def test_compare_reads_a_real_profile_run(tiny_dir, prompt_file, tmp_path, capsy
     """The schema as the profiler and the report write it (a tiny model, 2 prompts x 4 tokens;
     summary.json built as ``write_report`` builds it, without the figures)."""
     from draftcert.fileio import json_value
-    from draftcert.report.summary import read_trace, summarize_trace
+    from draftcert.report.run_summary import read_trace, summarize_trace
     from draftcert.textfit import compact_number
     from draftcert.tracefile import load_run, run_epsilons, run_shards
 

@@ -12,7 +12,8 @@ CRITERIA = "strict,additive:0.05,topm:2,tree:2,tree:4"
 
 @pytest.fixture(scope="session")
 def pair():
-    from draftcert.models import derive_drafter, tiny_qwen3
+    from draftcert.models import derive_drafter
+    from tests.tiny_models import tiny_qwen3
 
     torch.set_num_threads(1)
     model, tok = tiny_qwen3(0, num_layers=4, hidden_size=48, intermediate_size=96, init_std=0.15)

@@ -21,7 +21,7 @@ from draftcert.replay import speed
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from draftcert.models import tiny_qwen3
+    from tests.tiny_models import tiny_qwen3
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("unreliable-cal")

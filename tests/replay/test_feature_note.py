@@ -1,6 +1,6 @@
 """Replay of a feature drafter's trace is labelled: deeper drafts use the drafter's own features."""
 
-from draftcert.replay.data import is_feature_drafter
+from draftcert.replay.trace_reader import is_feature_drafter
 
 
 def test_feature_drafters_are_recognised_and_token_drafters_are_not(tmp_path):

@@ -24,7 +24,7 @@ from draftcert.cli import main
 pytestmark = pytest.mark.usefixtures("sound_timings")  # plumbing, not the timings' noise (conftest)
 from draftcert.decode.costs import Costs
 from draftcert.replay import Shape, load_replay_trace, replay
-from draftcert.replay import report as replay_report
+from draftcert.replay import report_section as replay_report
 from draftcert.replay.api import calibration_shapes
 
 CRITERIA = "strict,tree:3"
@@ -32,7 +32,7 @@ CRITERIA = "strict,tree:3"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from draftcert.models import tiny_qwen3
+    from tests.tiny_models import tiny_qwen3
     from draftcert.models.eagle import EagleDrafter, save_eagle
 
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("sound_timings")  # plumbing, not the timin
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from draftcert.models import tiny_qwen3
+    from tests.tiny_models import tiny_qwen3
 
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("replay-cli")

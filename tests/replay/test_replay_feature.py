@@ -26,7 +26,7 @@ RELAXED = [(r, s) for r in ("additive:0.05", "topm:2") for s in (Shape((1,) * 3)
 
 @pytest.fixture(scope="module")
 def fpair():
-    from draftcert.models import tiny_qwen3
+    from tests.tiny_models import tiny_qwen3
     from draftcert.models.eagle import EagleDrafter
 
     torch.set_num_threads(1)

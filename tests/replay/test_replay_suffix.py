@@ -1,6 +1,6 @@
 """Replay of `draftcert decode`'s default drafter, DRAFTER+suffix (issue 31, item 4).
 
-``decode.suffix.HybridDrafter`` grafts suffix-match candidates (from the prompt, the output so far and
+``drafting.suffix.HybridDrafter`` grafts suffix-match candidates (from the prompt, the output so far and
 the earlier prompts' outputs) onto the model drafter's tree.  The candidates depend only on the text,
 which the trace holds, so the replay simulates them exactly (``walk.walk_prompt_suffix``): the
 accepted drafts of every round, the draft tokens and the suffix counters equal the engine's, for a
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from draftcert.decode import speculative_generate
-from draftcert.decode.drafters import make_drafter
-from draftcert.decode.suffix import HybridDrafter, SuffixIndex, SuffixStore
+from draftcert.drafting.make import make_drafter
+from draftcert.drafting.suffix import HybridDrafter, SuffixIndex, SuffixStore
 from draftcert.models.hf import eos_token_ids
 from draftcert.prompts import encode_prompt
 from draftcert.replay import Shape, load_replay_trace, replay

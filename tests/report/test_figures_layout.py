@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from draftcert.replay import figures as replay_figures
+from draftcert.replay import speed_figures as replay_figures
 from draftcert.replay.api import replay
 
 from . import tracegen

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from matplotlib.text import Text
 
-from draftcert.replay import figures as replay_figures
+from draftcert.replay import speed_figures as replay_figures
 from draftcert.replay.api import replay
 from draftcert.report import figures, render
-from draftcert.report.summary import read_trace, summarize_trace
+from draftcert.report.run_summary import read_trace, summarize_trace
 from draftcert.tracefile import load_run, run_shards
 
 from . import tracegen

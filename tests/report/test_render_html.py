@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from draftcert.replay.figures import MIN_TRIES
-from draftcert.replay.report import section_for_report
+from draftcert.replay.speed_figures import MIN_TRIES
+from draftcert.replay.report_section import section_for_report
 from draftcert.report import write_report
 from draftcert.report.render import HOW_TO_READ, markdown_to_html
 

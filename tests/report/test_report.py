@@ -15,7 +15,7 @@ import pytest
 
 from draftcert.cli import main as cli_main
 from draftcert.report import write_report
-from draftcert.report.summary import quantile
+from draftcert.report.run_summary import quantile
 
 from . import tracegen
 
@@ -261,7 +261,7 @@ def test_quantile_handles_inf():
 def test_length_curve_is_exact(run_dir, steps):
     """The figure's continuous-eps curve (window attribution) equals
     certified_run_length's mean at every eps, including eps equal to a radius."""
-    from draftcert.report.summary import RunGrid, read_trace
+    from draftcert.report.run_summary import RunGrid, read_trace
     from draftcert.tracefile import run_shards
 
     out, summary = run_dir

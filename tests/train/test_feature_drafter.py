@@ -15,13 +15,14 @@ import torch
 import draftcert as dc
 from draftcert.cli import main
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.decode.feature import FeatureDrafter
-from draftcert.models import load_drafter, load_target, tiny_qwen3
+from draftcert.drafting.feature_drafter import FeatureDrafter
+from draftcert.models import load_drafter, load_target
+from tests.tiny_models import tiny_qwen3
 from draftcert.models.eagle import EagleDrafter, load_eagle, save_eagle, target_features
 from draftcert.prompts import encode_prompt
 from draftcert.train import TrainConfig, train_drafter
 from draftcert.train import loop as train_loop
-from draftcert.train.data import HeldOut, collate, radii_of
+from draftcert.train.distill_data import HeldOut, collate, radii_of
 from draftcert.train.objective import batch_loss, kl_full
 
 HELD = ["Write a haiku about rain.", "def add(a, b):\n    \"\"\"Return a + b.\"\"\""]

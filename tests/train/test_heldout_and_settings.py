@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from draftcert.cli import main
-from draftcert.models import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 from draftcert.prompts import SHAREGPT_WHEEL
 from draftcert.train import TrainConfig, train_drafter
-from draftcert.train.data import HELDOUT_SOURCES
+from draftcert.train.distill_data import HELDOUT_SOURCES
 
 HELD = ["Write a haiku about rain."]
 ROOT = Path(__file__).resolve().parents[2]

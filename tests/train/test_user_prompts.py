@@ -13,14 +13,14 @@ import torch
 
 from draftcert.cli import main
 from draftcert.decode.shape import acceptance_of
-from draftcert.models import tiny_qwen3
+from tests.tiny_models import tiny_qwen3
 from draftcert.models.eagle import load_eagle
 from draftcert.prompts import Prompt
 from draftcert.train import TrainConfig, evaluate_on_user_prompts, train_drafter
-from draftcert.train import data as train_data
+from draftcert.train import distill_data as train_data
 from draftcert.train import loop as train_loop
 from draftcert.train import user_eval
-from draftcert.train.data import HeldOut, heldout_texts, select_prompts
+from draftcert.train.distill_data import HeldOut, heldout_texts, select_prompts
 from draftcert.train.user_eval import USER_EVAL_KEY, merge_into_train_json
 
 TEXTS = [

@@ -8,16 +8,16 @@ import sys
 import time
 
 from .. import models
-from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timing_footnote
-from ..decode.drafters import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
+from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timed_generate, timing_footnote
+from ..decode.config import resolve_criterion
 from ..decode.engine import speculative_generate
-from ..decode.round import resolve_criterion
+from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
 from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
-from ..decode.tree import parse_tree
+from ..models.tree_attention import parse_tree
 from ..fileio import dumps_json
 from ..models.loading import transformers_progress
-from ..models.quant import numerics_of
+from ..gguf.layers import numerics_of
 from ..prompts import encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
 from .checks import PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_drafter, check_dtype, check_specs, set_threads
@@ -172,7 +172,7 @@ def _default_k(args, drafter) -> None:
     if args.k == "auto":
         raise ValueError("-k auto: only for `draftcert decode`; pass an integer here")
     if args.k is None:
-        args.k = FEATURE_K if getattr(drafter, "needs_target_hidden", False) else MODEL_K
+        args.k = FEATURE_K if drafter.needs_target_hidden else MODEL_K
 
 
 def _auto_k(args, target, drafter, dspec) -> None:
@@ -254,7 +254,7 @@ def run_decode(args) -> int:
             out.write(f"{GREEN}{piece}{RESET}" if (color and from_draft and piece) else piece)
         out.flush()
 
-    res = speculative_generate(
+    res = timed_generate(
         target, drafter, ids, args.criterion, k=args.k, tree=args.tree, max_new_tokens=args.max_new_tokens,
         baseline=args.baseline, repeats=args.repeats, tokenizer=tok, on_round=on_round,
     )

@@ -30,7 +30,7 @@ from ..profile.paper import (
 )
 from ..profile.run import ProfileResult, profile
 from ..profile.settings import check_out_dir
-from ..replay.report import section_for_report
+from ..replay.report_section import section_for_report
 from ..report import write_report
 from ..textfit import terminal_width
 from .checks import (PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_divergences, check_drafter, check_dtype,

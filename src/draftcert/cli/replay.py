@@ -16,7 +16,7 @@ from ..models import load_drafter, load_target
 from ..models.loading import transformers_progress, weights_for_numerics
 from ..prompts import encode_prompt, load_prompts
 from ..replay.api import calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
-from ..replay.data import load_replay_trace
+from ..replay.trace_reader import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..decode.costs import Costs, forward_count_costs
 from ..replay.speed import RETIMES, calibrate

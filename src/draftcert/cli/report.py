@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..replay.report import section_for_report
+from ..replay.report_section import section_for_report
 from ..report import write_report
 from .checks import check_run_dir_writable
 

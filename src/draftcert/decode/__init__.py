@@ -9,13 +9,12 @@
     res.tokens[b], res.row_stats[b], res.stats
 """
 
+from ..drafting import HybridDrafter, ModelDrafter, PromptLookupDrafter, SuffixDrafter, SuffixIndex, SuffixStore, make_drafter
+from ..models.tree_attention import DraftTree, parse_tree
 from .batch import BatchDecodeResult, batch_speculative_generate
-from .drafters import ModelDrafter, PromptLookupDrafter, make_drafter
 from .engine import DecodeResult, greedy_generate, speculative_generate
-from .round import resolve_criterion
+from .config import DecodeConfig, resolve_criterion
 from .stats import CertificateViolation, DecodeStats, RoundLog
-from .suffix import HybridDrafter, SuffixDrafter, SuffixIndex, SuffixStore
-from .tree import DraftTree, parse_tree
 
 __all__ = [
     "speculative_generate",
@@ -23,6 +22,7 @@ __all__ = [
     "BatchDecodeResult",
     "greedy_generate",
     "resolve_criterion",
+    "DecodeConfig",
     "DecodeResult",
     "DecodeStats",
     "RoundLog",

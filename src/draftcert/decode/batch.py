@@ -62,20 +62,20 @@ import operator
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import reduce
 from typing import Callable
 
 import torch
 
-from ..criteria import TreeCoverage
-from ..models.hf import cache_kwarg, eos_token_ids, new_cache, vocab_size_of
-from .drafters import make_drafter
-from .engine import check_drafter_vocab, check_max_new_tokens, check_target, decode_loop
-from .round import accept, certify, propose_draft, record, resolve_criterion, summary_size
-from .state import Layout, layer_masks, layout_of
+from ..drafting import make_drafter
+from ..models.cache_state import Layout, layer_masks, layout_of
+from ..models.hf import cache_kwarg, new_cache, vocab_size_of
+from ..models.tree_attention import DraftTree, tree_allowed, tree_position_ids
+from .config import DecodeConfig
+from .engine import check_drafter_vocab, decode_loop
+from .round import DecodeRow, emit, propose_draft, settle
 from .stats import DecodeStats, RoundLog
-from .tree import DraftTree, tree_allowed, tree_position_ids
 
 __all__ = ["batch_speculative_generate", "BatchDecodeResult", "batch_rows", "fork_drafters", "COMPACT_HOLES"]
 
@@ -89,20 +89,6 @@ class BatchDecodeResult:
     stats: DecodeStats  # all rows merged (DecodeStats.merge: num_rounds sums the rows' rounds); seconds = wall time
     row_stats: list[DecodeStats]  # per row; seconds = from the start until the row finished
     seconds: float  # wall time of the decode
-
-
-@dataclass
-class _Row:
-    """One row's decoding state."""
-
-    index: int  # the row's place in the caller's batch
-    prompt: list[int]
-    drafter: object
-    stats: DecodeStats
-    seq: list[int]  # prompt + new tokens
-    out: list[int] = field(default_factory=list)  # new tokens
-    n_cached: int = 0  # the target's cache holds seq[:n_cached] for this row (in its valid columns)
-    done: bool = False
 
 
 # ---------------------------------------------------------------------------
@@ -183,16 +169,15 @@ def fork_drafters(drafter, n: int) -> list:
     """``n`` drafters with their own state sharing one model: ``drafter.fork()`` each.
 
     A drafter object without ``fork`` serves a batch of one row as-is; more rows need ``fork``
-    (``drafters.py``: a fresh drafter, same settings, sharing the model).
+    (``drafting.protocol``: a fresh drafter, same settings, sharing the model).
     """
-    fork = getattr(drafter, "fork", None)
-    if fork is None:
-        if n == 1:
-            return [drafter]
-        raise ValueError(f"drafter: {type(drafter).__name__} has no fork(); a batch of {n} rows needs one drafter "
+    forks = [drafter.fork() for _ in range(n)] if n > 1 else [drafter.fork() or drafter]
+    if any(f is None for f in forks):
+        name = type(getattr(drafter, "inner", drafter)).__name__
+        raise ValueError(f"drafter: {name} has no fork(); a batch of {n} rows needs one drafter "
                          "state per row: give the class a fork() returning a fresh drafter that shares its model "
-                         "(see draftcert.decode.drafters), or decode one row at a time")
-    return [fork() for _ in range(n)]
+                         "(see draftcert.drafting.protocol), or decode one row at a time")
+    return forks
 
 
 # ---------------------------------------------------------------------------
@@ -234,34 +219,25 @@ def batch_speculative_generate(
         whole in the statistics, as at batch 1).
     on_round : ``on_round(row, log)`` with each row's ``RoundLog`` as it is accepted (streaming).
     """
-    crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
-    check_max_new_tokens(max_new_tokens)
-    layout = check_target(target, tree is not None or isinstance(crit, TreeCoverage))
+    config = DecodeConfig.build(target, criterion, k, tree, max_new_tokens, eos_token_id=eos_token_id,
+                                certificates=certificates)
     prompts = batch_rows(rows, attention_mask, vocab_size_of(target))
     base = make_drafter(drafter, target, tokenizer)
     check_drafter_vocab(target, base, tokenizer)
     drafters = fork_drafters(base, len(prompts))
-    eos = eos_token_ids(target, explicit=eos_token_id)
-    shape = None if tree is None and not isinstance(crit, TreeCoverage) else widths
-    states = [_Row(b, p, d, DecodeStats(criterion=crit.spec, k=k, tree=shape), list(p))
-              for b, (p, d) in enumerate(zip(prompts, drafters))]
+    states = [DecodeRow(p, d, config.new_stats(), index=b) for b, (p, d) in enumerate(zip(prompts, drafters))]
     forwards0 = [d.forwards for d in drafters]
     finished = [0.0] * len(states)
 
-    summary_k = summary_size(rule, widths, certificates)
+    layout = config.layout
     serial = layout.batch_refusal() if len(states) > 1 else None
     if serial is not None:
         warnings.warn(f"batch_speculative_generate: {layout.model_name} is decoded row after row (as at batch 1, "
                       f"lossless), not in one batched pass: {serial}", stacklevel=2)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        if serial is not None:
-            rows_done = _decode_serial(target, states, rule, widths, expand_all, summary_k, eos, certificates,
-                                    max_new_tokens, stop, on_round, layout)
-        else:
-            rows_done = _decode_rounds(target, states, rule, widths, expand_all, summary_k, eos, certificates,
-                                       max_new_tokens, stop, on_round, layout)
-        for row in rows_done:
+        run = _decode_serial if serial is not None else _decode_rounds
+        for row in run(target, states, config, stop, on_round):
             finished[row.index] = time.perf_counter() - t0
     seconds = time.perf_counter() - t0
 
@@ -273,14 +249,18 @@ def batch_speculative_generate(
     return BatchDecodeResult([r.out for r in states], merged, [r.stats for r in states], seconds)
 
 
-def _decode_serial(target, states: list[_Row], rule, widths, expand_all, summary_k, eos, certificates,
-                   max_new_tokens, stop, on_round, layout: Layout):
+def _row_callbacks(r: DecodeRow, stop, on_round):
+    """A row's ``stop(new_tokens)`` and ``on_round(log)`` from the batch's ``stop(row, ...)`` / ``on_round(row, ...)``."""
+    row_stop = None if stop is None else (lambda out, b=r.index: _checked_stop(stop, b, out))
+    row_round = None if on_round is None else (lambda log, b=r.index: on_round(b, log))
+    return row_stop, row_round
+
+
+def _decode_serial(target, states: list[DecodeRow], config: DecodeConfig, stop, on_round):
     """A batch decoded row after row by the batch-1 engine (``engine.decode_loop``); yields each row."""
     for r in states:
-        row_stop = None if stop is None else (lambda out, b=r.index: _checked_stop(stop, b, out))
-        row_round = None if on_round is None else (lambda log, b=r.index: on_round(b, log))
-        r.out = decode_loop(target, r.drafter, r.prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                            max_new_tokens, r.stats, row_round, row_stop, layout)
+        row_stop, row_round = _row_callbacks(r, stop, on_round)
+        r.out, r.stats = decode_loop(target, r.drafter, r.prompt, replace(config, on_round=row_round, stop=row_stop))
         r.seq = r.prompt + r.out
         r.done = True
         yield r
@@ -294,42 +274,34 @@ def _checked_stop(stop, row: int, out: list[int]):
     return n
 
 
-def _decode_rounds(target, states: list[_Row], rule, widths, expand_all, summary_k, eos, certificates,
-                   max_new_tokens, stop, on_round, layout: Layout):
+def _decode_rounds(target, states: list[DecodeRow], config: DecodeConfig, stop, on_round):
     """The rounds of a batched decode; yields each row as it finishes."""
-    with_hidden = bool(getattr(states[0].drafter, "needs_target_hidden", False))
+    with_hidden = states[0].drafter.needs_target_hidden
     cache = new_cache(target)  # attention layers only (layout.batch_refusal is None); sliding ones kept whole
+    callbacks = {r.index: _row_callbacks(r, stop, on_round) for r in states}
     for r in states:
         r.drafter.start(r.prompt)
     running = list(states)  # in the cache's row order
     valid = torch.zeros(len(running), 0, dtype=torch.bool, device=target.device)  # [A, L] kept columns per row
     while running:
         # draft: per row, at batch 1 (never past the length limit)
-        drafts = [propose_draft(r.drafter, r.seq, widths, expand_all, max_new_tokens - len(r.out) - 1) for r in running]
+        drafts = [propose_draft(r.drafter, r.seq, config.widths, config.expand_all, config.max_new_tokens - len(r.out) - 1)
+                  for r in running]
         pending = [r.seq[r.n_cached :] for r in running]
         logits, hidden, offsets = verify_batch(target, cache, valid, [r.n_cached for r in running], pending, drafts,
-                                               with_hidden, layout)  # [A, 1 + max N, V], [A, W, H] or None
+                                               with_hidden, config.layout)  # [A, 1 + max N, V], [A, W, H] or None
         kept = []  # per row: block columns its cache keeps
         for i, (r, draft, pend, off) in enumerate(zip(running, drafts, pending, offsets)):
             n_keep = logits.shape[1]
-            verdict = accept(rule, logits[i, n_keep - 1 - len(draft) :], draft, summary_k, eos)  # [1 + N_b, V]
-            certs = certify(rule, verdict, draft) if certificates else None
-            log = record(r.stats, draft, verdict, certs)
+            verdict, log = settle(config, r.stats, logits[i, n_keep - 1 - len(draft) :], draft)  # [1 + N_b, V]
             cols = list(range(off, off + len(pend))) + [off + len(pend) + j for j in verdict.path]
             kept.append(cols)
             if with_hidden:  # the row's drafter gets the target's features of its newly cached positions
                 r.drafter.observe(hidden[i, cols])
             r.drafter.accept(verdict.path)
             r.n_cached += len(cols)
-            r.seq += verdict.emitted
-            r.out += verdict.emitted
-            if on_round is not None:
-                on_round(r.index, log)
-            ended = bool(verdict.emitted) and verdict.emitted[-1] in eos
-            if not ended and stop is not None and (n := _checked_stop(stop, r.index, r.out)) is not None:
-                del r.out[n:]
-                ended = True
-            r.done = ended or len(r.out) >= max_new_tokens
+            row_stop, row_round = callbacks[r.index]
+            r.done = emit(config, r, verdict, log, row_round, row_stop)
             if r.done:
                 yield r
         survivors = [i for i, r in enumerate(running) if not r.done]

@@ -1,4 +1,8 @@
-"""``draftcert bench``'s table: several criteria decoded on the same prompts, one row each.
+"""Timed decodes: one decode against the target alone (``timed_generate``, ``draftcert decode
+--baseline``), and ``draftcert bench``'s table of several criteria on the same prompts, one row each.
+
+Every timing runs its candidates in turns (A B, B A, ...: ``timing.interleave``), so that a busy
+spell of a shared machine slows each alike; a figure is the median of its repeats.
 
 A row is the ``DecodeStats`` of every prompt's decode merged (``DecodeStats.merge``), so
 its figures are totals over the prompts, not means of per-prompt figures: tokens per
@@ -9,15 +13,59 @@ definition: docs/metrics.md).
 from __future__ import annotations
 
 import textwrap
+import time
+from dataclasses import replace
 from functools import reduce
 
 from ..criteria import DEFAULT_CRITERIA, TreeCoverage, parse_criterion
 from ..textfit import markdown_tables
-from .engine import speculative_generate
+from .engine import DecodeResult, decode_loop, greedy_generate, prepare_decode, speculative_generate
 from .stats import DecodeStats
-from .timing import SPREAD_LIMIT, interleave
+from .timing import SPREAD_LIMIT, interleave, median_or_none
 
-__all__ = ["DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions", "timing_footnote"]
+__all__ = ["timed_generate", "DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions", "timing_footnote"]
+
+
+def timed_generate(target, drafter, input_ids, criterion="strict", k: int | str = 4, tree=None,
+                   max_new_tokens: int = 64, *, baseline: bool = False, repeats: int = 1, eos_token_id=None,
+                   certificates: bool = True, tokenizer=None, on_round=None, stop=None) -> DecodeResult:
+    """``speculative_generate`` (same arguments) timed ``repeats`` times, and with ``baseline`` the
+    target's own greedy decoding of the same prompt and length timed in turns with it (decode,
+    baseline, baseline, decode, ...).  ``stats.seconds`` / ``baseline_seconds`` are medians,
+    ``stats.timing_reliable`` is False when the repeats disagree by more than 20 %, ``stats.speedup``
+    and ``stats.baseline_match`` compare the two.  Only the first decode streams (``on_round``)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
+    prompt, draft_src, config = prepare_decode(target, drafter, input_ids, criterion, k, tree, max_new_tokens,
+                                               eos_token_id=eos_token_id, certificates=certificates,
+                                               tokenizer=tokenizer, on_round=on_round, stop=stop)
+    quiet = replace(config, on_round=None)
+    first: dict = {}
+    base: list[int] = []
+
+    def spec_run() -> float:  # the streamed decode is the first timed repeat; the rest emit the same tokens
+        t0 = time.perf_counter()
+        out, stats = decode_loop(target, draft_src, prompt, quiet if first else config)
+        seconds = time.perf_counter() - t0
+        first.setdefault("result", (out, stats))
+        return seconds
+
+    def base_run() -> float:
+        t0 = time.perf_counter()
+        base[:] = greedy_generate(target, prompt, max_new_tokens, eos_token_id=eos_token_id)
+        return time.perf_counter() - t0
+
+    times = interleave([spec_run, base_run] if baseline else [spec_run], repeats)
+    out, stats = first["result"]
+    stats.repeat_seconds = times[0]
+    stats.seconds = median_or_none(times[0])
+    if baseline:
+        stats.baseline_repeat_seconds = times[1]
+        stats.baseline_seconds = median_or_none(times[1])
+        stats.baseline_tokens = len(base)
+        stats.baseline_match = base == out
+    return DecodeResult(tokens=out, stats=stats, baseline_tokens=list(base) if baseline else None)
+
 
 # tree:8 drafts 8 children per level: too slow for a quick table
 DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]

@@ -37,14 +37,14 @@ import torch
 from .._cache import cache_root
 from ..criteria import Strict
 from ..fileio import write_json
-from ..models.fastlinear import cpu_model
-from ..models import quantmm, smallm
-from ..models.quant import numerics_of
-from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
+from ..kernels.linear_chooser import cpu_model
+from ..kernels import block_matmul, packed_matmul
+from ..gguf.layers import numerics_of
+from ..models.hf import forward_with_hidden, model_forward, vocab_size_of
 from .round import accept, certify, record, verify
 from .stats import DecodeStats
-from .state import CacheState
-from .tree import DraftTree, crop_cache, keep_cache
+from ..models.cache_state import CacheState
+from ..models.tree_attention import DraftTree, crop_cache, keep_cache
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
@@ -302,7 +302,7 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
     seq = ids[: context + 1]
-    feature = bool(getattr(drafter, "needs_target_hidden", False))
+    feature = drafter.needs_target_hidden
     tstate = CacheState(target)
     tcache = tstate.cache
     drafter.start(seq[:-1])
@@ -312,7 +312,7 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     else:
         model_forward(target, tcache, ids[:context], 1)
     rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
-    cached = _cache_holder(drafter)
+    cached = drafter.model_drafter  # the part that keeps a KV cache (the drafter itself, or a hybrid's model drafter)
     point = None
     if hasattr(cached, "checkpoint"):  # a model drafter: its cache at the rewind point, restored before each round
         drafter.propose(seq[:rewind], [1])
@@ -353,14 +353,6 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     )
 
 
-def _cache_holder(drafter):
-    """The part of a drafter that keeps a KV cache (``cache``, ``n_valid``): the drafter itself, or the
-    model drafter inside a hybrid (``model_drafter``); None for a model-free drafter."""
-    while drafter is not None and getattr(drafter, "cache", None) is None:
-        drafter = getattr(drafter, "model_drafter", None)
-    return drafter
-
-
 def _nodes(widths, expand_all: bool) -> int:
     if not expand_all:
         return sum(widths)
@@ -392,7 +384,7 @@ def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
     dmodel = getattr(drafter, "model", None)
     return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "target": _fingerprint(target), "numerics": numerics_of(target),
-            "kernels": [quantmm.build_id(), smallm.build_id()], "drafter": drafter_name,
+            "kernels": [block_matmul.LIBRARY.build_id(), packed_matmul.LIBRARY.build_id()], "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
             "draft_vocab": getattr(drafter, "vocab", None),  # a prefix of the output layer costs less
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
@@ -430,7 +422,7 @@ def engine_costs(target, drafter, drafter_name: str, shapes, *, max_rows: int = 
         on_note(f"measuring this machine's decoding cost curve (once per machine, model, drafter and thread "
                 f"count; cached in {path.parent})")
     t0 = time.perf_counter()
-    src = drafter.fork() if hasattr(drafter, "fork") else drafter
+    src = drafter.fork() or drafter
     costs = measure(target, src, list(shapes), max_rows=max_rows, repeats=repeats)
     sec = time.perf_counter() - t0
     if not use_cache:

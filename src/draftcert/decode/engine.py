@@ -34,18 +34,18 @@ from typing import Callable
 
 import torch
 
-from ..criteria import Criterion, TreeCoverage
+from ..criteria import Criterion
+from ..drafting import Drafter, ModelDrafter, make_drafter
 from ..models import check_compatible
+from ..models.cache_state import CacheState, chain_of
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
-from .drafters import ModelDrafter, make_drafter
-from .round import accept, catch_up, certify, propose_draft, record, resolve_criterion, summary_size, verify
+from .config import DecodeConfig, check_max_new_tokens
+from .round import DecodeRow, catch_up, emit, propose_draft, settle, verify
 from .shape import auto_engine_args
-from .state import CacheState, Layout, chain_of, layout_of
 from .stats import STAGES, DecodeStats, RoundLog
-from .timing import interleave, median_or_none
 
-__all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "check_drafter_vocab", "check_max_new_tokens",
-           "check_target", "decode_loop"]
+__all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "check_drafter_vocab", "prepare_decode",
+           "decode_loop", "as_prompt_ids"]
 
 
 @dataclass
@@ -59,7 +59,7 @@ class DecodeResult:
 # argument handling
 
 
-def _as_ids(input_ids) -> list[int]:
+def as_prompt_ids(input_ids) -> list[int]:
     """One prompt's token ids from what a tokenizer or a user hands over.
 
     A tensor (T,) / (1, T), a list (or [[...]], one row), or a mapping with ``"input_ids"``: a
@@ -107,7 +107,7 @@ def _one_row(x, name: str) -> list[int]:
 
 def check_drafter_vocab(target, drafter, tokenizer=None) -> None:
     """Refuse a drafter with a different vocabulary before any decoding."""
-    drafter = getattr(drafter, "model_drafter", drafter)  # a suffix.HybridDrafter: check the model inside it
+    drafter = drafter.model_drafter  # a suffix.HybridDrafter: the model inside it
     if not isinstance(drafter, ModelDrafter):
         return
     check_compatible(target, tokenizer, drafter.model, None)  # config vocab, logit rows (and tokenizers when given)
@@ -119,28 +119,13 @@ def check_drafter_vocab(target, drafter, tokenizer=None) -> None:
         )
 
 
-def check_target(target, tree_shape: bool) -> Layout:
-    """The target's ``state.Layout``, refusing a tree where it cannot verify one (before any work).
-
-    ``tree_shape``: the caller asked for a tree (``tree=`` or a ``tree:M`` criterion).  A chain is
-    exact on every layout; drafters that propose trees on their own (suffix candidates) are cut to
-    their first-ranked path there (``state.chain_of``)."""
-    layout = layout_of(target)
-    if layout.decode_refusal() is not None:
-        raise ValueError(f"target: {layout.decode_refusal()}")
-    why = layout.tree_refusal()
-    if tree_shape and why is not None:
-        raise ValueError(f"tree: {why}")
-    return layout
-
-
 # ---------------------------------------------------------------------------
 # the decoding loops
 
 
 def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id=None) -> list[int]:
     """The target's own greedy decoding with a KV cache (the lossless reference)."""
-    prompt = _as_ids(input_ids)
+    prompt = as_prompt_ids(input_ids)
     check_max_new_tokens(max_new_tokens)
     eos = eos_token_ids(target, explicit=eos_token_id)
     out: list[int] = []
@@ -155,11 +140,6 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     return out
 
 
-def check_max_new_tokens(max_new_tokens) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens!r}")
-
-
 def _auto_shape(target, drafter, tokenizer, criterion, tree):
     """``k="auto"``: (k, tree, the drafter object) of ``decode.shape.auto_engine_args``, as
     ``draftcert decode -k auto`` chooses."""
@@ -170,6 +150,24 @@ def _auto_shape(target, drafter, tokenizer, criterion, tree):
     spec = drafter if isinstance(drafter, str) else type(obj).__name__
     args, _, _ = auto_engine_args(target, obj, spec, criterion)
     return args["k"], args["tree"], obj
+
+
+def prepare_decode(target, drafter, input_ids, criterion="strict", k: int | str = 4, tree=None,
+                   max_new_tokens: int = 64, *, eos_token_id=None, certificates: bool = True, tokenizer=None,
+                   on_round=None, stop=None) -> tuple[list[int], Drafter, DecodeConfig]:
+    """Check ``speculative_generate``'s arguments before any work and resolve them: (the prompt's
+    ids, the drafter object, the ``DecodeConfig``); ``k="auto"`` is chosen here."""
+    if isinstance(k, str) and k == "auto":
+        k, tree, drafter = _auto_shape(target, drafter, tokenizer, criterion, tree)
+    config = DecodeConfig.build(target, criterion, k, tree, max_new_tokens, eos_token_id=eos_token_id,
+                                certificates=certificates, on_round=on_round, stop=stop)
+    prompt = as_prompt_ids(input_ids)
+    vocab = vocab_size_of(target)
+    if max(prompt) >= vocab or min(prompt) < 0:
+        raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
+    draft_src = make_drafter(drafter, target, tokenizer)
+    check_drafter_vocab(target, draft_src, tokenizer)
+    return prompt, draft_src, config
 
 
 def speculative_generate(
@@ -183,8 +181,6 @@ def speculative_generate(
     *,
     eos_token_id=None,
     certificates: bool = True,
-    baseline: bool = False,
-    repeats: int = 1,
     tokenizer=None,
     on_round: Callable[[RoundLog], None] | None = None,
     stop: Callable[[list[int]], int | None] | None = None,
@@ -197,7 +193,8 @@ def speculative_generate(
     drafter : a spec string, the same as the CLI's ``--drafter`` (``default``, ``self:skip=N``,
         ``self:quant=4``, ``prompt-lookup``, ``suffix``, ``DRAFTER+suffix``, ``eagle:NAME``, a path or
         hub id), a transformers causal LM sharing the target's vocabulary, or a drafter object
-        (``ModelDrafter``, ``PromptLookupDrafter``, ``FeatureDrafter``, ``SuffixDrafter``, ``HybridDrafter``).
+        (``draftcert.drafting.Drafter``: ``ModelDrafter``, ``PromptLookupDrafter``, ``FeatureDrafter``,
+        ``SuffixDrafter``, ``HybridDrafter``, or any object with ``start``/``propose``/``accept``).
     input_ids : one prompt's token ids: a list, a tensor (T,) / (1, T), or a dict /
         ``BatchEncoding`` with ``input_ids`` (what ``tok(text, return_tensors="pt")`` and
         ``tok.apply_chat_template(..., return_dict=True)`` return).
@@ -211,125 +208,70 @@ def speculative_generate(
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
     certificates : compute the per-position certificates (KL < radius).
-    baseline : also time the target's own greedy decoding (same prompt, same
-        length) for ``stats.speedup`` and ``stats.baseline_match``.
-    repeats : time the decode (and the baseline) this many times, in turns (decode, baseline,
-        baseline, decode, ...: ``timing.py``); the figures are medians, and ``stats.timing_reliable``
-        is False when the repeats disagree by more than 20 %.  Only the first decode streams.
     on_round : callback receiving each round's ``RoundLog`` as it is accepted (streaming).
     stop : called after each round with the new tokens so far; None continues, an integer n keeps
         the first n new tokens and ends the decode (stopping criteria; the round stays counted whole).
+
+    ``stats.seconds`` is this decode's wall time.  Timing against the target alone, with repeats in
+    turns, is ``decode.bench.timed_generate``.
     """
-    if isinstance(k, str) and k == "auto":
-        k, tree, drafter = _auto_shape(target, drafter, tokenizer, criterion, tree)
-    crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
-    check_max_new_tokens(max_new_tokens)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
-    prompt = _as_ids(input_ids)
-    vocab = vocab_size_of(target)
-    if max(prompt) >= vocab or min(prompt) < 0:
-        raise ValueError(f"input_ids: token ids must lie in [0, {vocab}) for this target")
-    layout = check_target(target, tree is not None or isinstance(crit, TreeCoverage))
-    draft_src = make_drafter(drafter, target, tokenizer)
-    check_drafter_vocab(target, draft_src, tokenizer)
-    eos = eos_token_ids(target, explicit=eos_token_id)
-    # Any k gives exact answers (rows needing more are re-sorted exactly); 16 covers peaked rows cheaply.
-    summary_k = summary_size(rule, widths, certificates)
-    shape = None if tree is None and not isinstance(crit, TreeCoverage) else widths
-    stats = DecodeStats(criterion=crit.spec, k=k, tree=shape)
-    d_forwards0 = draft_src.forwards
-
-    def decode(st: DecodeStats, callback) -> tuple[list[int], float]:
-        t0 = time.perf_counter()
-        toks = decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                            max_new_tokens, st, callback, stop, layout)
-        return toks, time.perf_counter() - t0
-
-    out, first = decode(stats, on_round)  # the streamed decode is the first timed repeat
-    stats.drafter_forwards = draft_src.forwards - d_forwards0
-    base: list[int] | None = None
-
-    def spec_run() -> float:
-        nonlocal first
-        if first is not None:
-            seconds, first = first, None
-            return seconds
-        return decode(DecodeStats(criterion=crit.spec, k=k, tree=shape), None)[1]  # same tokens: greedy, deterministic
-
-    def base_run() -> float:
-        nonlocal base
-        t0 = time.perf_counter()
-        base = greedy_generate(target, prompt, max_new_tokens, eos_token_id=eos_token_id)
-        return time.perf_counter() - t0
-
-    # decode and baseline in turns (A B, B A, ...) so that a busy spell of the machine hits both (timing.py)
-    times = interleave([spec_run, base_run] if baseline else [spec_run], repeats)
-    stats.repeat_seconds = times[0]
-    stats.seconds = median_or_none(times[0])
-    if baseline:
-        stats.baseline_repeat_seconds = times[1]
-        stats.baseline_seconds = median_or_none(times[1])
-        stats.baseline_tokens = len(base)
-        stats.baseline_match = base == out
-    return DecodeResult(tokens=out, stats=stats, baseline_tokens=base)
+    prompt, draft_src, config = prepare_decode(target, drafter, input_ids, criterion, k, tree, max_new_tokens,
+                                               eos_token_id=eos_token_id, certificates=certificates,
+                                               tokenizer=tokenizer, on_round=on_round, stop=stop)
+    t0 = time.perf_counter()
+    out, stats = decode_loop(target, draft_src, prompt, config)
+    stats.seconds = time.perf_counter() - t0
+    stats.repeat_seconds = [stats.seconds]
+    return DecodeResult(tokens=out, stats=stats)
 
 
-def decode_loop(target, draft_src, prompt, rule, widths, expand_all, summary_k, eos, certificates,
-                 max_new_tokens, stats: DecodeStats, on_round, stop=None, layout: Layout | None = None) -> list[int]:
-    """The rounds of one speculative decode, counted into ``stats``; returns the new tokens.
+def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfig) -> tuple[list[int], DecodeStats]:
+    """The rounds of one speculative decode: (the new tokens, their statistics).
 
-    ``layout``: the target's ``state.Layout`` (None: worked out here).  On a target that verifies
-    chains only, a drafter's tree is cut to its first-ranked path (``state.chain_of``)."""
-    with_hidden = bool(getattr(draft_src, "needs_target_hidden", False))
+    On a target that verifies chains only (``config.layout``), a drafter's tree is cut to its
+    first-ranked path (``models.cache_state.chain_of``)."""
+    row = DecodeRow(prompt, drafter, config.new_stats())
+    forwards0 = drafter.forwards
+    with_hidden = drafter.needs_target_hidden
     with torch.inference_mode():
-        state = CacheState(target, layout)  # the target's cache and its rollback (state.py)
+        state = CacheState(target, config.layout)  # the target's cache and its rollback (models/cache_state.py)
         chains_only = state.layout.tree_refusal() is not None
-        draft_src.start(prompt)
-        seq, out = list(prompt), []
-        n_cached = n_observed = 0  # the target's cache holds seq[:n_cached]; the drafter has seen features of seq[:n_observed]
+        drafter.start(prompt)
+        n_observed = 0  # the drafter has seen the target's features of seq[:n_observed]
         clock = time.perf_counter
-        spent = stats.stage_seconds = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES), added up in place
-        while len(out) < max_new_tokens:
+        spent = row.stats.stage_seconds = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES), added up in place
+        ended = False
+        while not ended:
+            seq, n_cached = row.seq, row.n_cached
             t0 = clock()
-            draft = propose_draft(draft_src, seq, widths, expand_all, max_new_tokens - len(out) - 1)  # N nodes
+            draft = propose_draft(drafter, seq, config.widths, config.expand_all,
+                                  config.max_new_tokens - len(row.out) - 1)  # N nodes
             if chains_only:
                 draft = chain_of(draft)
             n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first
             n_cached, fed = catch_up(target, state.cache, n_cached, seq[n_cached:], len(draft), state.layout,
-                                     with_hidden, stats)
+                                     with_hidden, row.stats)
             if fed is not None and n_observed < n_cached:
-                draft_src.observe(fed[n_observed - n_before:])
+                drafter.observe(fed[n_observed - n_before:])
                 n_observed = n_cached
             t1 = clock()
             state.mark(n_cached)
             logits, hidden = verify(target, state.cache, n_cached, seq[n_cached:], draft, with_hidden,
-                                    state.layout, stats)  # [1 + N, V]
+                                    state.layout, row.stats)  # [1 + N, V]
             t2 = clock()
-            verdict = accept(rule, logits, draft, summary_k, eos)  # path, emitted tokens
+            verdict, log = settle(config, row.stats, logits, draft, spent)  # accept, certify, record
             t3 = clock()
-            certs = certify(rule, verdict, draft) if certificates else None  # per expanded node
-            t4 = clock()
-            log = record(stats, draft, verdict, certs)  # RoundLog, counted into stats
-
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached
                 rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
-                draft_src.observe(hidden[rows])
+                drafter.observe(hidden[rows])
                 n_observed = len(seq) + len(verdict.path)
-            draft_src.accept(verdict.path)
+            drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
-            n_cached = state.keep(len(seq), verdict.path, len(draft))
-            seq += verdict.emitted
-            out += verdict.emitted
-            t5 = clock()
-            for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
-                spent[i] += dt
-            if on_round is not None:
-                on_round(log)
-            if verdict.emitted and verdict.emitted[-1] in eos:
-                break
-            if stop is not None and (keep := stop(out)) is not None:
-                del out[keep:]
-                break
-    return out
+            row.n_cached = state.keep(len(seq), verdict.path, len(draft))
+            spent[0] += t1 - t0
+            spent[1] += t2 - t1
+            spent[4] += clock() - t3
+            ended = emit(config, row, verdict, log, config.on_round, config.stop)
+    row.stats.drafter_forwards = drafter.forwards - forwards0
+    return row.out, row.stats

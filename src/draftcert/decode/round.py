@@ -7,11 +7,12 @@
     certs   = certify(rule, verdict, draft)                     # KL(p || q) < radius at every expanded node
     log     = record(stats, draft, verdict, certs)              # the round's RoundLog, counted into DecodeStats
 
-The loops that run rounds (``engine.speculative_generate``, ``batch.batch_speculative_generate``),
-the cost curve that times them (``costs``) and the shape choice above it (``shape``, ``-k auto``)
+After verification both loops (``engine.decode_loop``, one prompt; ``batch``, one pass for many)
+run the same code on each row: ``settle`` (accept, certify, record) and ``emit`` (the row's new
+tokens, the round's callback, the end of the row); only the cache roll-back differs.  The loops, the
+cost curve that times the stages (``costs``) and the shape choice above it (``shape``, ``-k auto``)
 all import the stages from here, so the layers inside ``decode`` only go down:
-round -> costs -> shape -> engine -> batch.  ``resolve_criterion`` and ``summary_size`` (a round's
-rule and summary size) live here for the same reason.
+config -> round -> costs -> shape -> engine -> batch.
 
 Acceptance at a node whose target distribution is p and whose drafted children are c_1..c_m
 (m = 1 for a chain): the criterion's level-set rule keeps the children with p(c) not in the lower
@@ -23,50 +24,23 @@ ends; at a leaf it is the bonus token.  Certificates: see ``certify``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 
 from ..certificates import certify_rows, radius_rows
-from ..criteria import Criterion, LevelSet, Strict, TreeCoverage, parse_criterion
+from ..criteria import LevelSet, TreeCoverage
+from ..models.cache_state import Layout, layer_masks, layout_of
 from ..models.hf import forward_with_hidden, model_forward
+from ..models.tree_attention import DraftTree, tree_allowed, tree_position_ids
 from ..summary import Summary, summarize
-from .state import Layout, layer_masks, layout_of
+from .config import DecodeConfig
 from .stats import CertificateViolation, DecodeStats, RoundLog
-from .tree import DraftTree, parse_tree, tree_allowed, tree_position_ids
 
-__all__ = ["resolve_criterion", "summary_size", "propose_draft", "catch_up", "verify", "accept", "certify", "record", "Verdict",
-           "RoundCertificates"]
-
-
-def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, list[int], bool]:
-    """(criterion, token rule, widths per depth, expand_all).
-
-    ``tree:M`` means tree coverage: strict token test on a tree of width M
-    (``(M, k)`` unless ``tree`` is given).
-    """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k: expected an integer >= 1 (number of draft tokens per round), got {k!r}")
-    crit = parse_criterion(criterion)
-    shape = parse_tree(tree, k)
-    if isinstance(crit, TreeCoverage):
-        rule: LevelSet = Strict()
-        if shape is None:
-            shape = ([crit.m] * k, False)
-        elif max(shape[0]) != crit.m:
-            raise ValueError(f"criterion {crit.spec} needs a tree of width {crit.m}; got widths {shape[0]} (drop tree= or match it)")
-    elif isinstance(crit, LevelSet):
-        rule = crit
-    else:
-        raise ValueError(f"criterion: {crit.spec!r} is not a token-level rule")
-    widths, expand_all = shape if shape is not None else ([1] * k, False)
-    return crit, rule, widths, expand_all
-
-
-def summary_size(rule: LevelSet, widths: list[int], certificates: bool) -> int:
-    """The top-k size of a round's verification summary (``accept``'s ``summary_k``)."""
-    return max(16 if certificates else 2, rule.min_k, max(widths) + 1)
+__all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record", "settle", "emit", "Verdict",
+           "RoundCertificates", "DecodeRow"]
 
 
 # ---------------------------------------------------------------------------
@@ -77,14 +51,13 @@ def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool
     """The round's draft tree: ``widths`` cut to ``remaining`` (the tokens still allowed after the
     bonus one), so no draft runs past the length limit.  A suffix drafter's matches may run deeper
     than ``widths``; its ``depth_limit`` is set to ``remaining`` first."""
-    if hasattr(draft_src, "depth_limit"):
-        draft_src.depth_limit = remaining
-    return draft_src.propose(seq, widths[: min(len(widths), remaining)], expand_all)
+    draft_src.depth_limit = remaining
+    return draft_src.propose(seq, list(widths[: min(len(widths), remaining)]), expand_all)
 
 
 # The most rows a verification pass over recurrent state takes before the re-fed tokens are
 # caught up in a pass of their own: on a CPU passes of up to 16 rows cost about one (the
-# fastlinear / quantmm kernels read the weights once for 1..16 rows; docs/speed.md).
+# linear_chooser / block_matmul kernels read the weights once for 1..16 rows; docs/speed.md).
 MAX_PASS_ROWS = 16
 
 
@@ -295,3 +268,59 @@ def record(stats: DecodeStats, draft: DraftTree, verdict: Verdict, certs: RoundC
         log.certified_positions = sum(certs.certified)
     stats.add_round(log)
     return log
+
+
+# ---------------------------------------------------------------------------
+# after verification: the same code for a row of either loop
+
+
+@dataclass
+class DecodeRow:
+    """One prompt's decoding state: its drafter, its statistics, the sequence so far."""
+
+    prompt: list[int]
+    drafter: object  # a drafting.Drafter
+    stats: DecodeStats
+    seq: list[int] = field(default_factory=list)  # prompt + new tokens
+    out: list[int] = field(default_factory=list)  # new tokens
+    n_cached: int = 0  # the target's cache holds seq[:n_cached] for this row
+    index: int = 0  # the row's place in the caller's batch
+    done: bool = False
+
+    def __post_init__(self):
+        if not self.seq:
+            self.seq = list(self.prompt)
+
+
+def settle(config: DecodeConfig, stats: DecodeStats, logits: torch.Tensor, draft: DraftTree,
+           spent: list[float] | None = None) -> tuple[Verdict, RoundLog]:
+    """accept -> certify -> record on one row's verification logits [1 + N, V]: (the verdict, the
+    round's log, counted into ``stats``).  ``spent``: the accept, certify and record seconds are
+    added to its entries 2, 3 and 4 (``stats.STAGES``)."""
+    clock = time.perf_counter
+    t0 = clock()
+    verdict = accept(config.rule, logits, draft, config.summary_k, config.eos)
+    t1 = clock()
+    certs = certify(config.rule, verdict, draft) if config.certificates else None
+    t2 = clock()
+    log = record(stats, draft, verdict, certs)
+    if spent is not None:
+        spent[2] += t1 - t0
+        spent[3] += t2 - t1
+        spent[4] += clock() - t2
+    return verdict, log
+
+
+def emit(config: DecodeConfig, row: DecodeRow, verdict: Verdict, log: RoundLog, on_round=None, stop=None) -> bool:
+    """The round's emitted tokens onto ``row``, ``on_round(log)``; True where the row ends: EOS, the
+    length limit, or ``stop(new_tokens)`` returning n (the first n new tokens are kept)."""
+    row.seq += verdict.emitted
+    row.out += verdict.emitted
+    if on_round is not None:
+        on_round(log)
+    if verdict.emitted and verdict.emitted[-1] in config.eos:
+        return True
+    if stop is not None and (keep := stop(row.out)) is not None:
+        del row.out[keep:]
+        return True
+    return len(row.out) >= config.max_new_tokens

@@ -34,8 +34,8 @@ from ..criteria import TreeCoverage
 from ..models import eagle, parse_drafter_spec
 from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .costs import Costs, engine_costs, round_key, round_seconds
-from .round import resolve_criterion
-from .state import layout_of
+from .config import resolve_criterion
+from ..models.cache_state import layout_of
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
            "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args"]

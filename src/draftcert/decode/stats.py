@@ -117,7 +117,7 @@ class DecodeStats:
     k: int
     tree: list[int] | None  # widths per depth, None for a chain of k
     num_rounds: int = 0  # verification rounds (one target forward each, but see stepwise_forwards)
-    stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: decode.state)
+    stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: models.cache_state)
     catchup_forwards: int = 0  # target forwards feeding re-fed tokens of recurrent state on their own (round.catch_up)
     emitted: int = 0
     drafter_forwards: int = 0

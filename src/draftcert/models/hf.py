@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from . import lean
+from ..kernels import decoder_layers
 
 __all__ = [
     "cache_kwarg",
@@ -75,7 +75,7 @@ def new_cache(model=None, *, config=None):
     the last W - 1 positions and cannot be cropped back once the window is crossed, which a
     speculative round must do.  The window is still applied: by the model's own sliding mask (it
     measures the window in cache indices, which a full layer keeps equal to positions) or by the
-    engine's masks (``decode.state.layer_masks``).  The price is a full layer's memory.
+    engine's masks (``models.cache_state.layer_masks``).  The price is a full layer's memory.
     """
     from transformers import DynamicCache  # optional: models extra
     from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
@@ -164,7 +164,7 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
     input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
-    ready = lean.decoder_ready(model)  # the same bits without transformers' model-level plumbing (lean.py)
+    ready = decoder_layers.decoder_ready(model)  # the same bits without transformers' model-level plumbing (decoder_layers.py)
     if vocab_rows is not None or ready:
         h = _decoder_states(model, cache, input_ids, mask, position_ids, ready)  # [1, T, H]
         if vocab_rows is not None:
@@ -183,9 +183,9 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
 
 def _decoder_states(model, cache, input_ids: torch.Tensor, mask, position_ids, ready: bool) -> torch.Tensor:
     """The decoder's final hidden states [B, T, H] (after its norm): written out where ``ready``
-    (``lean.decoder_ready``), else the decoder module's forward."""
+    (``decoder_layers.decoder_ready``), else the decoder module's forward."""
     if ready:
-        return lean.lean_decoder(model, cache, input_ids, mask, position_ids)
+        return decoder_layers.lean_decoder(model, cache, input_ids, mask, position_ids)
     dec = model.get_decoder()
     return dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                **{cache_kwarg(dec): cache}).last_hidden_state
@@ -199,7 +199,7 @@ def head_rows(model, n: int):
     """A layer (a callable) whose first ``n`` outputs are ``model``'s output layer's first ``n`` (a GGUF
     head: ``GGUFLinear.first_rows``, the same bits; a dense head: its weight rows, float32 rounding of
     another GEMM shape); None for a head of another kind."""
-    from .quant import GGUFLinear  # the GGUF layer class (gguf and transformers are optional)
+    from ..gguf.layers import GGUFLinear  # the GGUF layer class (gguf and transformers are optional)
 
     head = model.get_output_embeddings()
     per = _PREFIX_HEADS.setdefault(head, {})
@@ -245,7 +245,7 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
     dec = model.get_decoder()
     if position_ids is None:
         position_ids = continued_positions(cache, len(ids), model.device)
-    if lean.decoder_ready(model):
+    if decoder_layers.decoder_ready(model):
         h = _decoder_states(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask,
                             position_ids, True)
         return model.get_output_embeddings()(h[:, -keep:, :])[0], h[0]

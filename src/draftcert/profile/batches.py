@@ -2,7 +2,7 @@
 
 For each chunk of prompts (planned by ``run.profile``: longest first, fixed size):
 
-1. :class:`~draftcert.profile.generate.GreedyRun` decodes the batch with a KV cache; each
+1. :class:`~draftcert.profile.greedy_steps.GreedyRun` decodes the batch with a KV cache; each
    step's target logits are summarised on the spot (``StepCertifier.summarize_step``) and
    kept as a :class:`PendingStep` (rows, position, tokens, summary);
 2. without a drafter, pending steps are certified as soon as about ``GROUP_ELEMENTS`` logits
@@ -34,7 +34,7 @@ from ..prompts import Prompt
 from ..summary import Summary
 from ..tracefile import accepted_column, certified_column, list_shards, radius_column, shard_name, trace_schema, write_shard
 from .distributed import DistInfo
-from .generate import GreedyRun, StepTimer, score_teacher_forced
+from .greedy_steps import GreedyRun, StepTimer, score_teacher_forced
 from .rollout import score_feature_drafter
 from .trace import BatchTrace, StepCertifier, StepRows
 

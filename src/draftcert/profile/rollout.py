@@ -2,7 +2,7 @@
 
 A feature (EAGLE-style) drafter drafts depth 1 of a round from the target's true features,
 and every deeper depth from its *own* predicted feature ``g`` of the node above
-(``decode.feature.FeatureDrafter.propose``).  Teacher-forced scoring (one drafter step per
+(``drafting.feature_drafter.FeatureDrafter.propose``).  Teacher-forced scoring (one drafter step per
 position, on the target's features) therefore gives the engine's drafts at depth 1 only.
 
 For replay, every round the replay can reach exactly (strict rules and tree:M always; relaxed
@@ -33,7 +33,7 @@ import torch
 from ..models.eagle import EagleDrafter, target_features
 from ..models.hf import left_pad
 from ..summary import topk_lowest_ids
-from .generate import StepTimer
+from .greedy_steps import StepTimer
 
 __all__ = ["ROLLOUT_DEPTH", "ROLLOUT_TOPK", "is_feature_model", "score_feature_drafter"]
 

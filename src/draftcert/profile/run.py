@@ -49,12 +49,12 @@ from ..criteria import DEFAULT_CRITERIA
 from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
 from ..models.hf import module_states, parse_dtype
 from ..models.loading import transformers_progress
-from ..models.quant import numerics_of
+from ..gguf.layers import numerics_of
 from ..prompts import encode_prompt
 from ..tracefile import list_shards
 from . import distributed as dist_mod
 from .batches import RED, RESET, BatchContext, run_batches, trace_stats
-from .generate import StepTimer
+from .greedy_steps import StepTimer
 from .rollout import is_feature_model
 from .settings import (
     RunRecord,

@@ -8,7 +8,7 @@ predict the speed of each configuration, and explain every rejection (``draftcer
 """
 
 from .api import REPLAY_FORMAT, ReplayResult, format_table, replay, write_replay
-from .data import NO_DRAFTER_MESSAGE, ReplayTrace, load_replay_trace
+from .trace_reader import NO_DRAFTER_MESSAGE, ReplayTrace, load_replay_trace
 from .explain import CATEGORIES, DEFAULT_EPSILON, explain
 from .speed import calibrate
 from .walk import ConfigReplay, Round, Shape, default_shapes, parse_shape, replay_config

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..fileio import json_value, write_json
 from ..models import DEFAULT_DRAFTER, parse_drafter_spec
-from .data import ReplayTrace, load_replay_trace, load_tokenizer, prompt_token_ids
-from .figures import write_figures
+from .trace_reader import ReplayTrace, load_replay_trace, load_tokenizer, prompt_token_ids
+from .speed_figures import write_figures
 from ..decode.costs import Costs
 from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
@@ -97,7 +97,7 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
 
     drafter: None or the trace's drafter (the model drafter alone), or ``DRAFTER+suffix`` with DRAFTER
     the trace's (``default+suffix`` for the shipped default, ``draftcert decode``'s default): its tree
-    plus suffix-match candidates, as ``decode.suffix.HybridDrafter`` drafts (``walk.walk_prompt_suffix``).
+    plus suffix-match candidates, as ``drafting.suffix.HybridDrafter`` drafts (``walk.walk_prompt_suffix``).
     The candidates come from the prompt, the output so far and the earlier prompts' outputs, so the
     prompts are replayed in decode order with one suffix index carried across them: ``prompts`` =
     [(id, token ids), ...] in that order, or None to read them again from the run's prompt source

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..fileio import json_value, write_json
 from .api import ReplayResult
-from .data import load_tokenizer  # noqa: F401 - re-exported: explain's text comes from the run's tokenizer
+from .trace_reader import load_tokenizer  # noqa: F401 - re-exported: explain's text comes from the run's tokenizer
 from .walk import rule_kind
 
 __all__ = ["explain", "Event", "DEFAULT_EPSILON", "CATEGORIES", "format_explain", "load_tokenizer"]

@@ -36,9 +36,9 @@ import torch
 
 from ..decode.costs import (Costs, EngineJobs, overhead_inputs, round_key, round_seconds, time_interleaved,
                             tree_for)
-from ..decode.drafters import make_drafter
+from ..drafting.make import make_drafter
 from ..decode.timing import SPREAD_LIMIT, spread
-from ..decode.tree import crop_cache
+from ..models.tree_attention import crop_cache
 from ..models.hf import forward_with_hidden, model_forward, new_cache, vocab_size_of
 from .walk import ConfigReplay, Shape
 
@@ -128,7 +128,7 @@ def calibrate(target, drafter, shapes: list[Shape], *, context: int = 128, promp
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, min(V, 256), (context + 64,), generator=g).tolist()
     src = make_drafter(drafter, target)
-    feature = bool(getattr(src, "needs_target_hidden", False))
+    feature = src.needs_target_hidden
     tcache = new_cache(target)
     seq = ids[: context + 1]
     if feature:

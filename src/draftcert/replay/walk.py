@@ -31,10 +31,10 @@ from math import prod
 
 from ..criteria import TreeCoverage, parse_criterion
 from ..decode.stats import DecodeStats
-from ..decode.suffix import SuffixIndex, SuffixStore, graft
-from ..decode.tree import DraftTree
+from ..drafting.suffix import SuffixIndex, SuffixStore, graft
+from ..models.tree_attention import DraftTree
 from ..tracefile import ROLLOUT_MASK_WIDTH, accept_mask_column, rollout_mask_column
-from .data import PromptTrace, ReplayTrace
+from .trace_reader import PromptTrace, ReplayTrace
 
 __all__ = ["Shape", "default_shapes", "parse_shape", "Round", "ConfigReplay", "replay_config", "rule_kind",
            "walk_prompt", "walk_prompt_suffix", "new_suffix_index"]
@@ -327,7 +327,7 @@ def _check_shape(pt: PromptTrace, spec: str, shape: Shape) -> str:
 
 
 def new_suffix_index() -> SuffixIndex:
-    """The suffix index a replay of ``DRAFTER+suffix`` drives: ``decode.suffix.HybridDrafter``'s default
+    """The suffix index a replay of ``DRAFTER+suffix`` drives: ``drafting.suffix.HybridDrafter``'s default
     settings, on a store of its own (``SuffixStore()``'s bounds) that starts empty, so that no output
     of this process leaks into the replay (``SHARED_STORE`` is left alone)."""
     return SuffixIndex(store=SuffixStore())
@@ -335,7 +335,7 @@ def new_suffix_index() -> SuffixIndex:
 
 def walk_prompt_suffix(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, prompt: list[int],
                        index: SuffixIndex, feature: bool = False, max_depth: int | None = None) -> list[Round]:
-    """Replay one prompt with ``DRAFTER+suffix`` (``decode.suffix.HybridDrafter``): every round's tree is
+    """Replay one prompt with ``DRAFTER+suffix`` (``drafting.suffix.HybridDrafter``): every round's tree is
     the model drafter's tree with the suffix candidate chain grafted onto it, as the engine builds it.
 
     ``prompt``: the prompt's token ids; ``index``: the suffix index, carried from prompt to prompt in

@@ -3,13 +3,13 @@
 ``write_report(out_dir)`` reads every trace shard ``out_dir/trace/rank*.parquet``
 (all ranks; ``draftcert.tracefile``) and ``out_dir/run.json`` and writes, each atomically:
 
-* ``summary.json``  -- per-criterion statistics (see ``report/summary.py``)
+* ``summary.json``  -- per-criterion statistics (see ``report/run_summary.py``)
 * ``figures/*.png`` -- radius CDF, certified fraction by margin, certified
   length against eps, and with a drafter KL-vs-radius and rates by margin
 * ``report.md`` (figures linked relatively) and ``report.html`` (self-contained)
 
 The report does not replay: a caller that wants the "Replay" section computes it
-(``draftcert.replay.report.section_for_report``) and passes it as ``replay=``.
+(``draftcert.replay.report_section.section_for_report``) and passes it as ``replay=``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..fileio import atomic_write, json_value, write_json
 from ..tracefile import load_run, run_epsilons, run_shards
 from .figures import write_figures
 from .render import print_terminal, render_html, render_markdown, skipped_section
-from .summary import read_trace, run_notes, summarize_trace
+from .run_summary import read_trace, run_notes, summarize_trace
 
 __all__ = ["write_report"]
 
@@ -29,7 +29,7 @@ def write_report(out_dir, *, replay: dict | None = None, verbose: bool = True) -
     """Summarise a profile run directory and write the report files into it.
 
     ``replay``: the "Replay" section, appended last, or None for none.  It is the dict of
-    ``draftcert.replay.report.section_for_report(out_dir)`` (None there too when the trace has
+    ``draftcert.replay.report_section.section_for_report(out_dir)`` (None there too when the trace has
     no drafter): ``{"md": str, "html": str, "figures": [Path], "summary": dict}`` (the summary
     goes to ``summary.json["replay"]``; an optional ``"notes": [str]`` joins the report's notes), or
     ``{"note": str, "fix": str}`` when the section could not be built: the note is listed with the

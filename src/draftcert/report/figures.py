@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import atomic_path
-from .summary import eps_key
+from .run_summary import eps_key
 
 
 DPI = 110

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..textfit import column_groups, terminal_width
 from .figures import PAGE_WIDTH_PX
-from .summary import eps_key, stat_value
+from .run_summary import eps_key, stat_value
 
 HOW_TO_READ = (
     "Each verification rule (criterion) accepts a drafted token exactly when the token is not in a "

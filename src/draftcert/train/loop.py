@@ -32,7 +32,7 @@ from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
 from ..prompts import load_prompts
-from .data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
+from .distill_data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
                    template_prefix_tokens, token_batches, write_prompts)
 from .objective import OBJECTIVES, batch_loss, evaluate
 from .user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, user_eval_prompts

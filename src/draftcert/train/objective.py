@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..certificates import certify_rows
 from ..summary import summarize
-from .data import collate
+from .distill_data import collate
 
 __all__ = ["OBJECTIVES", "teacher_terms", "kl_from_terms", "kl_full", "certificate_loss", "unrolled", "batch_loss",
            "evaluate"]

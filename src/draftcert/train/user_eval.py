@@ -31,7 +31,7 @@ import torch
 
 from ..fileio import atomic_path, write_json
 from ..prompts import Prompt, load_prompts
-from .data import answer_prompts
+from .distill_data import answer_prompts
 from .objective import unrolled
 
 __all__ = ["USER_EVAL_SOURCES", "USER_EVAL_KEY", "user_eval_prompts", "acceptance_by_depth",

@@ -1,0 +1,104 @@
+"""The feature drafter in the decoding loop (``FeatureDrafter``); the verification forward that also
+returns the target's hidden states is ``models.hf.forward_with_hidden``.
+
+A feature drafter (``draftcert.models.eagle.EagleDrafter``) drafts from pairs (token x_{s+1},
+target feature f_s).  The engine hands it the target's final hidden states of every position the
+verification pass kept (``observe``), so after a round it knows f_s for every cached position
+s < n_cached = len(seq) - 1, which is exactly what the next draft needs:
+
+    propose:  catch up on the new pairs (x_{s+1}, f_s) in one drafter step (true features, kept
+              in the drafter's KV cache); its last row gives q at the root and the feature g
+              guessed for the root; each drafted node is then fed (its token, its parent's g).
+    accept:   drop every drafted node from the drafter's cache: next round re-feeds the
+              accepted tokens with the target's true features.
+
+The first round has no feature yet, so it drafts nothing: its verification pass is the prefill.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .tree_growth import grow_tree
+from ..models.tree_attention import DraftTree, crop_cache
+from .protocol import Drafter
+
+__all__ = ["FeatureDrafter"]
+
+
+class FeatureDrafter(Drafter):
+    """Drafter interface (start / propose / observe / accept / fork) around an ``EagleDrafter``."""
+
+    needs_target_hidden = True
+
+    def __init__(self, model):
+        self.model = model
+        self.forwards = 0
+        self.cache = None
+        self.feats = None
+        self.n_valid = 0
+
+    @property
+    def model_drafter(self) -> "FeatureDrafter":
+        return self
+
+    def fork(self) -> "FeatureDrafter":
+        """A fresh drafter on the same feature-drafter model (shared weights; its own cache and features)."""
+        return FeatureDrafter(self.model)
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.cache = self.model.new_cache()
+        self._head = self.model.head_weight()  # the draft-vocabulary rows of the target's head, gathered once
+        self.feats = None
+        self.n_valid = 0  # pairs (x_{s+1}, f_s), s < n_valid, are in the drafter's cache
+
+    def observe(self, hidden: torch.Tensor) -> None:
+        """Target features of the positions the target's cache just gained (in order)."""
+        h = hidden.detach().to(self.model.fc.weight.dtype)
+        self.feats = h if self.feats is None else torch.cat([self.feats, h], 0)
+
+    @property
+    def n_feat(self) -> int:
+        return 0 if self.feats is None else int(self.feats.shape[0])
+
+    def _step(self, tokens, feats, pos, mask):
+        self.forwards += 1
+        dev = self.model.fc.weight.device
+        g, red, tail = self.model.step(
+            torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask, cache=self.cache,
+            head_weight=self._head,
+        )
+        return g[0], self.model.full_logits(red[0], tail[0])
+
+    def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
+        n_feat = self.n_feat
+        if not widths or n_feat == 0:
+            return DraftTree()
+        if n_feat > len(seq) - 1:
+            raise RuntimeError(f"feature drafter: {n_feat} features for a sequence of {len(seq)} tokens")
+        m = self.model
+        dev, dt = m.fc.weight.device, m.fc.weight.dtype
+        # Depth 0: the new pairs (x_{s+1}, f_s) for s in [n_valid, n_feat), causal over the cache.
+        new = n_feat - self.n_valid
+        if new <= 0:
+            raise RuntimeError("feature drafter: no new target features since the last round")
+        pos = torch.arange(self.n_valid, n_feat, device=dev)[None]
+        allowed = torch.ones(new, self.n_valid + new, dtype=torch.bool, device=dev).tril(self.n_valid)
+        mask = torch.zeros(new, self.n_valid + new, dtype=dt, device=dev).masked_fill_(~allowed, torch.finfo(dt).min)
+        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, mask[None, None])
+        self.n_valid = n_feat
+        # g_of[n]: the feature the drafter guessed at node n (-1: the root); a node is fed its parent's.
+        g_of = {-1: g[-1]}
+
+        def feed(tree, nodes, mask, pos):
+            feats = torch.stack([g_of[tree.parents[n]] for n in nodes])  # [len(nodes), H]
+            g, q = self._step([tree.tokens[n] for n in nodes], feats, pos, mask)
+            g_of.update(zip(nodes, g))
+            return q
+
+        tree, _ = grow_tree(q[-1:], widths, expand_all, feed, n_prefix=n_feat, device=dev, dtype=dt)
+        return tree
+
+    def accept(self, path: list[int]) -> None:
+        """Forget the drafted nodes; the accepted ones come back next round with true features."""
+        crop_cache(self.cache, self.n_valid)

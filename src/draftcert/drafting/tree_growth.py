@@ -1,0 +1,77 @@
+"""Growing a round's draft tree from a drafter's distributions: the one loop and the one tie rule.
+
+Both model-based drafters (``drafters.ModelDrafter``, a causal LM; ``feature.FeatureDrafter``, a
+feature drafter) grow their trees here; they differ only in how they compute q for the nodes
+they are fed (``feed``).  Starting from q at the root (the last accepted token), for depth
+d = 1 .. len(widths), with w = widths[d - 1]:
+
+    expand   every node of the front gets its top-w tokens as children, from its q row
+             (``top_children``: by value, descending; the lower token id first among equal values);
+    feed     unless d is the last depth, the next front is fed to the drafter for its q rows:
+             with ``expand_all`` every new node (tree attention over the nodes fed before it),
+             else only the first front node's greedy child (a chain: plain causal attention).
+
+Tie rule: ``summary.topk_lowest_ids``, deterministic on every device, and the order the profile's
+trace records.  Exact ties are real: a feature drafter gives every token outside its draft
+vocabulary one shared logit.  (``torch.topk`` leaves the order of equal values unspecified.)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..summary import topk_lowest_ids
+from ..models.tree_attention import DraftTree, tree_attention_mask, tree_position_ids
+
+__all__ = ["top_children", "grow_tree"]
+
+# feed(tree, nodes, mask, position_ids) -> q rows [len(nodes), V] after feeding ``nodes`` (their tokens).
+Feed = Callable[[DraftTree, list[int], torch.Tensor | None, torch.Tensor], torch.Tensor]
+
+
+def top_children(q: torch.Tensor, w: int) -> torch.Tensor:
+    """[rows, w] token ids: each row of q [rows, V] ranked by value, descending, lower id first among ties."""
+    if w == 1:
+        return q.argmax(-1, keepdim=True)  # torch.argmax: the lowest index among ties (documented)
+    return topk_lowest_ids(q, w)[1]
+
+
+def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: Feed, *, n_prefix: int,
+              device, dtype: torch.dtype) -> tuple[DraftTree, list[int]]:
+    """The draft tree (with ``tree.q``: the q rows it was expanded from, [len(expanded), V]) and the
+    nodes fed to the drafter, in the order they were fed.
+
+    root_q     [1, V]: the drafter's q at the root.
+    feed       ``feed(tree, nodes, mask, position_ids)`` feeds ``nodes`` after everything fed before and
+               returns their q rows [len(nodes), V].  ``mask`` is None for a chain (plain causal attention
+               after the cache), else the additive tree mask [1, 1, len(nodes), n_prefix + fed + len(nodes)];
+               ``position_ids`` [1, len(nodes)]: a node at depth d sits at n_prefix - 1 + d.
+    n_prefix   positions in the drafter's cache before the tree (the root is the last of them).
+    device, dtype   where the mask is built, and its dtype (the drafter's compute dtype).
+    """
+    tree = DraftTree()
+    fed: list[int] = []
+    front, front_q = [-1], root_q
+    q_rows = []
+    for d, w in enumerate(widths, 1):
+        q_rows.append(front_q)
+        children = []
+        for f, row in zip(front, top_children(front_q, w).tolist()):
+            tree.expanded.append(f)
+            tree.widths.append(w)
+            children.append([tree.add(t, f) for t in row])
+        if d == len(widths):
+            break
+        front = [n for group in children for n in group] if expand_all else [children[0][0]]
+        pos = tree_position_ids(n_prefix, 0, torch.tensor([tree.depths[n] for n in front], device=device))
+        mask = None
+        if expand_all:
+            anc = tree.ancestors(device)
+            kv, qn = torch.tensor(fed + front, device=device), torch.tensor(front, device=device)
+            mask = tree_attention_mask(n_prefix, 0, anc, kv, qn, dtype)
+        front_q = feed(tree, front, mask, pos)
+        fed.extend(front)
+    tree.q = torch.cat(q_rows, 0)
+    return tree, fed

@@ -1,0 +1,88 @@
+"""row_attention: attention one query row at a time, the same bits for a row in a pass of any size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftcert.kernels import row_attention
+
+needs_kernel = pytest.mark.skipif(not row_attention.LIBRARY.available(), reason=f"no row_attention kernel: {row_attention.LIBRARY.reason()}")
+
+
+def _case(B=2, H=6, Hkv=2, M=9, S=40, D=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, n, D, generator=g) for h, n in ((H, M), (Hkv, S), (Hkv, S)))
+    return q, k, v
+
+
+@needs_kernel
+@pytest.mark.parametrize("D", [64, 80, 7])
+def test_matches_sdpa(D):
+    q, k, v = _case(D=D)
+    B, H, M, _ = q.shape
+    S = k.shape[2]
+    mask = torch.ones(M, S, dtype=torch.bool).tril(S - M)[None, None].expand(B, 1, M, S).clone()
+    mask[1, 0, :, 3] = False  # a hole (a tree's or a window's)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
+    got = row_attention.attention(q, k, v, mask, D ** -0.5)
+    assert got.shape == (B, M, H, D) and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    none = row_attention.attention(q, k, v, None, D ** -0.5)
+    assert torch.allclose(none, F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_row_alone_and_in_any_pass_is_the_same_bits():
+    q, k, v = _case(B=1, M=16, S=50)
+    M, S = q.shape[2], k.shape[2]
+    full = torch.ones(M, S, dtype=torch.bool).tril(S - M)[None, None]
+    all_rows = row_attention.attention(q, k, v, full, 0.125)
+    for i in range(M):  # the decode step of row i: its one query, the keys up to its position, no mask
+        L = S - M + i + 1
+        alone = row_attention.attention(q[:, :, i:i + 1], k[:, :, :L], v[:, :, :L], None, 0.125)
+        assert torch.equal(alone[:, 0], all_rows[:, i]), i
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(row_attention.attention(q, k, v, full, 0.125), all_rows)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_a_model_scores_a_token_the_same_in_a_pass_of_any_size():
+    """A tiny llama with row-invariant attention and float32 linears computed one row at a time:
+    the logits of 6 tokens scored together equal the 6 decode steps' bits."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from draftcert.kernels.attention import use_row_invariant_attention
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).eval()
+    assert use_row_invariant_attention(model) == 2
+
+    class RowLinear(torch.nn.Module):  # batch invariant stand-in for block_matmul: one row at a time
+        def __init__(self, lin):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            flat = x.reshape(-1, x.shape[-1])
+            return torch.cat([self.lin(r[None]) for r in flat]).reshape(*x.shape[:-1], -1)
+
+    for name, mod in list(model.named_modules()):
+        for attr, child in list(mod.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(mod, attr, RowLinear(child))
+    ids = torch.randint(0, 64, (1, 14))
+    with torch.no_grad():
+        c = DynamicCache()
+        model(ids[:, :8], past_key_values=c, use_cache=True)
+        together = model(ids[:, 8:], past_key_values=c, use_cache=True).logits[0]
+        c2 = DynamicCache()
+        model(ids[:, :8], past_key_values=c2, use_cache=True)
+        steps = torch.cat([model(ids[:, i:i + 1], past_key_values=c2, use_cache=True).logits[0] for i in range(8, 14)])
+    assert torch.equal(together, steps)

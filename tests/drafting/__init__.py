@@ -1,0 +1,1 @@
+"""Tests of draftcert.drafting: the drafters and the tree-growing loop."""

@@ -1,0 +1,99 @@
+"""The shared tree-growing loop (``drafting.tree_growth``): what it feeds a drafter, and the one tie rule.
+
+Both drafters with a distribution (a causal LM's ``ModelDrafter``, the ``FeatureDrafter``) are
+driven to exact ties of q (every odd token id gets one top logit) and must draft the same trees,
+lowest token id first, in chains and full trees (``torch.topk`` leaves the order of ties open).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from draftcert.drafting.make import ModelDrafter
+from draftcert.drafting.feature_drafter import FeatureDrafter
+from draftcert.drafting.tree_growth import grow_tree, top_children
+from draftcert.models.eagle import EagleDrafter
+from draftcert.models.hf import forward_with_hidden, new_cache
+from draftcert.summary import topk_lowest_ids
+
+TOP = 100.0  # the logit every odd token id shares: far above any other
+SEQ = [5, 17, 200, 3, 42, 9]
+
+
+def _odd_ids_on_top(module, inputs, out):
+    out = out.clone()
+    out[..., 1::2] = TOP
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafters(target_factory):
+    """(ModelDrafter, FeatureDrafter), each of whose q puts every odd token id at one equal top value."""
+    target, _ = target_factory()
+    lm = copy.deepcopy(target)
+    lm.lm_head.register_forward_hook(_odd_ids_on_top)
+    # a feature drafter whose draft vocabulary is the even ids: the odd ones share the tail logit
+    eagle = EagleDrafter(target, torch.arange(0, target.config.vocab_size, 2)).to(torch.float64).eval()
+    with torch.no_grad():
+        eagle.tail.bias.fill_(TOP)
+    return ModelDrafter(lm), FeatureDrafter(eagle), target
+
+
+def _propose(drafter, target, widths, expand_all):
+    with torch.inference_mode():
+        drafter.start(SEQ)
+        if isinstance(drafter, FeatureDrafter):  # the target's features of the cached prefix
+            _, hidden = forward_with_hidden(target, new_cache(target), SEQ[:-1], 1)
+            drafter.observe(hidden)
+        return drafter.propose(SEQ, widths, expand_all)
+
+
+@pytest.mark.parametrize("widths, expand_all", [([1, 1, 1], False), ([3, 3, 3], False), ([3, 2], True),
+                                                ([2, 2, 2], True)])
+def test_both_drafters_break_exact_ties_to_the_lowest_id(drafters, widths, expand_all):
+    model_drafter, feature_drafter, target = drafters
+    trees = [_propose(d, target, widths, expand_all) for d in (model_drafter, feature_drafter)]
+    for tree in trees:
+        odd = tree.q[:, 1::2]
+        assert (odd == odd[:, :1]).all() and (tree.q.max(-1).values == odd[:, 0]).all()  # the ties are real
+        children = tree.children_table()
+        for e, (node, w) in enumerate(zip(tree.expanded, tree.widths)):
+            kids = [tree.tokens[c] for c in children[node + 1]]
+            assert kids == list(range(1, 2 * w, 2))  # the w lowest odd ids, in increasing order
+            assert kids == topk_lowest_ids(tree.q[e : e + 1], w)[1][0].tolist()
+    a, b = trees
+    assert (a.tokens, a.parents, a.expanded, a.widths) == (b.tokens, b.parents, b.expanded, b.widths)
+
+
+def test_top_children_ranks_by_value_then_lowest_id():
+    q = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0]])
+    assert top_children(q, 1).tolist() == [[1]]
+    assert top_children(q, 3).tolist() == [[1, 3, 4]]
+    assert top_children(q, 4).tolist() == [[1, 3, 4, 2]]
+
+
+def test_grow_tree_feeds_chains_causally_and_trees_with_their_mask():
+    V, n_prefix = 8, 5
+    calls = []
+
+    def feed(tree, nodes, mask, pos):
+        calls.append((list(nodes), None if mask is None else tuple(mask.shape), pos.tolist()))
+        return torch.arange(V, dtype=torch.float64).flip(0).expand(len(nodes), V)  # q ranks token 0 first
+
+    root = torch.zeros(1, V, dtype=torch.float64)  # all tied: children 0, 1, ...
+    tree, fed = grow_tree(root, [2, 2, 1], False, feed, n_prefix=n_prefix, device="cpu", dtype=torch.float64)
+    # a chain of greedy children: one node per feed, plain causal attention, position n_prefix - 1 + depth
+    assert calls == [([0], None, [[5]]), ([2], None, [[6]])] and fed == [0, 2]
+    assert tree.tokens == [0, 1, 0, 1, 0] and tree.parents == [-1, -1, 0, 0, 2]
+    assert tree.q.shape == (3, V)
+
+    calls.clear()
+    tree, fed = grow_tree(root, [2, 2, 1], True, feed, n_prefix=n_prefix, device="cpu", dtype=torch.float64)
+    # every new node is fed; the mask covers the prefix, the nodes fed before and the new ones
+    assert calls == [([0, 1], (1, 1, 2, n_prefix + 2), [[5, 5]]),
+                     ([2, 3, 4, 5], (1, 1, 4, n_prefix + 6), [[6, 6, 6, 6]])]
+    assert fed == [0, 1, 2, 3, 4, 5] and len(tree) == 2 + 4 + 4
+    assert tree.q.shape == (1 + 2 + 4, V)
