@@ -10,7 +10,7 @@ from transformers import BatchEncoding
 
 from draftcert.cli import main
 from draftcert.decode import PromptLookupDrafter, greedy_generate, make_drafter, speculative_generate
-from draftcert.drafting.make import ModelDrafter
+from draftcert.drafting import ModelDrafter
 from draftcert.drafting.feature_drafter import FeatureDrafter
 from draftcert.models import DEFAULT_DRAFTER, load_drafter, load_target, parse_drafter_spec
 from draftcert.models.eagle import EagleDrafter

@@ -18,7 +18,7 @@ import draftcert.drafting.make as drafters_mod
 from draftcert.decode import (BatchDecodeResult, DecodeStats, PromptLookupDrafter, batch_speculative_generate,
                               greedy_generate, speculative_generate)
 from draftcert.decode import batch as batch_mod
-from draftcert.drafting.make import ModelDrafter
+from draftcert.drafting import ModelDrafter
 from draftcert.drafting.feature_drafter import FeatureDrafter
 from draftcert.models.eagle import EagleDrafter
 from draftcert.models.hf import left_pad
@@ -205,7 +205,7 @@ def test_bad_settings_and_a_drafter_without_fork(tiny, rows):
     with pytest.raises(ValueError, match="max_new_tokens"):
         batch_speculative_generate(target, drafter, rows[:2], max_new_tokens=0)
     with pytest.raises(ValueError, match="k: expected"):
-        batch_speculative_generate(target, drafter, rows[:2], k=0)
+        batch_speculative_generate(target, drafter, rows[:2], k=-1)
     one = batch_speculative_generate(target, _NoFork(), rows[:1], max_new_tokens=4)
     assert one.tokens == [greedy_generate(target, rows[0], 4)]
     with pytest.raises(ValueError, match="has no fork"):

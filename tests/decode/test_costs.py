@@ -163,7 +163,8 @@ def test_another_machines_curve_is_never_used(tiny_pair, monkeypatch):
 
 def test_decode_cli_picks_the_shape_and_says_why_in_one_line(ckpt, tmp_path, monkeypatch, capsys):
     """`draftcert decode` without -k: -k auto measures the curve once (then reads the cache), prints
-    one line with the chosen shape, the runner-up and where the costs came from, and stays lossless."""
+    one line with the adaptive draft length's start, the target alone's predicted rate and where the
+    figures came from, and stays lossless."""
     from draftcert.cli import main
 
     monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
@@ -172,26 +173,30 @@ def test_decode_cli_picks_the_shape_and_says_why_in_one_line(ckpt, tmp_path, mon
     assert main(argv) == 0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "-k auto:" in ln]
-    assert len(lines) == 1 and "predicted" in lines[0] and "runner-up" in lines[0]
+    assert len(lines) == 1 and "adaptive draft length" in lines[0] and "the target alone" in lines[0]
     assert "costs measured now" in lines[0] and "acceptance from default" in lines[0]
     assert main(argv) == 0
     again = [ln for ln in capsys.readouterr().err.splitlines() if "-k auto:" in ln]
     assert len(again) == 1 and "costs cached at" in again[0]
-    assert lines[0].split(" (predicted")[0] == again[0].split(" (predicted")[0]  # the same curve, the same choice
+    assert lines[0].split(" (predicted")[0] == again[0].split(" (predicted")[0]  # the same curve, the same start
 
 
 def test_speculative_generate_k_auto_is_the_clis_choice(tiny_pair):
-    """`speculative_generate(..., k="auto")` chooses the shape as `draftcert decode -k auto` does (the same
-    cost curve and acceptance), records it in the stats, stays lossless, and refuses an explicit tree."""
+    """`speculative_generate(..., k="auto")` decides as `draftcert decode -k auto` does: a chain rule gets
+    the adaptive draft length (recorded in the stats), a tree:M rule the best tree of its width (the same
+    cost curve and acceptance); both stay lossless, and an explicit tree is refused."""
     from draftcert.decode import greedy_generate, speculative_generate
+    from draftcert.decode.adaptive import MAX_K
     from draftcert.decode.shape import auto_shape
 
     target, _ = tiny_pair
     prompt = [3, 14, 15, 92, 65, 35]
     res = speculative_generate(target, "self:skip=1", prompt, "strict", k="auto", max_new_tokens=8)
-    choice, _ = auto_shape(target, make_drafter("self:skip=1", target), "self:skip=1")  # cached: no new timing
-    want = choice.best.engine_args()
-    assert res.stats.k == want["k"] and (res.stats.tree is None) == (want["tree"] is None)
+    assert res.stats.adaptive and res.stats.k == MAX_K and sum(res.stats.draft_lengths) == res.stats.num_rounds
+    assert res.tokens == greedy_generate(target, prompt, max_new_tokens=8)
+    res = speculative_generate(target, "self:skip=1", prompt, "tree:2", k="auto", max_new_tokens=8)
+    choice, _ = auto_shape(target, make_drafter("self:skip=1", target), "self:skip=1", tree_width=2)  # cached
+    assert not res.stats.adaptive and res.stats.tree == [2] * choice.best.engine_args()["k"]
     assert res.tokens == greedy_generate(target, prompt, max_new_tokens=8)
     with pytest.raises(ValueError, match="k='auto'"):
         speculative_generate(target, "self:skip=1", prompt, "strict", k="auto", tree=(2, 2), max_new_tokens=2)

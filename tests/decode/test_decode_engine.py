@@ -233,8 +233,9 @@ def test_different_vocabulary_is_refused_before_decoding(tiny, prompts):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"k": 0}, "k: expected an integer >= 1"),
-        ({"k": 2.5}, "k: expected an integer >= 1"),
+        ({"k": -1}, "k: expected an integer >= 0"),
+        ({"k": 2.5}, "k: expected an integer >= 0"),
+        ({"k": 0, "tree": (2, 2)}, "k: 0 drafts no tree"),
         ({"tree": (0, 3)}, "tree m"),
         ({"tree": (2, 0)}, "tree depth"),
         ({"tree": []}, "tree"),

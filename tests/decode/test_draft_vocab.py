@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftcert.decode import speculative_generate
-from draftcert.drafting.make import ModelDrafter, make_drafter
+from draftcert.drafting import ModelDrafter, make_drafter
 from draftcert.models.hf import model_forward, new_cache
 
 

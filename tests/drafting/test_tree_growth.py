@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from draftcert.drafting.make import ModelDrafter
+from draftcert.drafting import ModelDrafter
 from draftcert.drafting.feature_drafter import FeatureDrafter
 from draftcert.drafting.tree_growth import grow_tree, top_children
 from draftcert.models.eagle import EagleDrafter
@@ -97,3 +97,44 @@ def test_grow_tree_feeds_chains_causally_and_trees_with_their_mask():
                      ([2, 3, 4, 5], (1, 1, 4, n_prefix + 6), [[6, 6, 6, 6]])]
     assert fed == [0, 1, 2, 3, 4, 5] and len(tree) == 2 + 4 + 4
     assert tree.q.shape == (1 + 2 + 4, V)
+
+
+def test_the_confidence_stop_ends_a_chain_where_the_drafter_is_unsure():
+    """grow_tree with ``min_margin``: depth d is drafted only where the front's top-2 logit gap is at
+    least the margin; the chain ends at the first smaller gap (at the root: nothing drafted)."""
+    from draftcert.drafting.tree_growth import grow_tree, top2_margin
+
+    V = 8
+    gaps = [3.0, 2.0, 0.5, 4.0]  # the drafter's gap at depth 1, 2, 3, 4
+
+    def row(gap):
+        q = torch.zeros(1, V, dtype=torch.float64)
+        q[0, 5], q[0, 2] = gap, 0.0
+        q[0, 3] = -1.0
+        return q
+
+    def feed(tree, nodes, mask, pos):
+        return row(gaps[tree.depths[nodes[0]]])  # a node at depth d feeds the q of depth d + 1
+
+    assert top2_margin(row(2.0)) == 2.0
+    full, _ = grow_tree(row(gaps[0]), [1] * 4, False, feed, n_prefix=3, device="cpu", dtype=torch.float64)
+    assert len(full) == 4
+    for margin, drafted in ((0.4, 4), (1.0, 2), (2.5, 1), (3.5, 0)):
+        tree, fed = grow_tree(row(gaps[0]), [1] * 4, False, feed, n_prefix=3, device="cpu", dtype=torch.float64,
+                              min_margin=margin)
+        assert len(tree) == drafted, margin
+        assert (tree.q is None) == (drafted == 0) and (tree.q is None or tree.q.shape[0] == drafted)
+
+
+@pytest.mark.parametrize("margin", [0.0, 1.0, 1e9])
+def test_strict_with_a_confidence_stop_is_greedy(tiny, prompts, margin):
+    from draftcert.decode import greedy_generate, speculative_generate
+
+    target, drafter, _ = tiny
+    res = speculative_generate(target, drafter, prompts[1], "strict", k=4, max_new_tokens=24, draft_margin=margin)
+    assert res.tokens == greedy_generate(target, prompts[1], 24)
+    if margin == 1e9:  # never sure enough: nothing drafted, one target step a token
+        assert res.stats.num_drafts == 0 and res.stats.num_rounds == 24
+    with pytest.raises(ValueError, match="draft_margin"):
+        speculative_generate(target, drafter, prompts[1], "strict", k=4, max_new_tokens=4, draft_margin=-1.0)
+

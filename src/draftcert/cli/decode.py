@@ -10,9 +10,8 @@ import time
 from .. import models
 from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timed_generate, timing_footnote
 from ..decode.config import resolve_criterion
-from ..decode.engine import speculative_generate
+from ..decode.engine import auto_draft, speculative_generate
 from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
-from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
 from ..models.tree_attention import parse_tree
 from ..fileio import dumps_json
@@ -119,9 +118,15 @@ def _common(p) -> None:
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="a causal-LM drafter proposes only the "
                    "first N token ids: its output layer computes N rows (e.g. 32768 of the Qwen pair's 151936), the "
                    "other tokens get q = 0; strict stays lossless, and those drafts are never certified (docs/decoding.md)")
-    p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M), or 'auto': the "
-                   "chain or tree with the best predicted tokens/s from this machine's measured cost curve (decode's "
-                   f"default; bench's: {FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
+    p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M; 0: no drafts, "
+                   "the target alone), or 'auto': before each round, the chain length (0..6, none included) with the "
+                   "best predicted tokens/s from this machine's measured cost curve and the acceptance seen so far in "
+                   "the decode; tree:M gets the best tree, chosen once (decode's default; bench's: "
+                   f"{FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
+    p.add_argument("--draft-margin", type=float, default=None, metavar="NATS", help="the drafter's confidence stop: a "
+                   "drafter with a distribution ends its chain at the first depth where its top-2 logit gap is below "
+                   "NATS (fewer rows to verify where a rejection is likely; `draftcert replay DIR --fit-margin` fits it "
+                   "from a profile); default: never")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dtype", default=None, help="compute dtype of the target and of a drafter model: float32 (default), "
@@ -133,10 +138,12 @@ def _common(p) -> None:
 def _load(args):
     apply_pair(args)  # --pair NAME -> --target/--drafter (an error with either)
     apply_weights(args)  # --weights: what the embedded target / the pair's models compute from
-    if isinstance(args.k, int) and args.k < 1:
-        raise ValueError(f"-k: expected an integer >= 1, got {args.k}")
+    if isinstance(args.k, int) and args.k < 0:
+        raise ValueError(f"-k: expected an integer >= 0 (0: no drafts, the target alone) or 'auto', got {args.k}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {args.max_new_tokens}")
+    if args.draft_margin is not None and not 0 <= args.draft_margin < float("inf"):
+        raise ValueError(f"--draft-margin: expected a finite number of nats >= 0, got {args.draft_margin}")
     set_threads(args.threads)
     args.dtype = check_dtype(args.dtype)  # a typo costs no model load
     embedded = args.target in (None, "embedded")
@@ -165,7 +172,7 @@ def _k_value(text: str):
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'auto', got {text!r}") from None
 
 
 def _default_k(args, drafter) -> None:
@@ -175,25 +182,28 @@ def _default_k(args, drafter) -> None:
         args.k = FEATURE_K if drafter.needs_target_hidden else MODEL_K
 
 
-def _auto_k(args, target, drafter, dspec) -> None:
-    """-k auto (decode's default): the shape with the best predicted tokens/s (``decode/shape.py``), from
-    this machine's cost curve (``decode/costs.py``: measured on first use, then cached); one line says why."""
+def _auto_k(args, target, drafter, dspec):
+    """-k auto (decode's default): each round's chain length chosen during the decode, no draft included
+    (``decode/adaptive.py``), from this machine's cost curve (``decode/costs.py``: measured on first use,
+    then cached); for tree:M the best tree before it.  One line says what and why.  Returns the
+    adaptive draft length's factory (None: a fixed shape)."""
     if args.k not in (None, "auto"):
-        return
+        return None
     if args.tree is not None:  # --tree fixes the shape; k is not used
         args.k = None
         _default_k(args, drafter)
-        return
+        return None
     note = lambda msg: print(f"draftcert: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        shape, choice, source = auto_engine_args(target, drafter, dspec, args.criterion, on_note=note)
+        args.k, args.tree, _, factory, line = auto_draft(target, drafter, None, args.criterion, None, spec=dspec,
+                                                         on_note=note)
     except (AttributeError, TypeError, RuntimeError, ValueError) as exc:  # a drafter the measurement cannot drive
         args.k = None
         _default_k(args, drafter)
         note(f"-k auto: k={args.k} (the cost curve could not be measured for this drafter: {exc})")
-        return
-    args.k, args.tree = shape["k"], shape["tree"]
-    note(f"-k auto: {choice.why()}; {source}")
+        return None
+    note(line)
+    return factory
 
 
 def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None, draft_vocab: int | None = None):
@@ -234,7 +244,7 @@ def run_decode(args) -> int:
     target, tok, dspec = _load(args)
     ids = encode_prompt(tok, args.prompt)
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
-    _auto_k(args, target, drafter, dspec)
+    draft_length = _auto_k(args, target, drafter, dspec)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout
     color = use_color(args, out)
@@ -256,7 +266,8 @@ def run_decode(args) -> int:
 
     res = timed_generate(
         target, drafter, ids, args.criterion, k=args.k, tree=args.tree, max_new_tokens=args.max_new_tokens,
-        baseline=args.baseline, repeats=args.repeats, tokenizer=tok, on_round=on_round,
+        baseline=args.baseline, repeats=args.repeats, tokenizer=tok, on_round=on_round, draft_length=draft_length,
+        draft_margin=args.draft_margin,
     )
     s = res.stats.summary()
     s["warmup_seconds"] = warm
@@ -370,7 +381,8 @@ def run_bench(args) -> int:
             bar.set_postfix_str(spec)
             bar.update(1)
 
-        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats)
+        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats,
+                          draft_margin=args.draft_margin)
     finally:
         bar.close()
     if args.json:

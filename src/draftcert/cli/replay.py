@@ -15,7 +15,7 @@ from ..fileio import write_json
 from ..models import load_drafter, load_target
 from ..models.loading import transformers_progress, weights_for_numerics
 from ..prompts import encode_prompt, load_prompts
-from ..replay.api import calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
+from ..replay.api import DEFAULT_MARGINS, calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
 from ..replay.trace_reader import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
 from ..decode.costs import Costs, forward_count_costs
@@ -79,6 +79,12 @@ def add_parser(subparsers) -> None:
                    "trace's drafter")
     p.add_argument("--drafter-cost", type=float, default=None, metavar="R",
                    help="without calibration: predict speedup with a drafter forward costing R target forwards")
+    p.add_argument("--fit-margin", action="store_true", help="fit decode's --draft-margin: replay every chain again "
+                   "with the drafter stopping where its top-2 logit gap is below each of "
+                   + ", ".join(f"{m:g}" for m in DEFAULT_MARGINS) + " nats, and say which stop is fastest against the "
+                   "best fixed chain (needs predicted speed: --calibrate)")
+    p.add_argument("--margins", default=None, metavar="LIST", help="the confidence stops to fit, nats, comma-separated "
+                   "(implies --fit-margin)")
     p.add_argument("--full", action="store_true", help="print every configuration (default: chains, best depth per tree width, static trees)")
     p.add_argument("--no-figures", action="store_true", help="do not write figures")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (for --calibrate's timings)")
@@ -211,15 +217,21 @@ def run_replay(args) -> int:
     check_run_dir_writable(args.dir, "replay")
     trace = load_replay_trace(args.dir)
     drafter, prompts, dnote = choose_drafter(trace, args.drafter)  # decode's default where the trace allows
-    res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, drafter=drafter,
-                 prompts=prompts)  # validates before any model work
+    margins = args.margins if args.margins is not None else (DEFAULT_MARGINS if args.fit_margin else ())
+    try:
+        res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, drafter=drafter,
+                     prompts=prompts, margins=margins)  # validates before any model work
+    except ValueError as exc:
+        if str(exc).startswith("margins:"):
+            raise ValueError(f"--margins: {str(exc).removeprefix('margins: ')}") from None
+        raise
     # a calibration times every shape of every rule (the defaults) and those asked for, so that a later
     # `replay DIR` with other options and the report's Replay section find their costs in calibration.json
     shapes = calibration_shapes(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st) if args.calibrate else []
     costs = _load_costs(args, trace, shapes)
     if costs is not None:
         res = replay(trace, rules=args.rules, ks=ks, tree_widths=tw, static=st, costs=costs, drafter=drafter,
-                     prompts=prompts)
+                     prompts=prompts, margins=margins)
     if dnote:
         res.notes.append(dnote)
     paths = write_replay(args.dir, res, figures=not args.no_figures)

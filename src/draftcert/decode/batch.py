@@ -285,8 +285,8 @@ def _decode_rounds(target, states: list[DecodeRow], config: DecodeConfig, stop, 
     valid = torch.zeros(len(running), 0, dtype=torch.bool, device=target.device)  # [A, L] kept columns per row
     while running:
         # draft: per row, at batch 1 (never past the length limit)
-        drafts = [propose_draft(r.drafter, r.seq, config.widths, config.expand_all, config.max_new_tokens - len(r.out) - 1)
-                  for r in running]
+        drafts = [propose_draft(r.drafter, r.seq, config.widths, config.expand_all, config.max_new_tokens - len(r.out) - 1,
+                                config.min_margin) for r in running]
         pending = [r.seq[r.n_cached :] for r in running]
         logits, hidden, offsets = verify_batch(target, cache, valid, [r.n_cached for r in running], pending, drafts,
                                                with_hidden, config.layout)  # [A, 1 + max N, V], [A, W, H] or None

@@ -28,17 +28,20 @@ __all__ = ["timed_generate", "DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "
 
 def timed_generate(target, drafter, input_ids, criterion="strict", k: int | str = 4, tree=None,
                    max_new_tokens: int = 64, *, baseline: bool = False, repeats: int = 1, eos_token_id=None,
-                   certificates: bool = True, tokenizer=None, on_round=None, stop=None) -> DecodeResult:
+                   certificates: bool = True, tokenizer=None, on_round=None, stop=None,
+                   draft_length=None, draft_margin: float | None = None) -> DecodeResult:
     """``speculative_generate`` (same arguments) timed ``repeats`` times, and with ``baseline`` the
     target's own greedy decoding of the same prompt and length timed in turns with it (decode,
     baseline, baseline, decode, ...).  ``stats.seconds`` / ``baseline_seconds`` are medians,
     ``stats.timing_reliable`` is False when the repeats disagree by more than 20 %, ``stats.speedup``
-    and ``stats.baseline_match`` compare the two.  Only the first decode streams (``on_round``)."""
+    and ``stats.baseline_match`` compare the two.  Only the first decode streams (``on_round``).
+    ``draft_length``: ``engine.auto_draft``'s factory, with ``k`` its longest chain (``k="auto"`` does both)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
     prompt, draft_src, config = prepare_decode(target, drafter, input_ids, criterion, k, tree, max_new_tokens,
                                                eos_token_id=eos_token_id, certificates=certificates,
-                                               tokenizer=tokenizer, on_round=on_round, stop=stop)
+                                               tokenizer=tokenizer, on_round=on_round, stop=stop,
+                                               draft_length=draft_length, draft_margin=draft_margin)
     quiet = replace(config, on_round=None)
     first: dict = {}
     base: list[int] = []
@@ -72,7 +75,7 @@ DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]
 
 
 def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None,
-               repeats: int = 1) -> list[dict]:
+               repeats: int = 1, draft_margin: float | None = None) -> list[dict]:
     """One row per criterion spec over the given prompts (``tree:M`` -> a width-M tree of depth k).
 
     Each criterion's decodes of all the prompts are timed ``repeats`` times, the criteria taking
@@ -91,7 +94,7 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             runs = []
             for ids in prompts_ids:
                 runs.append(speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens,
-                                                 tokenizer=tokenizer).stats)
+                                                 tokenizer=tokenizer, draft_margin=draft_margin).stats)
                 if on_run is not None:
                     on_run(spec)
             st = reduce(DecodeStats.merge, runs)

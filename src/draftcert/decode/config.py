@@ -33,11 +33,18 @@ def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, lis
     """(criterion, token rule, widths per depth, expand_all).
 
     ``tree:M`` means tree coverage: strict token test on a tree of width M
-    (``(M, k)`` unless ``tree`` is given).
+    (``(M, k)`` unless ``tree`` is given).  ``k = 0`` (no tree): nothing is drafted, every round is
+    the target's own greedy step.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k: expected an integer >= 1 (number of draft tokens per round), got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k: expected an integer >= 0 (number of draft tokens per round; 0: no drafts), got {k!r}")
     crit = parse_criterion(criterion)
+    if k == 0:
+        if tree is not None or isinstance(crit, TreeCoverage):
+            raise ValueError("k: 0 drafts no tree; give k >= 1 with a tree or a tree:M rule")
+        if not isinstance(crit, LevelSet):
+            raise ValueError(f"criterion: {crit.spec!r} is not a token-level rule")
+        return crit, crit, [], False
     shape = parse_tree(tree, k)
     if isinstance(crit, TreeCoverage):
         rule: LevelSet = Strict()
@@ -56,7 +63,7 @@ def resolve_criterion(criterion, k: int, tree) -> tuple[Criterion, LevelSet, lis
 def summary_size(rule: LevelSet, widths, certificates: bool) -> int:
     """The top-k size of a round's verification summary (``round.accept``'s ``summary_k``).  Any k
     gives exact answers (rows needing more are re-sorted exactly); 16 covers peaked rows cheaply."""
-    return max(16 if certificates else 2, rule.min_k, max(widths) + 1)
+    return max(16 if certificates else 2, rule.min_k, max(widths, default=0) + 1)
 
 
 def check_max_new_tokens(max_new_tokens) -> None:
@@ -98,11 +105,20 @@ class DecodeConfig:
     layout: Layout
     on_round: Callable[[RoundLog], None] | None = None
     stop: Callable[[list[int]], int | None] | None = None
+    # -k auto: a new ``adaptive.AdaptiveDraftLength`` per decode, which picks each round's chain length
+    # in 0..k (``widths`` is then the longest chain); None: every round drafts ``widths``
+    draft_length: Callable[[], object] | None = None
+    # the drafter's confidence stop: its chain ends where its top-2 logit gap is below this (nats)
+    min_margin: float | None = None
 
     @classmethod
     def build(cls, target, criterion, k: int, tree, max_new_tokens: int, *, eos_token_id=None,
-              certificates: bool = True, on_round=None, stop=None) -> "DecodeConfig":
+              certificates: bool = True, on_round=None, stop=None, draft_length=None,
+              draft_margin: float | None = None) -> "DecodeConfig":
         """Check the arguments (ValueError naming the one that is wrong) and resolve them for ``target``."""
+        if draft_margin is not None and (isinstance(draft_margin, bool) or not isinstance(draft_margin, (int, float))
+                                         or not draft_margin >= 0 or draft_margin == float("inf")):
+            raise ValueError(f"draft_margin: expected a finite number of nats >= 0, got {draft_margin!r}")
         crit, rule, widths, expand_all = resolve_criterion(criterion, k, tree)
         check_max_new_tokens(max_new_tokens)
         tree_asked = tree is not None or isinstance(crit, TreeCoverage)
@@ -111,9 +127,11 @@ class DecodeConfig:
                    tree_shape=tuple(widths) if tree_asked else None,
                    summary_k=summary_size(rule, widths, certificates),
                    eos=frozenset(eos_token_ids(target, explicit=eos_token_id)), certificates=certificates,
-                   max_new_tokens=max_new_tokens, layout=layout, on_round=on_round, stop=stop)
+                   max_new_tokens=max_new_tokens, layout=layout, on_round=on_round, stop=stop,
+                   draft_length=draft_length, min_margin=None if draft_margin is None else float(draft_margin))
 
     def new_stats(self) -> DecodeStats:
         """Empty statistics named after this decode's rule and shape."""
         return DecodeStats(criterion=self.criterion.spec, k=self.k,
-                           tree=None if self.tree_shape is None else list(self.tree_shape))
+                           tree=None if self.tree_shape is None else list(self.tree_shape),
+                           adaptive=self.draft_length is not None)

@@ -11,7 +11,9 @@
     log     = record(stats, draft, verdict, certs)            # the round's RoundLog, counted into DecodeStats
     n_cached = state.keep(len(seq), verdict.path, len(draft)) # the target's cache back to seq + path (state.py)
 
-``k="auto"`` chooses the shape first (``shape.auto_engine_args``, from this machine's cost curve).
+``k="auto"``: each round's chain length is chosen before it (``adaptive.py``: this machine's cost
+curve and the acceptance seen so far; no draft is one choice), a ``tree:M`` rule's tree once
+(``shape.auto_engine_args``).
 
 Certificates (``certificates=True``): for every node expanded with drafter logits
 q, certified = KL(p || q) < radius, radius = radius(criterion, p) for a
@@ -39,9 +41,12 @@ from ..drafting import Drafter, ModelDrafter, make_drafter
 from ..models import check_compatible
 from ..models.cache_state import CacheState, chain_of
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
-from .config import DecodeConfig, check_max_new_tokens
+from ..criteria import TreeCoverage
+from ..models.tree_attention import DraftTree
+from .adaptive import MAX_K
+from .config import DecodeConfig, check_max_new_tokens, resolve_criterion
 from .round import DecodeRow, catch_up, emit, propose_draft, settle, verify
-from .shape import auto_engine_args
+from .shape import adaptive_draft_length, auto_engine_args
 from .stats import STAGES, DecodeStats, RoundLog
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "check_drafter_vocab", "prepare_decode",
@@ -140,27 +145,38 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     return out
 
 
-def _auto_shape(target, drafter, tokenizer, criterion, tree):
-    """``k="auto"``: (k, tree, the drafter object) of ``decode.shape.auto_engine_args``, as
-    ``draftcert decode -k auto`` chooses."""
+def auto_draft(target, drafter, tokenizer, criterion, tree, *, spec: str | None = None, on_note=None):
+    """``k="auto"``: (k, tree, the drafter object, ``DecodeConfig.draft_length``, the line that says
+    what was chosen and why), as ``draftcert decode -k auto`` chooses.  ``spec``: the drafter's
+    ``--drafter`` string where ``drafter`` is an object (its shipped acceptance and the cost cache key).
+
+    A chain rule gets the adaptive draft length (``adaptive.AdaptiveDraftLength``: each round's
+    chain length, no draft included, from the acceptance seen so far); a ``tree:M`` rule the best
+    tree of width M before the decode (``shape.auto_engine_args``)."""
     if tree is not None:
         raise ValueError("k='auto' chooses the chain or tree itself: pass tree=None, or an integer k with a tree")
     obj = make_drafter(drafter, target, tokenizer)
     # a spec names the drafter's shipped acceptance figures; an object is keyed by its class (0.3 prior)
-    spec = drafter if isinstance(drafter, str) else type(obj).__name__
-    args, _, _ = auto_engine_args(target, obj, spec, criterion)
-    return args["k"], args["tree"], obj
+    spec = spec or (drafter if isinstance(drafter, str) else type(obj).__name__)
+    if isinstance(resolve_criterion(criterion, 1, None)[0], TreeCoverage):
+        args, choice, source = auto_engine_args(target, obj, spec, criterion, on_note=on_note)
+        return args["k"], args["tree"], obj, None, f"-k auto: {choice.why()}; {source}"
+    factory, line = adaptive_draft_length(target, obj, spec, on_note=on_note)
+    return MAX_K, None, obj, factory, f"-k auto: {line}"
 
 
 def prepare_decode(target, drafter, input_ids, criterion="strict", k: int | str = 4, tree=None,
                    max_new_tokens: int = 64, *, eos_token_id=None, certificates: bool = True, tokenizer=None,
-                   on_round=None, stop=None) -> tuple[list[int], Drafter, DecodeConfig]:
+                   on_round=None, stop=None, draft_length=None,
+                   draft_margin: float | None = None) -> tuple[list[int], Drafter, DecodeConfig]:
     """Check ``speculative_generate``'s arguments before any work and resolve them: (the prompt's
-    ids, the drafter object, the ``DecodeConfig``); ``k="auto"`` is chosen here."""
+    ids, the drafter object, the ``DecodeConfig``); ``k="auto"`` is chosen here (``auto_draft``),
+    or given as ``k`` = the longest chain and its ``draft_length`` factory."""
     if isinstance(k, str) and k == "auto":
-        k, tree, drafter = _auto_shape(target, drafter, tokenizer, criterion, tree)
+        k, tree, drafter, draft_length, _ = auto_draft(target, drafter, tokenizer, criterion, tree)
     config = DecodeConfig.build(target, criterion, k, tree, max_new_tokens, eos_token_id=eos_token_id,
-                                certificates=certificates, on_round=on_round, stop=stop)
+                                certificates=certificates, on_round=on_round, stop=stop, draft_length=draft_length,
+                                draft_margin=draft_margin)
     prompt = as_prompt_ids(input_ids)
     vocab = vocab_size_of(target)
     if max(prompt) >= vocab or min(prompt) < 0:
@@ -184,6 +200,7 @@ def speculative_generate(
     tokenizer=None,
     on_round: Callable[[RoundLog], None] | None = None,
     stop: Callable[[list[int]], int | None] | None = None,
+    draft_margin: float | None = None,
 ) -> DecodeResult:
     """Greedy speculative decoding of one prompt.
 
@@ -200,24 +217,31 @@ def speculative_generate(
         ``tok.apply_chat_template(..., return_dict=True)`` return).
     criterion : spec string or Criterion: a level-set rule (``strict``,
         ``additive:0.1``, ...) or ``tree:M`` (tree coverage, strict test).
-    k : draft tokens per round for a chain (default tree depth for tree:M), or ``"auto"`` (the CLI's
-        default): the chain or tree with the best predicted tokens/s from this machine's cost curve
-        (measured on first use, then cached: ``decode.costs``) and the drafter's acceptance by depth
-        (``decode.shape.auto_engine_args``); ``stats.k`` / ``stats.tree`` record the choice.  With an
-        explicit ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
+    k : draft tokens per round for a chain (default tree depth for tree:M; 0: no drafts, the target's
+        own greedy steps), or ``"auto"`` (the CLI's default): for a chain rule, each round's chain
+        length in 0..6 with the best predicted tokens/s from this machine's cost curve (measured on
+        first use, then cached: ``decode.costs``) and the acceptance seen so far in this decode,
+        starting from the drafter's shipped acceptance by depth (``decode.adaptive``;
+        ``stats.draft_lengths`` counts the rounds of each length); for ``tree:M`` the width-M tree
+        with the best prediction, chosen once (``decode.shape.auto_engine_args``).  With an explicit
+        ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
     certificates : compute the per-position certificates (KL < radius).
     on_round : callback receiving each round's ``RoundLog`` as it is accepted (streaming).
     stop : called after each round with the new tokens so far; None continues, an integer n keeps
         the first n new tokens and ends the decode (stopping criteria; the round stays counted whole).
+    draft_margin : the drafter's confidence stop, in nats: a drafter with a distribution ends its
+        chain (or its tree's greedy path) at the first depth where its top-2 logit gap is below
+        this (``drafting.tree_growth``; ``draftcert replay --fit-margin`` fits it); None: never.
 
     ``stats.seconds`` is this decode's wall time.  Timing against the target alone, with repeats in
     turns, is ``decode.bench.timed_generate``.
     """
     prompt, draft_src, config = prepare_decode(target, drafter, input_ids, criterion, k, tree, max_new_tokens,
                                                eos_token_id=eos_token_id, certificates=certificates,
-                                               tokenizer=tokenizer, on_round=on_round, stop=stop)
+                                               tokenizer=tokenizer, on_round=on_round, stop=stop,
+                                               draft_margin=draft_margin)
     t0 = time.perf_counter()
     out, stats = decode_loop(target, draft_src, prompt, config)
     stats.seconds = time.perf_counter() - t0
@@ -231,6 +255,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
     On a target that verifies chains only (``config.layout``), a drafter's tree is cut to its
     first-ranked path (``models.cache_state.chain_of``)."""
     row = DecodeRow(prompt, drafter, config.new_stats())
+    lengths = config.draft_length() if config.draft_length is not None else None  # -k auto: one per decode
     forwards0 = drafter.forwards
     with_hidden = drafter.needs_target_hidden
     with torch.inference_mode():
@@ -244,8 +269,9 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         while not ended:
             seq, n_cached = row.seq, row.n_cached
             t0 = clock()
-            draft = propose_draft(drafter, seq, config.widths, config.expand_all,
-                                  config.max_new_tokens - len(row.out) - 1)  # N nodes
+            widths = config.widths if lengths is None else config.widths[: lengths.next_k()]
+            draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
+                                   config.min_margin) if widths else DraftTree())  # N nodes
             if chains_only:
                 draft = chain_of(draft)
             n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first
@@ -260,6 +286,8 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                                     state.layout, row.stats)  # [1 + N, V]
             t2 = clock()
             verdict, log = settle(config, row.stats, logits, draft, spent)  # accept, certify, record
+            if lengths is not None:
+                lengths.observe(log.depth_accepted)
             t3 = clock()
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached

@@ -47,11 +47,14 @@ __all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record",
 # the stages of a round: propose -> verify -> accept -> certify -> record
 
 
-def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool, remaining: int) -> DraftTree:
+def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool, remaining: int,
+                  min_margin: float | None = None) -> DraftTree:
     """The round's draft tree: ``widths`` cut to ``remaining`` (the tokens still allowed after the
     bonus one), so no draft runs past the length limit.  A suffix drafter's matches may run deeper
-    than ``widths``; its ``depth_limit`` is set to ``remaining`` first."""
+    than ``widths``; its ``depth_limit`` is set to ``remaining`` first.  ``min_margin``: the
+    drafter's confidence stop (``drafting.tree_growth``)."""
     draft_src.depth_limit = remaining
+    draft_src.min_margin = min_margin
     return draft_src.propose(seq, list(widths[: min(len(widths), remaining)]), expand_all)
 
 
@@ -137,7 +140,7 @@ def _verify_stepwise(target, cache, n_cached, pending, draft, with_hidden, stats
 class Verdict:
     """What the accept stage decided on one round's verification logits."""
 
-    summary: Summary  # the target's top-k view of the 1 + N verification rows (row 0: root, row 1 + i: node i)
+    summary: Summary | None  # the target's top-k view of the 1 + N verification rows (row 0: root, row 1 + i: node i); None: no draft
     passed: list[bool]  # [1 + N]: some drafted child of the row passes the rule
     path: list[int]  # accepted nodes, root downwards
     rows: list[int]  # rows reached whose children were drafted: one per attempted depth 1, 2, ...
@@ -162,6 +165,8 @@ def accept(rule: LevelSet, logits: torch.Tensor, draft: DraftTree, summary_k: in
     verdict for ``certify``.
     """
     n = len(draft)
+    if n == 0:  # nothing drafted: the target's greedy token (lowest id among ties), as greedy decoding takes it
+        return Verdict(None, [False], [], [], [int(logits[0].argmax())], 0, 0.0)
     summ = summarize(logits=logits, k=summary_k, entropy=rule.needs_entropy)
     greedy = summ.top_ids[:, 0].tolist()  # [1 + N] the target's greedy token per row (lowest id among ties)
     children = draft.children_table()  # [1 + N] lists, in the drafter's rank order

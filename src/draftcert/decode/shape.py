@@ -33,12 +33,13 @@ from pathlib import Path
 from ..criteria import TreeCoverage
 from ..models import eagle, parse_drafter_spec
 from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
+from .adaptive import MAX_K, AdaptiveDraftLength
 from .costs import Costs, engine_costs, round_key, round_seconds
 from .config import resolve_criterion
 from ..models.cache_state import layout_of
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
-           "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args"]
+           "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args", "adaptive_draft_length"]
 
 DEFAULT_ACCEPT = 0.3
 # chains k = 1..6 and the (m, depth) trees (2, 2), (2, 3), (3, 2)
@@ -205,3 +206,22 @@ def auto_engine_args(target, drafter, drafter_spec: str, criterion, *, on_note=N
     choice, source = auto_shape(target, drafter, drafter_spec, tree_width=width, on_note=on_note)
     args = choice.best.engine_args()
     return {"k": args["k"], "tree": None if width is not None else args["tree"]}, choice, source
+
+
+def adaptive_draft_length(target, drafter, drafter_spec: str, *, use_cache: bool = True, on_note=None):
+    """``-k auto`` for a chain rule: (a factory of ``adaptive.AdaptiveDraftLength``, one per decode;
+    the line that says where its figures came from).  The cost curve of chains 1..``MAX_K`` is
+    measured on first use (``engine_costs``; ``on_note(msg)`` hears of it) and cached; the prior
+    acceptance is the drafter's shipped one (``acceptance_of``)."""
+    shapes = [((1,) * k, False) for k in range(1, MAX_K + 1)]
+    costs, source = engine_costs(target, drafter, drafter_spec, shapes, use_cache=use_cache, on_note=on_note)
+    acc = acceptance_of(drafter_spec)
+    prior = acc.by_depth
+    first = AdaptiveDraftLength(costs, prior)
+    rates = first.rates()
+    start = max(range(len(rates)), key=lambda k: (rates[k], -k))
+    line = (f"adaptive draft length, k = 0..{MAX_K} chosen before each round from the acceptance seen so far; "
+            f"it starts at k={start} (predicted {rates[start]:.1f} tokens/s; the target alone {rates[0]:.1f}); "
+            f"prior acceptance from {acc.source}; costs {source}")
+    return (lambda: AdaptiveDraftLength(costs, prior)), line
+

@@ -114,8 +114,9 @@ class DecodeStats:
     """
 
     criterion: str
-    k: int
+    k: int  # the chain's length (with ``adaptive``: the longest a round may draft)
     tree: list[int] | None  # widths per depth, None for a chain of k
+    adaptive: bool = False  # -k auto: each round's chain length chosen during the decode (decode/adaptive.py)
     num_rounds: int = 0  # verification rounds (one target forward each, but see stepwise_forwards)
     stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: models.cache_state)
     catchup_forwards: int = 0  # target forwards feeding re-fed tokens of recurrent state on their own (round.catch_up)
@@ -140,6 +141,7 @@ class DecodeStats:
     baseline_tokens: int | None = None
     baseline_match: bool | None = None  # strict: emitted tokens identical to plain greedy decoding
     rounds: list[RoundLog] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)  # [k] rounds that drafted k nodes (0: none)
     stage_seconds: list[float] = field(default_factory=list)  # [stage] (STAGES): the engine's rounds, first decode
 
     def __post_init__(self):
@@ -158,6 +160,8 @@ class DecodeStats:
         accepted, ``emitted`` tokens out; ``depth_accepted[d]`` says whether depth d + 1
         (attempted) was accepted."""
         self.num_rounds += 1
+        _grow(self.draft_lengths, num_draft_tokens + 1)
+        self.draft_lengths[num_draft_tokens] += 1
         self.emitted += emitted
         self.num_accepted_tokens += num_accepted_tokens
         self.drift_tokens += drift_tokens
@@ -187,13 +191,13 @@ class DecodeStats:
 
     def merge(self, other: DecodeStats) -> DecodeStats:
         """The counters of both runs added (same criterion and draft shape); round logs concatenated."""
-        if (self.criterion, self.k, self.tree) != (other.criterion, other.k, other.tree):
+        if (self.criterion, self.k, self.tree, self.adaptive) != (other.criterion, other.k, other.tree, other.adaptive):
             raise ValueError(f"merge: statistics of different configurations ({self.criterion}, k={self.k}, "
                              f"tree={self.tree}) and ({other.criterion}, k={other.k}, tree={other.tree})")
-        out = DecodeStats(self.criterion, self.k, self.tree)
+        out = DecodeStats(self.criterion, self.k, self.tree, self.adaptive)
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("criterion", "k", "tree"):
+            if f.name in ("criterion", "k", "tree", "adaptive"):
                 continue
             if f.name == "rounds":
                 v = a + b
@@ -337,6 +341,8 @@ class DecodeStats:
             "criterion": self.criterion,
             "k": self.depth,  # draft depth: a chain's length, a tree's levels (not the unused -k of --tree)
             "tree_widths": list(self.tree) if self.tree else None,  # drafted children per depth; null: a chain
+            "adaptive": self.adaptive,  # -k auto: each round's chain length chosen during the decode, 0..k
+            "rounds_by_draft_length": list(self.draft_lengths),  # [n] rounds that drafted n nodes
             **self.acceptance_metrics(),
             "drafter_forwards": self.drafter_forwards,
             "divergence_spent": self.divergence_spent,  # nats

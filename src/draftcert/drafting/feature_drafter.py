@@ -96,7 +96,8 @@ class FeatureDrafter(Drafter):
             g_of.update(zip(nodes, g))
             return q
 
-        tree, _ = grow_tree(q[-1:], widths, expand_all, feed, n_prefix=n_feat, device=dev, dtype=dt)
+        tree, _ = grow_tree(q[-1:], widths, expand_all, feed, n_prefix=n_feat, device=dev, dtype=dt,
+                            min_margin=self.min_margin)
         return tree
 
     def accept(self, path: list[int]) -> None:

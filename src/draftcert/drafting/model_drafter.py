@@ -92,7 +92,8 @@ class ModelDrafter(Drafter):
             # a chain (mask None) continues the cache: the model's own positions are the nodes'
             return self._fwd([tree.tokens[n] for n in nodes], len(nodes), mask, pos if mask is not None else None)
 
-        tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, device=self.model.device,
+        tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, min_margin=self.min_margin,
+                                   device=self.model.device,
                                    dtype=self.model.dtype)
         if self.vocab is not None:  # q vanishes outside the prefix: KL(p || q) = inf, nothing to certify
             tree.q = None

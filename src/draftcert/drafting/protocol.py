@@ -17,6 +17,8 @@ The optional parts, with the defaults a drafter that does not need them inherits
   then verifies with them and hands each newly cached position's to ``observe``;
 - ``depth_limit`` (None): set by the engine before every round to the tokens still allowed; a drafter
   whose drafts may run deeper than ``len(widths)`` (suffix matches) stops there;
+- ``min_margin`` (None): set by the engine before every round (``--draft-margin``); a drafter with a
+  distribution stops its chain where its top-2 logit gap falls below it (``tree_growth``);
 - ``fork()`` (None): a fresh drafter with the same settings sharing the model, for batches (each row
   keeps its own state); None where the drafter cannot fork;
 - ``model_drafter`` (None): the drafter that runs a model (itself for a ``ModelDrafter`` or a
@@ -43,6 +45,7 @@ class Drafter(Protocol):
     forwards: int
     needs_target_hidden: bool = False
     depth_limit: int | None = None
+    min_margin: float | None = None
     model_drafter: "Drafter | None" = None  # the drafter inside that runs a model, or None
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -91,6 +94,15 @@ class DeclaredDrafter(Drafter):
     def depth_limit(self, value: int | None) -> None:
         if hasattr(self.inner, "depth_limit"):
             self.inner.depth_limit = value
+
+    @property
+    def min_margin(self) -> float | None:
+        return getattr(self.inner, "min_margin", None)
+
+    @min_margin.setter
+    def min_margin(self, value: float | None) -> None:
+        if hasattr(self.inner, "min_margin"):
+            self.inner.min_margin = value
 
     @property
     def model_drafter(self):

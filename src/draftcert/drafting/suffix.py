@@ -334,6 +334,14 @@ class HybridDrafter(Drafter):
     def forwards(self) -> int:
         return self.model_drafter.forwards
 
+    @property
+    def min_margin(self) -> float | None:
+        return self.model_drafter.min_margin
+
+    @min_margin.setter
+    def min_margin(self, value: float | None) -> None:  # the model drafter's chain stops; the suffix chain follows its match
+        self.model_drafter.min_margin = value
+
     def fork(self) -> "HybridDrafter":
         """A fresh hybrid: the model drafter's fork (shared weights) and a fresh index on the same store."""
         inner = self.model_drafter.fork()

@@ -11,6 +11,13 @@ d = 1 .. len(widths), with w = widths[d - 1]:
              with ``expand_all`` every new node (tree attention over the nodes fed before it),
              else only the first front node's greedy child (a chain: plain causal attention).
 
+Confidence stop (``min_margin``, chains and (m, depth) trees): before expanding depth d, the
+drafter's top-2 logit gap on the front's q row, ``margin = q_(1) - q_(2)``, is compared with
+``min_margin``; below it the tree stops there (a round may draft nothing).  A small margin is
+where the drafter is unsure, and where a rejection is likely: the verification rows and drafter
+passes beyond it are saved (AdaEDL stops on an entropy bound; the margin is what the profile's
+trace records at every depth, so ``draftcert replay --fit-margin`` can fit the threshold).
+
 Tie rule: ``summary.topk_lowest_ids``, deterministic on every device, and the order the profile's
 trace records.  Exact ties are real: a feature drafter gives every token outside its draft
 vocabulary one shared logit.  (``torch.topk`` leaves the order of equal values unspecified.)
@@ -25,7 +32,7 @@ import torch
 from ..summary import topk_lowest_ids
 from ..models.tree_attention import DraftTree, tree_attention_mask, tree_position_ids
 
-__all__ = ["top_children", "grow_tree"]
+__all__ = ["top_children", "grow_tree", "top2_margin"]
 
 # feed(tree, nodes, mask, position_ids) -> q rows [len(nodes), V] after feeding ``nodes`` (their tokens).
 Feed = Callable[[DraftTree, list[int], torch.Tensor | None, torch.Tensor], torch.Tensor]
@@ -38,8 +45,14 @@ def top_children(q: torch.Tensor, w: int) -> torch.Tensor:
     return topk_lowest_ids(q, w)[1]
 
 
+def top2_margin(q: torch.Tensor) -> float:
+    """The gap between the largest and the second largest value of one q row [1, V] (logits: nats)."""
+    top = torch.topk(q.reshape(-1).float(), 2).values
+    return float(top[0] - top[1])
+
+
 def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: Feed, *, n_prefix: int,
-              device, dtype: torch.dtype) -> tuple[DraftTree, list[int]]:
+              device, dtype: torch.dtype, min_margin: float | None = None) -> tuple[DraftTree, list[int]]:
     """The draft tree (with ``tree.q``: the q rows it was expanded from, [len(expanded), V]) and the
     nodes fed to the drafter, in the order they were fed.
 
@@ -50,12 +63,15 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
                ``position_ids`` [1, len(nodes)]: a node at depth d sits at n_prefix - 1 + d.
     n_prefix   positions in the drafter's cache before the tree (the root is the last of them).
     device, dtype   where the mask is built, and its dtype (the drafter's compute dtype).
+    min_margin the confidence stop (module docstring); None: none (static trees never stop).
     """
     tree = DraftTree()
     fed: list[int] = []
     front, front_q = [-1], root_q
     q_rows = []
     for d, w in enumerate(widths, 1):
+        if min_margin is not None and not expand_all and top2_margin(front_q[:1]) < min_margin:
+            break  # the drafter is unsure here: a rejection is likely
         q_rows.append(front_q)
         children = []
         for f, row in zip(front, top_children(front_q, w).tolist()):
@@ -73,5 +89,5 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
             mask = tree_attention_mask(n_prefix, 0, anc, kv, qn, dtype)
         front_q = feed(tree, front, mask, pos)
         fed.extend(front)
-    tree.q = torch.cat(q_rows, 0)
+    tree.q = torch.cat(q_rows, 0) if q_rows else None
     return tree, fed

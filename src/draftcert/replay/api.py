@@ -29,7 +29,7 @@ from ..decode.costs import Costs
 from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 
-__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes",
+__all__ = ["replay", "ReplayResult", "write_replay", "format_table", "parse_ks", "calibration_shapes", "DEFAULT_MARGINS",
            "missing_costs_note", "unreliable_note", "replay_drafter", "decode_default_drafter", "choose_drafter", "REPLAY_FORMAT"]
 
 SUFFIX = "+suffix"
@@ -53,6 +53,8 @@ class ReplayResult:
     unreliable: list[str] = field(default_factory=list)
     drafter: str | None = None  # the drafter replayed: the trace's, or the trace's + "+suffix"
     prompt_order: list[str] | None = None  # with suffix candidates: the decode order of the prompts
+    # per rule, with margins: the best chain with a confidence stop against the best fixed chain
+    margin_fit: dict[str, dict] = field(default_factory=dict)
 
     def row(self, spec: str, label: str) -> dict:
         return next(r for r in self.rows[spec] if r["shape"]["label"] == label)
@@ -75,7 +77,8 @@ class ReplayResult:
             "max_new_tokens": tr.max_new_tokens,
             "costs": self.costs.as_dict() if self.costs else None,
             "rules": {s: {"exact": rule_kind(s)[0] in ("strict", "tree"), "configs": self.rows[s],
-                          "recommended": self.recommended.get(s)} for s in self.rows},
+                          "recommended": self.recommended.get(s), "margin_fit": self.margin_fit.get(s)}
+                      for s in self.rows},
             "missing_costs": self.missing_costs,
             "timings_unreliable": self.unreliable,
             "notes": self.notes,
@@ -84,7 +87,7 @@ class ReplayResult:
 
 def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS, static=DEFAULT_STATIC,
            shapes: list[Shape] | None = None, costs: Costs | None = None, drafter: str | None = None,
-           prompts=None) -> ReplayResult:
+           prompts=None, margins=()) -> ReplayResult:
     """Replay a profile trace (a directory or a loaded ``ReplayTrace``) under every rule and shape.
 
     rules: subset of the trace's criteria (default all); ks: chain lengths / tree depths;
@@ -102,6 +105,11 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
     prompts are replayed in decode order with one suffix index carried across them: ``prompts`` =
     [(id, token ids), ...] in that order, or None to read them again from the run's prompt source
     with its tokenizer (``data.prompt_token_ids``: the profile's order).
+
+    margins: confidence stops (nats) to fit: every chain of ``ks`` is replayed again with the drafter
+    stopping where its top-2 logit gap falls below each (``Shape.min_margin``, as ``decode
+    --draft-margin`` drafts); the recommendation then weighs them with the fixed shapes, and
+    ``margin_fit`` says what the best stop gains over the best fixed chain.
     """
     tr = source if isinstance(source, ReplayTrace) else load_replay_trace(source)
     ks = _check_ks(ks)
@@ -129,7 +137,8 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
                          "`draftcert decode` per prompt has no earlier outputs)")
     res.unreliable = list(costs.unreliable) if costs is not None else []
     baseline = sum(len(p) for p in tr.prompts)
-    for spec, cand in _shapes_by_rule(tr, specs, ks, tree_widths, static, shapes).items():
+    margins = _check_margins(margins)
+    for spec, cand in _shapes_by_rule(tr, specs, ks, tree_widths, static, shapes, margins).items():
         if not cand:
             res.notes.append(f"{spec}: none of the requested shapes applies (tree:M needs width M); skipped")
             continue
@@ -153,6 +162,8 @@ def replay(source, *, rules=None, ks=DEFAULT_KS, tree_widths=DEFAULT_TREE_WIDTHS
             "shape": best["shape"]["label"], "speedup": best["predicted"]["speedup"],
             "tokens_per_forward": best["tokens_per_forward"], "estimated": best["estimated"],
             "untimed": len(rows) - len(priced)}  # configurations left out of the choice (no costs)
+        if margins and priced:
+            res.margin_fit[spec] = _margin_fit(priced)
     if costs is None:
         res.notes.append("no costs: predicted speed and recommendations need `--calibrate` (or --drafter-cost R)")
     elif costs.note:
@@ -316,8 +327,9 @@ def _rule_specs(tr: ReplayTrace, rules) -> list[str]:
     return specs
 
 
-def _shapes_by_rule(tr: ReplayTrace, specs, ks, tree_widths, static, shapes) -> dict[str, list[Shape]]:
-    """{rule: the shapes replayed for it} (a level-set rule of a trace without accept masks: chains only)."""
+def _shapes_by_rule(tr: ReplayTrace, specs, ks, tree_widths, static, shapes, margins=()) -> dict[str, list[Shape]]:
+    """{rule: the shapes replayed for it} (a level-set rule of a trace without accept masks: chains only;
+    with ``margins``, a chain rule's chains of ``ks`` again with each confidence stop)."""
     out = {}
     for spec in specs:
         kind, m = rule_kind(spec)
@@ -327,7 +339,46 @@ def _shapes_by_rule(tr: ReplayTrace, specs, ks, tree_widths, static, shapes) -> 
             cand = default_shapes(spec, ks, tree_widths, static)
         if kind == "levelset" and not any(spec in p.accept_mask for p in tr.prompts):
             cand = [s for s in cand if max(s.widths) == 1]
+        if kind != "tree":
+            cand = cand + [Shape((1,) * k, min_margin=t) for t in margins for k in ks]
         out[spec] = cand
+    return out
+
+
+DEFAULT_MARGINS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0)  # nats: ``--fit-margin``'s grid
+
+
+def _check_margins(margins) -> tuple[float, ...]:
+    if isinstance(margins, str):
+        margins = [m for m in margins.split(",") if m.strip()]
+    try:
+        out = tuple(float(m) for m in margins)
+    except (TypeError, ValueError):
+        raise ValueError(f"margins: expected numbers of nats >= 0, got {margins!r}") from None
+    if any(not 0 <= m < float("inf") for m in out):
+        raise ValueError(f"margins: expected finite numbers of nats >= 0, got {margins!r}")
+    return out
+
+
+def _margin_fit(priced: list[dict]) -> dict:
+    """The best priced chain with a confidence stop against the best priced fixed chain (one rule's rows)."""
+    def speed(r):
+        return r["predicted"]["speedup"] or 0.0
+    chains = [r for r in priced if r["shape"]["kind"] == "chain"]
+    fixed = [r for r in chains if r["shape"].get("min_margin") is None]
+    stopped = [r for r in chains if r["shape"].get("min_margin") is not None]
+    best_fixed = max(fixed, key=speed, default=None)
+    best_stop = max(stopped, key=speed, default=None)
+    out = {"fixed": None, "stop": None, "margin": None, "gain": None}
+    if best_fixed is not None:
+        out["fixed"] = {"shape": best_fixed["shape"]["label"], "speedup": speed(best_fixed),
+                        "tokens_per_forward": best_fixed["tokens_per_forward"]}
+    if best_stop is not None:
+        out["stop"] = {"shape": best_stop["shape"]["label"], "speedup": speed(best_stop),
+                       "tokens_per_forward": best_stop["tokens_per_forward"]}
+        out["margin"] = best_stop["shape"]["min_margin"]
+    if best_fixed is not None and best_stop is not None and speed(best_fixed) > 0:
+        out["gain"] = speed(best_stop) / speed(best_fixed)
     return out
 
 
@@ -392,6 +443,11 @@ def format_table(res: ReplayResult, full: bool = False) -> str:
             lines.append(f"  best: {rec['shape']}, predicted speedup {rec['speedup']:.3f}"
                          + (" (estimated)" if rec["estimated"] else "")
                          + (f" ({rec['untimed']} untimed left out)" if rec.get("untimed") else ""))
+        fit = res.margin_fit.get(spec)
+        if fit and fit["stop"] and fit["fixed"] and not res.unreliable:
+            lines.append(f"  margin fit: {fit['stop']['shape']} (decode --draft-margin {fit['margin']:g} -k "
+                         f"{fit['stop']['shape'].split()[0][2:]}) {fit['stop']['speedup']:.3f} against "
+                         f"{fit['fixed']['shape']} {fit['fixed']['speedup']:.3f}: x{fit['gain']:.3f}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -404,10 +460,10 @@ def _pick(rows, by_speed: bool) -> list[dict]:
     out, fams = [], {}
     for r in rows:
         s = r["shape"]
-        if s["kind"] == "tree":
-            w = s["widths"][0]
-            if w not in fams or key(r) > key(fams[w]):
-                fams[w] = r
+        if s["kind"] == "tree" or s.get("min_margin") is not None:  # a family: its best depth
+            fam = (s["kind"], s["widths"][0], s.get("min_margin"))
+            if fam not in fams or key(r) > key(fams[fam]):
+                fams[fam] = r
         else:
             out.append(r)
     chains = [r for r in out if r["shape"]["kind"] == "chain"]

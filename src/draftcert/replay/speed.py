@@ -73,6 +73,7 @@ def predict(rep: ConfigReplay, costs: Costs, baseline_tokens: int, n_prompts: in
     # look-up, a few dict reads, is not timed)
     t_spec = sum(round_seconds(costs, r.n_nodes(sh), sh.drafter_fronts(r.budget), r.verified_as_tree(sh),
                                round_key(sh.widths[: r.budget], sh.expand_all))
+                 + (d1 if r.stopped else 0.0)  # a confidence stop read one more q than it drafted from
                  for rs in rep.rounds.values() for r in rs)
     if costs.drafter_prefill is not None:  # the second round's catch-up covers the prompt
         t_spec += n_prompts * (costs.drafter_prefill - (0.0 if costs.drafter_round else d1))

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+import numpy as np
+
 from ..criteria import TreeCoverage, parse_criterion
 from ..decode.stats import DecodeStats
 from ..drafting.suffix import SuffixIndex, SuffixStore, graft
@@ -42,10 +44,12 @@ __all__ = ["Shape", "default_shapes", "parse_shape", "Round", "ConfigReplay", "r
 
 @dataclass(frozen=True)
 class Shape:
-    """A draft shape: ``widths`` per depth; ``expand_all`` = static full tree."""
+    """A draft shape: ``widths`` per depth; ``expand_all`` = static full tree; ``min_margin``: the
+    drafter's confidence stop (nats; ``drafting.tree_growth``), for chains and (m, depth) trees."""
 
     widths: tuple[int, ...]
     expand_all: bool = False
+    min_margin: float | None = None
 
     @property
     def kind(self) -> str:
@@ -59,6 +63,9 @@ class Shape:
 
     @property
     def label(self) -> str:
+        if self.min_margin is not None:  # drafts while the drafter's top-2 gap is >= min_margin
+            head = f"k={self.depth}" if self.kind == "chain" else f"{self.widths[0]}x{self.depth}"
+            return f"{head} gap>={self.min_margin:g}"
         if self.kind == "chain":
             return f"chain k={self.depth}"
         if self.kind == "tree":
@@ -82,16 +89,18 @@ class Shape:
 
     def engine_args(self, spec: str) -> dict:
         """``speculative_generate`` keyword arguments for this shape under rule ``spec``."""
+        stop = {} if self.min_margin is None else {"draft_margin": self.min_margin}
         if self.kind == "chain":
-            return {"k": self.depth, "tree": None}
+            return {"k": self.depth, "tree": None, **stop}
         if self.kind == "tree":
             if isinstance(parse_criterion(spec), TreeCoverage):
-                return {"k": self.depth, "tree": None}
-            return {"k": self.depth, "tree": (self.widths[0], self.depth)}
+                return {"k": self.depth, "tree": None, **stop}
+            return {"k": self.depth, "tree": (self.widths[0], self.depth), **stop}
         return {"k": self.depth, "tree": list(self.widths)}
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "widths": list(self.widths), "expand_all": self.expand_all, "label": self.label}
+        return {"kind": self.kind, "widths": list(self.widths), "expand_all": self.expand_all, "label": self.label,
+                "min_margin": self.min_margin}
 
 
 def parse_shape(text: str) -> Shape:
@@ -164,6 +173,7 @@ class Round:
     grafted: int = 0
     grafted_accepted: int = 0
     nodes_exact: bool = True  # False: a graft followed a model node off the recorded path (count estimated)
+    stopped: bool = False  # the drafter's confidence stop ended the draft before the shape's depth
 
     def n_nodes(self, shape: "Shape") -> int:
         """Draft nodes the round verifies (the pending token excluded)."""
@@ -224,7 +234,7 @@ class ConfigReplay:
         for r in self._all():
             n = 1 + r.n_nodes(self.shape)
             tv[n] = tv.get(n, 0) + 1
-            for f in self.shape.drafter_fronts(r.budget):
+            for f in self.shape.drafter_fronts(r.budget) + ([1] if r.stopped else []):  # a stop read one more q
                 dv[f] = dv.get(f, 0) + 1
         return tv, dv
 
@@ -237,6 +247,33 @@ def _children(pt: PromptTrace, d: int, pos: int):
     if d == 1 or pt.roll_ids is None:
         return pt.draft_ids[pos], pt.draft_logp[pos] if pt.draft_logp is not None else None, None
     return pt.roll_ids[pos, d - 2], pt.roll_logp[pos, d - 2], d - 2
+
+
+def drafter_margin(pt: PromptTrace, d: int, pos: int) -> float | None:
+    """The drafter's top-2 logit gap for step ``pos`` at draft depth ``d`` (log q_(1) - log q_(2) of the
+    teacher-forced top-K at depth 1 or for a model drafter; a feature drafter's recorded rollout gap
+    below); None where the trace does not hold it."""
+    if d > 1 and pt.roll_gap is not None:
+        return float(pt.roll_gap[pos, d - 2])
+    if pt.draft_probs is None or pt.draft_probs.shape[1] < 2:
+        return None
+    q1, q2 = float(pt.draft_probs[pos, 0]), float(pt.draft_probs[pos, 1])
+    if q1 <= 0:
+        return 0.0
+    return float("inf") if q2 <= 0 else float(np.log(q1) - np.log(q2))
+
+
+def _stop_budget(pt: PromptTrace, shape: Shape, t: int, b: int) -> tuple[int, bool]:
+    """(the depths a round at output position t drafts, whether the confidence stop cut them): the drafter
+    stops at the first depth whose margin is below ``shape.min_margin``, before any verification, as
+    ``tree_growth.grow_tree`` does (past a rejection the recorded path's margins stand in: an estimate)."""
+    if shape.min_margin is None or shape.expand_all:
+        return b, False
+    for d in range(min(b, len(pt) - t)):
+        gap = drafter_margin(pt, d + 1, t + d)
+        if gap is not None and gap < shape.min_margin:
+            return d, True
+    return b, False
 
 
 def _passing(pt: PromptTrace, spec: str, kind: str, pos: int, w: int, d: int = 1) -> tuple[list[int], object]:
@@ -269,6 +306,7 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
         b = max(0, min(shape.depth, max_new_tokens - t - 1))
         if feature and t == 0:
             b = 0  # the engine's first round is the prefill: a feature drafter has nothing to draft from
+        b, stopped = _stop_budget(pt, shape, t, b)
         accepted, drift, dep, r_exact, stop_eos = 0, 0, [], exact, False
         for d in range(b):
             pos = t + d
@@ -296,7 +334,11 @@ def walk_prompt(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens: int, f
             if not shape.expand_all and rank != 0:
                 break  # a non-greedy drafter child is a leaf: the bonus token follows it
         emitted = accepted + (0 if stop_eos else 1)
-        rounds.append(Round(t, b, accepted, emitted, dep, r_exact, drift))
+        # past a rejection the drafter drafted on from its own token, whose margins the trace does not hold:
+        # where a confidence stop was checked there, the round's node count is the path's estimate
+        rejected = bool(dep) and not dep[-1]
+        estimated = shape.min_margin is not None and rejected and (stopped or len(dep) < b)
+        rounds.append(Round(t, b, accepted, emitted, dep, r_exact, drift, stopped=stopped, nodes_exact=not estimated))
         t += emitted
         if stop_eos:
             break
@@ -375,6 +417,7 @@ def walk_prompt_suffix(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens:
         b = max(0, min(shape.depth, remaining))
         chain = index.draft(seq, [1] * b, False, remaining).tokens  # HybridDrafter.propose's call
         model_b = 0 if (feature and t == 0) else b  # a feature drafter drafts nothing before the prefill
+        model_b, stopped = _stop_budget(pt, shape, t, model_b)  # the model drafter's confidence stop
         tree, rank_of, on_path = _model_tree(pt, shape, t, model_b)
         n_model = len(tree)
         n_graft = graft(tree, chain)
@@ -411,7 +454,7 @@ def walk_prompt_suffix(pt: PromptTrace, spec: str, shape: Shape, max_new_tokens:
         emitted = accepted + (0 if stop_eos else 1)
         rounds.append(Round(t, model_b, accepted, emitted, dep, r_exact, drift, nodes=len(tree),
                             tree_verify=not tree.is_chain, grafted=n_graft, grafted_accepted=grafted_acc,
-                            nodes_exact=nodes_exact))
+                            nodes_exact=nodes_exact, stopped=stopped))
         seq += [int(x) for x in g[t : t + emitted]]  # the recorded path (the real one while exact)
         t += emitted
         if stop_eos:

@@ -1,0 +1,120 @@
+"""The adaptive draft length of ``-k auto`` (decode/adaptive.py) and ``k = 0``: a drafter that is always
+wrong falls back to the target's own greedy steps (probing now and then), one that is always right keeps
+speculating, and strict stays the greedy decoding whatever the lengths."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftcert.decode import greedy_generate, speculative_generate
+from draftcert.decode.adaptive import AdaptiveDraftLength
+from draftcert.decode.config import DecodeConfig
+from draftcert.decode.costs import Costs
+from draftcert.decode.engine import decode_loop
+from draftcert.drafting import as_drafter
+from draftcert.models.tree_attention import DraftTree
+
+N_NEW = 40
+
+
+def _costs(draft_share: float = 0.1) -> Costs:
+    """A machine where a verification row costs 5 % of a pass and a drafted token ``draft_share`` of one."""
+    target = {n: 1.0 + 0.05 * (n - 1) for n in range(1, 9)}
+    return Costs("forward-count", target, {n: draft_share for n in range(1, 9)}, target_step=1.0)
+
+
+class _Scripted:
+    """Drafts the target's greedy continuation (``right``) or a token that is never the greedy one."""
+
+    def __init__(self, greedy: list[int], right: bool, vocab: int):
+        self.greedy, self.right, self.vocab, self.forwards = greedy, right, vocab, 0
+        self.proposed = 0
+
+    def start(self, prompt_ids):
+        self.n_prompt = len(prompt_ids)
+
+    def propose(self, seq, widths, expand_all=False):
+        self.proposed += 1
+        t = len(seq) - self.n_prompt
+        tree = DraftTree()
+        for i in range(min(len(widths), len(self.greedy) - t)):
+            g = self.greedy[t + i]
+            tree.add(g if self.right else (g + 1) % self.vocab, i - 1)
+        tree.expanded, tree.widths = list(range(-1, len(tree) - 1)), [1] * len(tree)
+        return tree
+
+    def accept(self, path):
+        pass
+
+
+def _adaptive_decode(target, prompt, drafter, costs=None):
+    factory = lambda: AdaptiveDraftLength(costs or _costs(), (0.5,))  # noqa: E731
+    config = DecodeConfig.build(target, "strict", 6, None, N_NEW, draft_length=factory)
+    return decode_loop(target, as_drafter(drafter), prompt, config)
+
+
+def test_an_always_wrong_drafter_falls_back_to_plain_decoding(tiny, prompts):
+    target, _, _ = tiny
+    prompt = prompts[1]
+    ref = greedy_generate(target, prompt, N_NEW)
+    wrong = _Scripted(ref, right=False, vocab=target.config.vocab_size)
+    out, st = _adaptive_decode(target, prompt, wrong)
+    assert out == ref
+    plain, drafted = st.draft_lengths[0], sum(st.draft_lengths[1:])
+    assert st.num_accepted_tokens == 0 and drafted >= 1  # it tried, and every draft failed
+    assert plain >= 0.8 * st.num_rounds, st.draft_lengths  # then the target's own steps, probing now and then
+    assert wrong.proposed == drafted  # a plain round asks the drafter for nothing
+    assert st.adaptive and st.summary()["rounds_by_draft_length"] == st.draft_lengths
+
+
+def test_an_always_right_drafter_keeps_speculating(tiny, prompts):
+    target, _, _ = tiny
+    prompt = prompts[0]
+    ref = greedy_generate(target, prompt, N_NEW)
+    out, st = _adaptive_decode(target, prompt, _Scripted(ref, right=True, vocab=target.config.vocab_size))
+    assert out == ref
+    assert st.draft_lengths[0] == 0  # never plain
+    assert max(range(len(st.draft_lengths)), key=st.draft_lengths.__getitem__) == 6  # mostly the longest chain
+    assert st.tokens_per_forward > 4
+
+
+def test_costly_drafts_are_not_worth_it_even_when_right(tiny, prompts):
+    """A drafter as slow as the target: speculating loses even at acceptance 1, so no round drafts
+    but the probes."""
+    target, _, _ = tiny
+    prompt = prompts[0]
+    ref = greedy_generate(target, prompt, N_NEW)
+    drafter = _Scripted(ref, right=True, vocab=target.config.vocab_size)
+    out, st = _adaptive_decode(target, prompt, drafter, costs=_costs(draft_share=1.5))
+    assert out == ref and st.draft_lengths[0] >= 0.8 * st.num_rounds
+
+
+def test_the_controller_follows_the_evidence():
+    lengths = AdaptiveDraftLength(_costs(), (0.6,), probe_every=3)
+    first = lengths.next_k()
+    assert first >= 1  # a 0.6 prior pays at these costs
+    for _ in range(6):
+        lengths.observe([False])
+    a = lengths.acceptance()
+    assert a[0] == pytest.approx(0.6 * 2 / 8) and a[1] == pytest.approx(a[0])  # depth 2 unseen: depth 1's estimate
+    picks = [lengths.next_k() for _ in range(8)]
+    assert picks[:3] == [0, 0, 0] and picks[3] >= 1 and picks[4:7] == [0, 0, 0]  # a probe after 3 plain rounds
+    for _ in range(40):
+        lengths.observe([True] * 6)
+    assert lengths.next_k() == 6
+
+
+@pytest.mark.parametrize("spec", ["strict", "additive:0.1"])
+def test_k_zero_is_the_targets_own_decoding(tiny, prompts, spec):
+    target, drafter, _ = tiny
+    res = speculative_generate(target, drafter, prompts[0], spec, k=0, max_new_tokens=N_NEW)
+    assert res.tokens == greedy_generate(target, prompts[0], N_NEW)  # nothing drafted: any rule is greedy
+    st = res.stats
+    assert st.num_drafts == 0 and st.drafter_forwards == 0 and st.num_rounds == N_NEW == st.draft_lengths[0]
+
+
+def test_bad_controller_settings_are_refused():
+    with pytest.raises(ValueError, match="probabilities"):
+        AdaptiveDraftLength(_costs(), (1.5,))
+    with pytest.raises(ValueError, match="max_k"):
+        AdaptiveDraftLength(_costs(), (0.5,), max_k=0)
