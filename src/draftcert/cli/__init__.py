@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_POSITIONALS = ("command", "func", "dir")  # parsed values that are no option
+_POSITIONALS = ("command", "func", "dir", "resumable")  # parsed values that are no option
 
 
 def name_option(message: str, args: argparse.Namespace) -> str:
@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        # only the commands that keep their work (profile, reproduce-paper, train-drafter) can resume
+        print("interrupted; rerun the same command to resume" if getattr(args, "resumable", False) else "interrupted",
+              file=sys.stderr)
         return 130
     except ValueError as exc:
         print(f"draftcert: error: {name_option(str(exc), args)}", file=sys.stderr)
