@@ -278,7 +278,7 @@ def run_decode(args) -> int:
            + "; accepted-tokens histogram " + " ".join(map(str, s["accepted_tokens_histogram"])))
     if args.baseline:
         flag = " (UNRELIABLE: see the timing line)" if s["timing_reliable"] is False else ""
-        msg += (f", speedup {s['speedup']:.2f}x vs target alone{flag}"
+        msg += (f", speedup {s['speedup']:.2f}x vs target alone ({_num(s['baseline_tokens_per_second'])} tokens/s){flag}"
                 + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})"))
     print(msg, file=sys.stderr)
     if args.baseline or args.repeats > 1:  # a plain decode's tokens/s is one figure among others
@@ -312,6 +312,23 @@ def _repeats(n, default: int) -> int:
     if n < 1:
         raise ValueError(f"--repeats: expected an integer >= 1, got {n}")
     return n
+
+
+def bench_header(dspec: str, n_prompts: int, max_new_tokens: int, k: int, width: int | None = None) -> str:
+    """The lines above bench's table: the drafter, the prompts, k, and, with suffix-match candidates,
+    why the per-position lines can run past position k."""
+    import textwrap
+
+    lines = [f"drafter {dspec}, {n_prompts} prompts x {max_new_tokens} tokens, k={k}",
+             "(tokens/s measured after an untimed warm-up round; the target alone's row: its own greedy decoding)"]
+    parsed = models.parse_drafter_spec(dspec)
+    if parsed.suffix or parsed.kind == "suffix":
+        lines.append(f"k={k} is the {'model ' if parsed.suffix else ''}drafter's draft length; suffix-match "
+                     "candidates (text seen in the prompt or output) draft deeper, up to the tokens left, so "
+                     "the lines by position below run past position k: positions past k are suffix drafts "
+                     "(docs/decoding.md)")
+    return "\n".join(textwrap.fill(line, width or 80, break_on_hyphens=False, break_long_words=False)
+                     for line in lines)
 
 
 def timing_note(s: dict, baseline: bool) -> str:
@@ -359,8 +376,8 @@ def run_bench(args) -> int:
     _default_k(args, drafter)
     from tqdm.auto import tqdm  # optional: the progress bar
 
-    bar = tqdm(total=len(specs) * len(ids) * args.repeats + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
-               disable=args.no_progress)
+    bar = tqdm(total=(len(specs) + 1) * len(ids) * args.repeats + 1, unit="decode", desc="bench", file=sys.stderr,
+               dynamic_ncols=True, disable=args.no_progress)  # + 1 row: the target alone
     try:
         bar.set_postfix_str("warm-up")
         _warmup(target, drafter, ids[0], specs[0], args.k, None, args.max_new_tokens, tok)  # untimed
@@ -370,7 +387,8 @@ def run_bench(args) -> int:
             bar.set_postfix_str(spec)
             bar.update(1)
 
-        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats)
+        rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats,
+                          target_alone=True)
     finally:
         bar.close()
     if args.json:
@@ -378,8 +396,7 @@ def run_bench(args) -> int:
         for r in rows:
             print(dumps_json({**r, "model_dtype": numerics}, indent=None), end="")
     else:
-        print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
-              "(tokens/s measured after an untimed warm-up round)\n")
+        print(bench_header(dspec, len(ids), args.max_new_tokens, args.k, width=terminal_width()) + "\n")
         print(format_table(rows, width=terminal_width()))
         print(timing_footnote(rows, width=terminal_width()))
         print()
