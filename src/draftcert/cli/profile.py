@@ -64,12 +64,13 @@ examples:
 
 Ctrl-C finishes the batch in flight and keeps it, then stops (Ctrl-C again
 stops at once and loses that batch). Rerunning the same command resumes an
-interrupted run (finished prompts are skipped); rerunning it with a larger --limit extends the run: the shards it
-has are reused and only the new prompts are profiled (the prompts already
-traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
-generated token), OUT/run.json (settings and "status": running, complete,
-interrupted after Ctrl-C or SIGTERM, or failed), and, unless --no-report, the
-report (OUT/summary.json, report.md/html, figures). The table is
+interrupted run (finished prompts are skipped); rerunning it with a larger
+--limit extends the run: the shards it has are reused and only the new
+prompts are profiled (the prompts already traced must be the first ones).
+Output: OUT/trace/rank*-*.parquet (one row per generated token), OUT/run.json
+(settings and "status": running, complete, interrupted after Ctrl-C or
+SIGTERM, or failed), and, unless --no-report, the report (OUT/summary.json,
+report.md/html, figures). The table is
 printed at $COLUMNS, else the terminal's width, else 80 columns (output to a
 file or pipe); when it does not fit, its columns are split over two tables,
 and numbers are never cut.
