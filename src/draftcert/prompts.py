@@ -34,6 +34,7 @@ user turn with ``add_generation_prompt=True`` when the tokenizer has one, else p
 from __future__ import annotations
 
 import codecs
+import difflib
 import importlib.util
 import gzip
 import hashlib
@@ -321,9 +322,31 @@ def _hf_dataset(name: str) -> list[Prompt]:
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """Load prompts from ``source`` (see module docstring); at most ``limit`` (the first ones)."""
+    """Load prompts from ``source`` (see module docstring); at most ``limit`` (the first ones).
+
+    A source that cannot be read raises a ValueError starting ``prompts: `` (the command line's
+    ``--prompts``, the argument of ``profile``); an unknown name gets a did-you-mean."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    try:
+        return _load_prompts(source, limit)
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith("prompts: ") else f"prompts: {msg}") from None
+
+
+_SOURCE_NAMES = ("mt-bench", "mtbench", "humaneval", "human-eval", "sharegpt", "sharegpt-train")
+
+
+def suggest_source(source: str) -> str | None:
+    """The built-in prompt source ``source`` was probably meant to be (a typo), or None."""
+    close = difflib.get_close_matches(str(source).lower().replace("_", "-"), _SOURCE_NAMES, n=1, cutoff=0.6)
+    if not close:
+        return None
+    return {"mtbench": "mt-bench", "human-eval": "humaneval"}.get(close[0], close[0])
+
+
+def _load_prompts(source: str, limit: int | None) -> list[Prompt]:
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(f"prompt source must be 'mt-bench', 'humaneval', 'sharegpt', a file or a dataset name, got {source!r}")
     src = str(source)
@@ -350,9 +373,11 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         elif "/" in src and not src.startswith((".", "/", "~")):
             prompts = _hf_dataset(src)
         else:
+            hint = suggest_source(src)
             raise ValueError(
                 f"unknown prompt source {src!r}: use 'mt-bench', 'humaneval', 'sharegpt', a .jsonl/.txt file, "
                 "or a Hugging Face dataset name like 'HuggingFaceH4/ultrachat_200k'"
+                + (f"; did you mean {hint!r}?" if hint else "")
             )
     if not prompts:
         raise ValueError(f"prompt source {src!r} yielded no prompts")

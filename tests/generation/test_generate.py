@@ -241,6 +241,18 @@ def test_non_greedy_settings_are_refused(target, settings):
         _ours(target, ids, max_new_tokens=4, **settings)
 
 
+def test_sampling_is_refused_in_words_of_its_own(target):
+    """Issue 51, item 4: do_sample=True said "logits processors (TopKLogitsWarper: from repetition_penalty,
+    ...)": the warper transformers adds for sampling, not a setting of the user's."""
+    ids = torch.tensor([_prompt(6, 14)])
+    with pytest.raises(ValueError) as info:
+        _ours(target, ids, max_new_tokens=4, do_sample=True)
+    msg = str(info.value)
+    assert msg.startswith("draftcert.generate: sampling (do_sample=True) is not supported")
+    assert "do_sample=False" in msg and "without custom_generate to sample" in msg
+    assert "Warper" not in msg and "repetition_penalty" not in msg
+
+
 def test_generation_config_object_and_max_length(target, skip2):
     ids = torch.tensor([_prompt(7, 15)])
     gc = GenerationConfig(max_length=ids.shape[1] + 9, pad_token_id=PAD, eos_token_id=None)

@@ -165,6 +165,31 @@ def test_interrupt_line_promises_a_resume_only_where_there_is_one(tmp_path, caps
         assert capsys.readouterr().err.strip().splitlines()[-1] == line, argv
 
 
+def test_a_settings_mismatch_names_the_options_not_internal_settings(tiny_dir, prompt_file, tmp_path, capsys):
+    """Issue 51, item 4: changing --drafter on a run with a feature drafter listed "rollout: was [8, 8],
+    now None", a setting no option has; the refusal names the options the user typed, and says when
+    another version of draftcert wrote the run."""
+    from draftcert.profile.settings import trace_settings_changes
+
+    old = {"format": "draftcert-trace/3", "target": "embedded", "drafter": "eagle:smollm2-135m-instruct",
+           "prompts": "mt-bench", "max_new_tokens": 64, "criteria": ["strict", "tree:4"], "divergences": ["forward"],
+           "dtype": "default", "topk": 16, "rollout": [8, 8]}
+    new = {**old, "drafter": "self:skip=5", "rollout": None}
+    assert trace_settings_changes(old, new) == "--drafter was eagle:smollm2-135m-instruct, now self:skip=5"
+    assert trace_settings_changes(old, {**old, "criteria": ["strict"], "rollout": [8, 16]}) == (
+        "--criteria was strict,tree:4, now strict")
+    assert trace_settings_changes(old, {**old, "format": "draftcert-trace/4"}) == (
+        "the trace was recorded by another version of draftcert (draftcert-trace/3, now draftcert-trace/4)")
+    assert trace_settings_changes(old, dict(old)) == ""
+    out = tmp_path / "r"
+    base = ["profile", "--target", str(tiny_dir), "--prompts", str(prompt_file), "--limit", "1", "--out", str(out), *QUIET]
+    assert main(base + ["--max-new-tokens", "2"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--max-new-tokens", "3", "--drafter", "self:skip=1"]) == 2
+    line = _one_error_line(capsys.readouterr().err, "--out:")
+    assert "(--drafter was none, now self:skip=1; --max-new-tokens was 2, now 3)" in line and "rollout" not in line
+
+
 def test_a_failed_setup_never_rewrites_another_runs_run_json(tiny_dir, prompt_file, tmp_path):
     out = tmp_path / "r"
     kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=2, progress=False)

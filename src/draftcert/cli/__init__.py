@@ -43,8 +43,11 @@ _POSITIONALS = ("command", "func", "dir", "resumable")  # parsed values that are
 def name_option(message: str, args: argparse.Namespace) -> str:
     """An error message as the command line says it: the library names a Python argument
     (``limit: expected an integer >= 1``), the command line names the option the user typed
-    (``--limit: ...``, ``-k: ...``).  Only a prefix that is one of this command's options changes."""
+    (``--limit: ...``, ``-k: ...``; ``out_dir``, the run folder, is the positional ``DIR`` of
+    ``report``, ``replay`` and ``explain``).  Only a prefix that is one of this command's options changes."""
     name, sep, rest = message.partition(": ")
+    if sep and name == "out_dir" and "dir" in vars(args):  # the run folder the library reads: the user's DIR
+        return f"DIR: {rest}"
     if not sep or name in _POSITIONALS or name not in vars(args):
         return message
     return f"{'-' if len(name) == 1 else '--'}{name.replace('_', '-')}: {rest}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 
 from .. import models
@@ -317,8 +318,6 @@ def _repeats(n, default: int) -> int:
 def bench_header(dspec: str, n_prompts: int, max_new_tokens: int, k: int, width: int | None = None) -> str:
     """The lines above bench's table: the drafter, the prompts, k, and, with suffix-match candidates,
     why the per-position lines can run past position k."""
-    import textwrap
-
     lines = [f"drafter {dspec}, {n_prompts} prompts x {max_new_tokens} tokens, k={k}",
              "(tokens/s measured after an untimed warm-up round; the target alone's row: its own greedy decoding)"]
     parsed = models.parse_drafter_spec(dspec)
@@ -359,18 +358,18 @@ def run_bench(args) -> int:
     specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
     args.repeats = _repeats(args.repeats, 1)
     check_drafter(args.drafter)
-    target, tok, dspec = _load(args)
     if args.prompt:
         if any(not p.strip() for p in args.prompt):
             raise ValueError("--prompt: a prompt is empty")
         texts = args.prompt
-    else:
+    else:  # before the model loads: a mistyped --prompts costs no model load
         if args.limit < 1:
             raise ValueError(f"--limit: expected an integer >= 1, got {args.limit}")
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
         note = limit_note(args.prompts, args.limit, len(texts))
         if note:
             print(f"bench: {note}", file=sys.stderr)
+    target, tok, dspec = _load(args)
     ids = [encode_prompt(tok, t) for t in texts]
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
     _default_k(args, drafter)
