@@ -92,6 +92,8 @@ def limit_note(source: str, limit: int | None, available: int) -> str | None:
         return None
     return f"note: --limit {limit}: {source} has {available} prompts; using all {available}"
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input")
+CONVERSATION_FIELDS = ("turns", "messages", "conversations")  # read between the first two and the rest (_text_of)
+ID_FIELDS = ("id", "question_id", "task_id")  # a .jsonl line's id, the first present (else its line number)
 
 
 @dataclass(frozen=True)
@@ -253,9 +255,13 @@ def _text_of(rec, where: str) -> str:
         if isinstance(rec.get(key), str):
             return rec[key]
     raise ValueError(
-        f"{where}: no prompt text found; expected a string field 'prompt', 'text', 'turns'[0] or "
-        f"'question' (keys present: {sorted(rec)})"
+        f"{where}: no prompt text found; expected a string field 'prompt', 'text', 'turns'[0], the first user turn "
+        f"of 'messages' or 'conversations', 'question', 'instruction' or 'input' (keys present: {sorted(rec)}; "
+        "docs/cli.md lists them)"
     )
+
+
+EMPTY_PROMPT = "the prompt is empty; draftcert does not run empty prompts (decode, bench and profile alike): give it text or drop it"
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:
@@ -268,7 +274,9 @@ def _read_jsonl(path: Path) -> list[Prompt]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line") from None
         text = _text_of(rec, f"{path}:{lineno}")
-        rid = rec.get("id", rec.get("question_id", rec.get("task_id"))) if isinstance(rec, dict) else None
+        if not text.strip():
+            raise ValueError(f"{path}:{lineno}: {EMPTY_PROMPT}")
+        rid = next((rec[k] for k in ID_FIELDS if rec.get(k) is not None), None) if isinstance(rec, dict) else None
         out.append(Prompt(f"{path.stem}/{rid if rid is not None else lineno}", text))
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):  # ids from the file collide: fall back to line numbers
@@ -381,6 +389,9 @@ def _load_prompts(source: str, limit: int | None) -> list[Prompt]:
             )
     if not prompts:
         raise ValueError(f"prompt source {src!r} yielded no prompts")
+    empty = next((p for p in prompts if not p.text.strip()), None)
+    if empty is not None:
+        raise ValueError(f"prompt {empty.id!r} of {src!r}: {EMPTY_PROMPT}")
     return prompts[:limit] if limit is not None else prompts
 
 

@@ -19,7 +19,7 @@ from ..decode.tree import parse_tree
 from ..fileio import dumps_json
 from ..models.loading import transformers_progress
 from ..models.quant import numerics_of
-from ..prompts import encode_prompt, limit_note, load_prompts
+from ..prompts import EMPTY_PROMPT, encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
 from .checks import PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_drafter, check_dtype, check_specs, set_threads
 
@@ -227,7 +227,7 @@ def _num(x) -> str:
 
 def run_decode(args) -> int:
     if not args.prompt or not args.prompt.strip():
-        raise ValueError("--prompt: the prompt is empty")
+        raise ValueError(f"--prompt: {EMPTY_PROMPT}")
     check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
     args.repeats = _repeats(args.repeats, 3 if args.baseline else 1)
     check_drafter(args.drafter)
@@ -360,7 +360,7 @@ def run_bench(args) -> int:
     check_drafter(args.drafter)
     if args.prompt:
         if any(not p.strip() for p in args.prompt):
-            raise ValueError("--prompt: a prompt is empty")
+            raise ValueError(f"--prompt: a prompt is empty: {EMPTY_PROMPT.removeprefix('the prompt is empty; ')}")
         texts = args.prompt
     else:  # before the model loads: a mistyped --prompts costs no model load
         if args.limit < 1:

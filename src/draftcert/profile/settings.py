@@ -41,7 +41,7 @@ from ..fileio import check_writable_dir, write_json
 from ..models import DEFAULT_DRAFTER
 from ..models.eagle import resolve_spec
 from ..models.loading import weights_for_numerics
-from ..prompts import Prompt, limit_note, load_prompts
+from ..prompts import EMPTY_PROMPT, Prompt, limit_note, load_prompts
 from ..tracefile import TOPK_STORED, TRACE_FORMAT, list_shards, shard_prompt_ids
 from .rollout import ROLLOUT_DEPTH, ROLLOUT_TOPK, is_feature_model
 
@@ -160,6 +160,9 @@ def resolve_prompts(prompts, limit: int | None) -> tuple[list[Prompt], str]:
             raise ValueError(f"prompts: item {i} is {type(p).__name__}; expected Prompt(id, text), (id, text) or str")
     if not out:
         raise ValueError(f"prompts: {source!r} holds no prompts; pass a non-empty prompt set")
+    empty = next((i for i, p in enumerate(out) if not p.text.strip()), None)
+    if empty is not None:  # as decode and bench: an empty prompt is refused (load_prompts says so for a source)
+        raise ValueError(f"prompts: item {empty} (id {out[empty].id!r}): {EMPTY_PROMPT}")
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
