@@ -291,6 +291,37 @@ def test_folder_form_loads_from_a_local_path(target, tmp_path):
             target.generate(ids, attention_mask=mask, custom_generate=str(root), max_new_tokens=4)
 
 
+def test_generate_on_load_targets_model_warns_nothing():
+    """Issue 51, item 7: docs/generate.md's call (two left-padded prompts, the default drafter) on
+    ``load_target()``'s model raised transformers' FutureWarning "`past_key_values` is deprecated" from
+    lean.py: the written-out decoder's ``(*args, **kwargs)`` signature made ``cache_kwarg`` name the old
+    argument.  Every cache is now passed as ``cache``, as transformers 5 names it; no warning at all."""
+    import warnings
+
+    from draftcert.models import ModelUnavailable, load_target
+    from draftcert.models.hf import cache_kwarg
+
+    from tests.test_docs import ROOT, python_blocks
+
+    (_, code), *_ = python_blocks((ROOT / "docs" / "generate.md").read_text())
+    assert "load_target()" in code and "PATH" not in code  # the page's first example runs as written
+    scope: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            exec(compile(code, "docs/generate.md", "exec"), scope)  # prompt-lookup, topm:2, k=4
+        except ModelUnavailable as exc:
+            pytest.skip(f"embedded model unavailable: {exc}")
+        model, tok, enc = scope["model"], scope["tok"], scope["inputs"]
+        out = model.generate(**enc, custom_generate=draftcert.generate, max_new_tokens=8,
+                             return_dict_in_generate=True)  # the default drafter: the feature drafter + suffix
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    assert scope["out"].sequences.shape[0] == 2 and out.draftcert_stats.num_draft_tokens > 0
+    assert torch.equal(out.sequences, model.generate(**enc, do_sample=False, max_new_tokens=8))
+    assert cache_kwarg(model.model) == cache_kwarg(model) == "cache"  # the lean decoder reads as LlamaModel
+    assert cache_kwarg(model.model.layers[0]) == "cache"
+
+
 @pytest.mark.slow
 def test_embedded_model_default_drafter_equals_greedy():
     """The embedded SmolLM2-135M-Instruct with the shipped feature drafter (the default), batch of 2."""
