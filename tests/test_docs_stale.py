@@ -73,7 +73,7 @@ def _mb(n_bytes: float) -> str:
 
 
 def _claims():
-    from draftcert.decode.drafters import FEATURE_K, MODEL_K
+    from draftcert.cli.decode import FEATURE_K, MODEL_K  # bench's k (imported there from wherever the drafters live)
     from draftcert.models.loading import DEFAULT_WEIGHTS, EMBEDDED_WHEEL
     from draftcert.models.pair import PAIR_DTYPE, PAIR_MODELS, PAIRS, size_text
     from draftcert.prompts import MTBENCH_WHEEL
@@ -130,12 +130,12 @@ def test_figures_and_defaults_the_docs_quote_are_the_codes():
 def test_a_changed_default_or_figure_in_the_code_fails_the_docs(monkeypatch):
     """The check bites: with another default weights, pair dtype, bench k or pinned size in the code, the
     pages quoting the old ones are named."""
-    from draftcert.decode import drafters
+    from draftcert.cli import decode
     from draftcert.models import loading, pair
 
     monkeypatch.setattr(loading, "DEFAULT_WEIGHTS", "float32")
     monkeypatch.setattr(pair, "PAIR_DTYPE", "bfloat16")
-    monkeypatch.setattr(drafters, "FEATURE_K", 2)
+    monkeypatch.setattr(decode, "FEATURE_K", 2)
     m = pair.PAIR_MODELS["qwen2.5-coder-1.5b"]
     monkeypatch.setitem(pair.PAIR_MODELS, m.name, pair.PairModel(m.name, m.title, m.parts[:-1], m.size + 1, m.sha256))
     found = "\n".join(_stale_claims())

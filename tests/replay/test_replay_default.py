@@ -22,10 +22,8 @@ import json
 import pytest
 import torch
 
-from draftcert.decode import speculative_generate
-from draftcert.decode.drafters import make_drafter
+from draftcert.decode import HybridDrafter, SuffixIndex, SuffixStore, make_drafter, speculative_generate
 from draftcert.decode.shape import CANDIDATES
-from draftcert.decode.suffix import HybridDrafter, SuffixIndex, SuffixStore
 from draftcert.prompts import encode_prompt
 from draftcert.replay import Shape, load_replay_trace, replay
 from draftcert.replay.walk import DEFAULT_KS

@@ -57,7 +57,8 @@ def cache_kwarg(model) -> str:
         return _CACHE_KWARG[model]
     except (KeyError, TypeError):  # TypeError: an object that cannot be weakly referenced
         pass
-    base = vars(type(model)).get(lean._BASE)  # a class lean.py switched: its forward takes the original's arguments
+    # a class lean.py switched (its ``_BASE`` attribute names the class it replaced): the original's arguments
+    base = vars(type(model)).get("_draftcert_lean_base")
     try:
         params = inspect.signature(model.forward if base is None else base.forward).parameters
     except (TypeError, ValueError):
