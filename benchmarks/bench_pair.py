@@ -142,7 +142,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     """(tokens, seconds, stats or None) of one greedy continuation of ``ids``; for llama.cpp
     methods (prompt ``text``, the templated text of ``ids``) tokens is its ``LlamaRun``."""
     from draftcert.decode import speculative_generate
-    from draftcert.drafting.make import ModelDrafter
+    from draftcert.drafting import ModelDrafter
     from draftcert.decode.engine import greedy_generate
 
     if method.startswith("llamacpp:"):

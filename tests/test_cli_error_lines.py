@@ -80,3 +80,44 @@ def test_explain_help_lists_every_category_it_prints():
     text = " ".join(_help("explain").split())
     for cat in CATEGORIES:
         assert cat.replace("_", " ") in text, cat
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: a prompt source is read, and refused, before any model loads."""
+    import draftcert.models
+    from draftcert.profile import run as run_mod
+
+    def fail(*a, **k):
+        raise AssertionError("a model was loaded before --prompts was read")
+
+    monkeypatch.setattr(run_mod, "load_target", fail)
+    monkeypatch.setattr(draftcert.models, "load_target", fail)
+
+
+@pytest.mark.parametrize("command", [["profile", "--out", "OUT"], ["bench"]])
+def test_prompt_source_errors_name_prompts(command, no_model, tmp_path, capsys):
+    """Issue 51, item 4: a missing file, a bad JSON line and a mistyped set name each name --prompts
+    (the set name with a did-you-mean, as the other specs)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{bad\n')
+    argv = [str(tmp_path / "run") if a == "OUT" else a for a in command]
+    for source, want in ((str(tmp_path / "missing.jsonl"), f"--prompts: prompt file '{tmp_path / 'missing.jsonl'}' does not exist"),
+                         (str(bad), f"--prompts: {bad}:2: not valid JSON"),
+                         ("mt-bnech", "--prompts: unknown prompt source 'mt-bnech'")):
+        assert main(argv + ["--prompts", source]) == 2
+        line = _one_error_line(capsys.readouterr().err, want)
+        assert line.endswith("did you mean 'mt-bench'?") == (source == "mt-bnech"), line
+
+
+@pytest.mark.parametrize("command", ["replay", "explain", "report"])
+def test_run_folder_errors_name_dir(command, tmp_path, capsys):
+    """Issue 51, item 4: `replay`, `explain` and `report` name DIR (what the user typed, not the library's
+    out_dir), and a folder that holds no run, /proc included, is "not a run folder" (report said that
+    /proc "cannot be written")."""
+    assert main([command, str(tmp_path / "nowhere")]) == 2
+    _one_error_line(capsys.readouterr().err, f"DIR: {tmp_path / 'nowhere'} is not a directory")
+    for folder in (tmp_path, "/proc"):
+        assert main([command, str(folder)]) == 2
+        line = _one_error_line(capsys.readouterr().err, f"DIR: {folder} is not a run folder")
+        assert "cannot be written" not in line and "out_dir" not in line

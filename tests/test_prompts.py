@@ -102,3 +102,47 @@ def test_encode_prompt_with_and_without_chat_template():
     assert encode_prompt(tok, "hi") == [104, 105]
     with pytest.raises(ValueError):
         encode_prompt(tok, None)
+
+
+def test_empty_prompts_are_refused_by_every_command(tmp_path, capsys, monkeypatch):
+    """Issue 51, item 5: `profile` ran {"prompt": ""} while `decode` and `bench` refused an empty prompt.
+    One rule now: refused, with the prompt named, before any model loads (docs/cli.md says why)."""
+    import draftcert.models
+    from draftcert.cli import main
+    from draftcert.profile import profile
+    from draftcert.profile import run as run_mod
+
+    def fail(*a, **k):
+        raise AssertionError("a model was loaded for an empty prompt")
+
+    monkeypatch.setattr(run_mod, "load_target", fail)
+    monkeypatch.setattr(draftcert.models, "load_target", fail)
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "Hi there"}\n{"prompt": "  "}\n')
+    with pytest.raises(ValueError, match=r"prompts: .*p\.jsonl:2: the prompt is empty"):
+        load_prompts(str(f))
+    for argv, start in ((["profile", "--prompts", str(f), "--out", str(tmp_path / "run")], f"--prompts: {f}:2: "),
+                        (["bench", "--prompts", str(f)], f"--prompts: {f}:2: "),
+                        (["decode", "--prompt", " "], "--prompt: "),
+                        (["bench", "--prompt", "Hi", "--prompt", ""], "--prompt: a prompt is empty: ")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("draftcert: error") == 1 and "Traceback" not in err
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"draftcert: error: {start}") and "empty" in line, line
+        assert "draftcert does not run empty prompts (decode, bench and profile alike)" in line, line
+    with pytest.raises(ValueError, match=r"prompts: item 1 \(id 'b'\): the prompt is empty"):
+        profile(None, None, [("a", "Hi"), ("b", "")], out=tmp_path / "api", progress=False)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "api" / "trace").exists()
+
+
+def test_prompt_file_fields_are_documented():
+    """Issue 51, item 5: the .jsonl field names a prompt file may use were only in prompts.py; docs/cli.md
+    lists every one the reader accepts."""
+    from pathlib import Path
+
+    from draftcert import prompts
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    for name in prompts._TEXT_FIELDS + prompts.CONVERSATION_FIELDS + prompts.ID_FIELDS:
+        assert f"`{name}`" in doc, name

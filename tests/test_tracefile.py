@@ -44,7 +44,7 @@ def test_only_rank_files_are_shards(tmp_path):
 def test_a_missing_or_empty_trace_says_what_to_run(tmp_path):
     with pytest.raises(ValueError, match="not a directory.*draftcert profile"):
         run_shards(tmp_path / "nope")
-    with pytest.raises(ValueError, match=r"trace does not exist; run `draftcert profile --out"):
+    with pytest.raises(ValueError, match=r"is not a run folder \(it has no trace/ folder\)"):
         run_shards(tmp_path)
     (tmp_path / "trace").mkdir()
     with pytest.raises(ValueError, match=rf"no trace shards in {tmp_path / 'trace'}; run `draftcert profile --out"):

@@ -48,6 +48,8 @@ def read_only(monkeypatch, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     (ro / "figures").mkdir()
+    (ro / "trace").mkdir()
+    (ro / "trace" / "rank0-000000.parquet").write_bytes(b"")  # a run folder (the shard is never read)
     real_open, real_mkdir = os.open, os.mkdir
 
     def inside(path) -> bool:
@@ -129,6 +131,8 @@ def test_a_folder_that_turns_unwritable_mid_command_is_one_line(monkeypatch, tmp
 
     monkeypatch.setattr(cli_report, "write_report", write_report)
     monkeypatch.setattr(cli_report, "section_for_report", lambda out: None)
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "rank0-000000.parquet").write_bytes(b"")  # a run folder (the shard is never read)
     assert main(["report", str(tmp_path)]) == 2
     line = _one_error_line(capsys.readouterr().err, "cannot write")
     assert "radius_cdf" in line and "Read-only file system" in line

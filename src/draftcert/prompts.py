@@ -34,6 +34,7 @@ user turn with ``add_generation_prompt=True`` when the tokenizer has one, else p
 from __future__ import annotations
 
 import codecs
+import difflib
 import importlib.util
 import gzip
 import hashlib
@@ -88,6 +89,8 @@ def limit_note(source: str, limit: int | None, available: int) -> str | None:
         return None
     return f"note: --limit {limit}: {source} has {available} prompts; using all {available}"
 _TEXT_FIELDS = ("prompt", "text", "question", "instruction", "input")
+CONVERSATION_FIELDS = ("turns", "messages", "conversations")  # read between the first two and the rest (_text_of)
+ID_FIELDS = ("id", "question_id", "task_id")  # a .jsonl line's id, the first present (else its line number)
 
 
 @dataclass(frozen=True)
@@ -249,9 +252,13 @@ def _text_of(rec, where: str) -> str:
         if isinstance(rec.get(key), str):
             return rec[key]
     raise ValueError(
-        f"{where}: no prompt text found; expected a string field 'prompt', 'text', 'turns'[0] or "
-        f"'question' (keys present: {sorted(rec)})"
+        f"{where}: no prompt text found; expected a string field 'prompt', 'text', 'turns'[0], the first user turn "
+        f"of 'messages' or 'conversations', 'question', 'instruction' or 'input' (keys present: {sorted(rec)}; "
+        "docs/cli.md lists them)"
     )
+
+
+EMPTY_PROMPT = "the prompt is empty; draftcert does not run empty prompts (decode, bench and profile alike): give it text or drop it"
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:
@@ -264,7 +271,9 @@ def _read_jsonl(path: Path) -> list[Prompt]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line") from None
         text = _text_of(rec, f"{path}:{lineno}")
-        rid = rec.get("id", rec.get("question_id", rec.get("task_id"))) if isinstance(rec, dict) else None
+        if not text.strip():
+            raise ValueError(f"{path}:{lineno}: {EMPTY_PROMPT}")
+        rid = next((rec[k] for k in ID_FIELDS if rec.get(k) is not None), None) if isinstance(rec, dict) else None
         out.append(Prompt(f"{path.stem}/{rid if rid is not None else lineno}", text))
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):  # ids from the file collide: fall back to line numbers
@@ -318,9 +327,31 @@ def _hf_dataset(name: str) -> list[Prompt]:
 
 
 def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
-    """Load prompts from ``source`` (see module docstring); at most ``limit`` (the first ones)."""
+    """Load prompts from ``source`` (see module docstring); at most ``limit`` (the first ones).
+
+    A source that cannot be read raises a ValueError starting ``prompts: `` (the command line's
+    ``--prompts``, the argument of ``profile``); an unknown name gets a did-you-mean."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    try:
+        return _load_prompts(source, limit)
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith("prompts: ") else f"prompts: {msg}") from None
+
+
+_SOURCE_NAMES = ("mt-bench", "mtbench", "humaneval", "human-eval", "sharegpt", "sharegpt-train")
+
+
+def suggest_source(source: str) -> str | None:
+    """The built-in prompt source ``source`` was probably meant to be (a typo), or None."""
+    close = difflib.get_close_matches(str(source).lower().replace("_", "-"), _SOURCE_NAMES, n=1, cutoff=0.6)
+    if not close:
+        return None
+    return {"mtbench": "mt-bench", "human-eval": "humaneval"}.get(close[0], close[0])
+
+
+def _load_prompts(source: str, limit: int | None) -> list[Prompt]:
     if not isinstance(source, (str, Path)) or not str(source).strip():
         raise ValueError(f"prompt source must be 'mt-bench', 'humaneval', 'sharegpt', a file or a dataset name, got {source!r}")
     src = str(source)
@@ -347,12 +378,17 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         elif "/" in src and not src.startswith((".", "/", "~")):
             prompts = _hf_dataset(src)
         else:
+            hint = suggest_source(src)
             raise ValueError(
                 f"unknown prompt source {src!r}: use 'mt-bench', 'humaneval', 'sharegpt', a .jsonl/.txt file, "
                 "or a Hugging Face dataset name like 'HuggingFaceH4/ultrachat_200k'"
+                + (f"; did you mean {hint!r}?" if hint else "")
             )
     if not prompts:
         raise ValueError(f"prompt source {src!r} yielded no prompts")
+    empty = next((p for p in prompts if not p.text.strip()), None)
+    if empty is not None:
+        raise ValueError(f"prompt {empty.id!r} of {src!r}: {EMPTY_PROMPT}")
     return prompts[:limit] if limit is not None else prompts
 
 

@@ -220,7 +220,8 @@ def run_shards(out_dir) -> list[Path]:
     if not out_dir.is_dir():
         raise ValueError(f"out_dir: {out_dir} is not a directory; pass the output directory of `draftcert profile`")
     if not trace.is_dir():
-        raise ValueError(f"out_dir: {trace} does not exist; run `draftcert profile --out {out_dir}` first")
+        raise ValueError(f"out_dir: {out_dir} is not a run folder (it has no trace/ folder); pass the output "
+                         "directory of a `draftcert profile` run (its --out)")
     shards = list_shards(trace)
     if not shards:
         other = [p.name for p in trace.glob("*.parquet") if not p.name.startswith(".")]

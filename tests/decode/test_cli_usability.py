@@ -82,7 +82,7 @@ def test_bench_shows_progress_and_fits_80_columns(ckpt, capsys, monkeypatch):
                "--criteria", ",".join(specs), "--max-new-tokens", "6", "-k", "2"])
     assert rc == 0
     cap = capsys.readouterr()
-    n = len(specs) * 2 + 1  # + the warm-up
+    n = (len(specs) + 1) * 2 + 1  # every criterion and the target alone on both prompts, + the warm-up
     assert "bench" in cap.err and f"{n}/{n}" in cap.err
     lines = cap.out.splitlines()
     assert max(map(len, lines)) <= 80
@@ -90,7 +90,7 @@ def test_bench_shows_progress_and_fits_80_columns(ckpt, capsys, monkeypatch):
     by_spec: dict[str, list[str]] = {}
     for r in rows:
         by_spec.setdefault(r[0], []).extend(r[1:])
-    assert list(by_spec) == specs
+    assert list(by_spec) == ["target alone"] + specs
     assert main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "one two", "--prompt", "three",
                  "--criteria", ",".join(specs), "--max-new-tokens", "6", "-k", "2", "--json", "--no-progress"]) == 0
     cap = capsys.readouterr()
@@ -99,6 +99,9 @@ def test_bench_shows_progress_and_fits_80_columns(ckpt, capsys, monkeypatch):
         cells = by_spec[r["criterion"]]
         assert cells[0] == r["draft"]
         # every number of the row appears whole (the timings differ between the two runs)
+        if r["criterion"] == "target alone":  # no drafts, no certificates
+            assert cells[1:5] == ["1.00", "-", "0.000", "n/a"]
+            continue
         assert cells[1:5] == [f"{r['tokens_per_forward']:.2f}", f"{r['mean_acceptance_length']:.2f}", f"{r['drift']:.3f}",
                               f"{r['certified_fraction']:.3f}"]
         assert re.fullmatch(r"\d+\.\d\d", cells[5])
@@ -155,3 +158,33 @@ def test_a_bad_dtype_is_refused_before_any_model_loads(capsys, monkeypatch):
     assert main(["decode", "--prompt", "x", "--dtype", "bfloat61"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("draftcert: error: --dtype:") and "bfloat16" in err
+
+
+def test_decode_baseline_prints_the_target_alone_tokens_per_second(ckpt, capsys):
+    """Issue 51, item 3: `decode --baseline` names the target's own tokens/s next to the speed-up."""
+    assert main(["decode", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hello", "-k", "2",
+                 "--max-new-tokens", "4", "--baseline", "--repeats", "1", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    m = re.search(r"speedup (\d+\.\d\d)x vs target alone \((\d+\.\d\d) tokens/s\)", err)
+    assert m is not None, err
+    spec = float(re.search(r"(\d+\.\d\d) tokens/s \(", err).group(1))  # the decode's own tokens/s
+    assert float(m.group(1)) == pytest.approx(spec / float(m.group(2)), rel=0.02, abs=0.011)
+
+
+def test_bench_header_says_where_positions_past_k_come_from(ckpt, capsys):
+    """Issue 51, item 3: with suffix-match candidates the lines by position run past k; the header says
+    why (and says nothing of the kind without them)."""
+    from draftcert.cli.decode import bench_header
+
+    text = bench_header("eagle:smollm2-135m-instruct+suffix", 3, 64, 1)
+    assert "k=1 is the model drafter's draft length" in text and "positions past k are suffix drafts" in text
+    assert max(map(len, text.splitlines())) <= 80
+    assert "suffix" not in bench_header("self:skip=1", 3, 64, 2)
+    argv = ["bench", "--target", ckpt, "--prompt", "a b a b a b a b", "--criteria", "strict", "-k", "1",
+            "--max-new-tokens", "12", "--no-progress"]
+    assert main(argv + ["--drafter", "self:skip=1+suffix"]) == 0
+    out = capsys.readouterr().out
+    assert "positions past k are suffix drafts" in out.replace("\n", " ")
+    assert re.search(r"^\| target alone +\| none +\| +1\.00 \|", out, re.M), out  # the target-alone row
+    assert main(argv + ["--drafter", "self:skip=1"]) == 0
+    assert "suffix drafts" not in capsys.readouterr().out

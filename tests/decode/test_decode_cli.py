@@ -69,8 +69,12 @@ def test_bench_json_rows(ckpt, capsys):
     rc = main(["bench", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "one two", "--prompt", "three",
                "--criteria", "strict,additive:0.2,tree:2", "--max-new-tokens", "8", "-k", "2", "--json"])
     assert rc == 0
-    rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    alone, *rows = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
     assert [r["criterion"] for r in rows] == ["strict", "additive:0.2", "tree:2"]
+    # the target's own greedy decoding first (issue 51): one token a forward, the tokens strict emits
+    assert (alone["criterion"], alone["draft"], alone["tokens_per_forward"]) == ("target alone", "none", 1.0)
+    assert alone["emitted"] == alone["target_forwards"] == rows[0]["emitted"] and alone["num_drafts"] == 0
+    assert alone["tokens_per_second"] > 0 and alone["certified_fraction"] is None and sorted(alone) == sorted(rows[0])
     assert rows[0]["drift"] == 0 and rows[2]["drift"] == 0
     assert rows[2]["draft"] == "tree m=2, depth=2"
     assert all(r["tokens_per_forward"] >= 1 for r in rows)

@@ -242,6 +242,18 @@ def test_non_greedy_settings_are_refused(target, settings):
         _ours(target, ids, max_new_tokens=4, **settings)
 
 
+def test_sampling_is_refused_in_words_of_its_own(target):
+    """Issue 51, item 4: do_sample=True said "logits processors (TopKLogitsWarper: from repetition_penalty,
+    ...)": the warper transformers adds for sampling, not a setting of the user's."""
+    ids = torch.tensor([_prompt(6, 14)])
+    with pytest.raises(ValueError) as info:
+        _ours(target, ids, max_new_tokens=4, do_sample=True)
+    msg = str(info.value)
+    assert msg.startswith("draftcert.generate: sampling (do_sample=True) is not supported")
+    assert "do_sample=False" in msg and "without custom_generate to sample" in msg
+    assert "Warper" not in msg and "repetition_penalty" not in msg
+
+
 def test_generation_config_object_and_max_length(target, skip2):
     ids = torch.tensor([_prompt(7, 15)])
     gc = GenerationConfig(max_length=ids.shape[1] + 9, pad_token_id=PAD, eos_token_id=None)
@@ -278,6 +290,37 @@ def test_folder_form_loads_from_a_local_path(target, tmp_path):
         # 5.x refuses a local folder's code without trust_remote_code (4.57 ran it unasked)
         with pytest.raises(ValueError, match="trust_remote_code"):
             target.generate(ids, attention_mask=mask, custom_generate=str(root), max_new_tokens=4)
+
+
+def test_generate_on_load_targets_model_warns_nothing():
+    """Issue 51, item 7: docs/generate.md's call (two left-padded prompts, the default drafter) on
+    ``load_target()``'s model raised transformers' FutureWarning "`past_key_values` is deprecated" from
+    lean.py: the written-out decoder's ``(*args, **kwargs)`` signature made ``cache_kwarg`` name the old
+    argument.  Every cache is now passed as ``cache``, as transformers 5 names it; no warning at all."""
+    import warnings
+
+    from draftcert.models import ModelUnavailable
+    from draftcert.models.hf import cache_kwarg
+
+    from tests.test_docs import ROOT, python_blocks
+
+    (_, code), *_ = python_blocks((ROOT / "docs" / "generate.md").read_text())
+    assert "load_target()" in code and "PATH" not in code  # the page's first example runs as written
+    scope: dict = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            exec(compile(code, "docs/generate.md", "exec"), scope)  # prompt-lookup, topm:2, k=4
+        except ModelUnavailable as exc:
+            pytest.skip(f"embedded model unavailable: {exc}")
+        model, enc = scope["model"], scope["inputs"]
+        out = model.generate(**enc, custom_generate=draftcert.generate, max_new_tokens=8,
+                             return_dict_in_generate=True)  # the default drafter: the feature drafter + suffix
+    assert [f"{w.category.__name__}: {w.message}" for w in caught] == []
+    assert scope["out"].sequences.shape[0] == 2 and out.draftcert_stats.num_draft_tokens > 0
+    assert torch.equal(out.sequences, model.generate(**enc, do_sample=False, max_new_tokens=8))
+    assert cache_kwarg(model.model) == cache_kwarg(model) == "cache"  # the lean decoder reads as LlamaModel
+    assert cache_kwarg(model.model.layers[0]) == "cache"
 
 
 @pytest.mark.slow

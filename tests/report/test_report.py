@@ -209,7 +209,7 @@ def test_errors(tmp_path, run_dir):
     out, _ = run_dir
     with pytest.raises(ValueError, match="not a directory"):
         write_report(tmp_path / "nope", verbose=False)
-    with pytest.raises(ValueError, match="trace.*does not exist"):
+    with pytest.raises(ValueError, match="is not a run folder \\(it has no trace/ folder\\)"):
         write_report(tmp_path, verbose=False)
     (tmp_path / "trace").mkdir()
     with pytest.raises(ValueError, match="no trace shards"):

@@ -37,14 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_POSITIONALS = ("command", "func", "dir")  # parsed values that are no option
+_POSITIONALS = ("command", "func", "dir", "resumable")  # parsed values that are no option
 
 
 def name_option(message: str, args: argparse.Namespace) -> str:
     """An error message as the command line says it: the library names a Python argument
     (``limit: expected an integer >= 1``), the command line names the option the user typed
-    (``--limit: ...``, ``-k: ...``).  Only a prefix that is one of this command's options changes."""
+    (``--limit: ...``, ``-k: ...``; ``out_dir``, the run folder, is the positional ``DIR`` of
+    ``report``, ``replay`` and ``explain``).  Only a prefix that is one of this command's options changes."""
     name, sep, rest = message.partition(": ")
+    if sep and name == "out_dir" and "dir" in vars(args):  # the run folder the library reads: the user's DIR
+        return f"DIR: {rest}"
     if not sep or name in _POSITIONALS or name not in vars(args):
         return message
     return f"{'-' if len(name) == 1 else '--'}{name.replace('_', '-')}: {rest}"
@@ -63,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        # only the commands that keep their work (profile, reproduce-paper, train-drafter) can resume
+        print("interrupted; rerun the same command to resume" if getattr(args, "resumable", False) else "interrupted",
+              file=sys.stderr)
         return 130
     except ValueError as exc:
         print(f"draftcert: error: {name_option(str(exc), args)}", file=sys.stderr)

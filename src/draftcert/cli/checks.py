@@ -25,6 +25,7 @@ from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafte
 from ..models.hf import parse_dtype
 from ..models.loading import DEFAULT_WEIGHTS, WEIGHTS, WEIGHTS_ENV
 from ..profile.settings import parse_divergences
+from ..tracefile import run_shards
 
 # Examples of every rule family (the defaults of the CLIs), the pool suggestions come from.
 EXAMPLE_SPECS = DEFAULT_CRITERIA
@@ -220,10 +221,12 @@ def check_divergences(value, option: str = "--divergences") -> list[str]:
 
 
 def check_run_dir_writable(path, command: str) -> None:
-    """``report DIR``, ``replay DIR`` and ``explain DIR`` write into the run folder (and its
-    ``figures/``): one that cannot be written (a read-only mount) raises a ValueError saying so
-    and what to do, before any work.  A missing folder is left to the reader's own error."""
+    """``report DIR``, ``replay DIR`` and ``explain DIR`` read a profile run and write into its folder
+    (and its ``figures/``): a folder that is not a run folder raises the reader's ValueError
+    (``tracefile.run_shards``: not a directory, not a run folder, no shards), one that cannot be
+    written (a read-only mount) a ValueError saying so and what to do, before any work."""
     run = Path(path).expanduser()
+    run_shards(run)  # first: a folder that holds no run is "not a run folder", whether or not it can be written
     for folder in (run, run / "figures"):
         if not folder.is_dir():
             continue

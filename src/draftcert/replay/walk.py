@@ -516,26 +516,44 @@ def _passing_nodes(pt: PromptTrace, spec: str, kind: str, s: int, d: int, tree: 
     gs = int(pt.target_token[s])
     if kind in ("strict", "tree"):
         return [(c, (1,)) for c in children if tree.tokens[c] == gs], True
-    ids, lp, _ = _children(pt, d, s)
     model_ranks = [rank_of[c] for c in children if c < n_model]
-    passing_ranks = set(_passing(pt, spec, kind, s, w, d)[0]) if model_ranks else set()
+    if model_ranks:  # model nodes lie at depths the trace records (_check_shape)
+        ids, lp, _ = _children(pt, d, s)
+        passing_ranks = set(_passing(pt, spec, kind, s, w, d)[0])
     out, known = [], True
     for i, c in enumerate(children):
         tok = tree.tokens[c]
         if c < n_model:
             r = rank_of[c]
             ok = r in passing_ranks
+            logp = float(lp[r]) if lp is not None else float("-inf")
         else:  # a grafted token: the rule's verdict where the trace records it for this token
-            r = next((j for j in range(len(ids)) if int(ids[j]) == tok), None)
-            mask_width = _mask_width(pt, spec, d)
-            if r is not None and r < mask_width:
-                ok = r in set(_passing(pt, spec, kind, s, mask_width, d)[0])
+            verdict = _recorded_verdict(pt, spec, kind, s, d, tok)
+            if verdict is None:
+                ok, logp, known = tok == gs, float("-inf"), False
             else:
-                ok, known = tok == gs, False
+                ok, logp = verdict
         if ok:
-            logp = float("inf") if tok == gs else (float(lp[r]) if (lp is not None and r is not None) else float("-inf"))
-            out.append((c, (logp, -i)))
+            out.append((c, (float("inf") if tok == gs else logp, -i)))
     return out, known
+
+
+def _recorded_verdict(pt: PromptTrace, spec: str, kind: str, s: int, d: int, tok: int) -> tuple[bool, float] | None:
+    """(does the rule accept token ``tok`` at step s, its log p) where the trace records the rule's verdict on
+    that token at step s, else None.  A level-set rule's verdict depends on p at step s and the token only,
+    so every recorded proposal at step s answers it: the drafter's at depth d (its rollouts, trace/3) and,
+    failing that or below the deepest recorded rollout (a suffix chain runs deeper than the model's draft,
+    up to the length budget), its teacher-forced top-K at depth 1."""
+    for depth in dict.fromkeys((d, 1)):
+        if depth > 1 and (pt.roll_ids is None or depth - 2 >= pt.roll_ids.shape[1]):
+            continue
+        ids, lp, _ = _children(pt, depth, s)
+        mask_width = _mask_width(pt, spec, depth)
+        r = next((j for j in range(min(len(ids), mask_width)) if int(ids[j]) == tok), None)
+        if r is not None:
+            ok = r in set(_passing(pt, spec, kind, s, mask_width, depth)[0])
+            return ok, float(lp[r]) if lp is not None else float("-inf")
+    return None
 
 
 def _mask_width(pt: PromptTrace, spec: str, d: int) -> int:
