@@ -1,6 +1,6 @@
 """Tiny real transformers models for profile tests (no downloads).
 
-``draftcert.models.tiny_qwen3``: a random Qwen3ForCausalLM with a byte-level
+``tests.tiny_models.tiny_qwen3``: a random Qwen3ForCausalLM with a byte-level
 ChatML tokenizer, built in code.  init_std = 0.5 makes its next-token
 distributions peaked like a trained model's (near-uniform p would make every
 radius trivially small), and vocab_size 320 > 259 tokenizer tokens gives padded

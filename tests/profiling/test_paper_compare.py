@@ -21,7 +21,7 @@ SPECS = ["strict", "entropy:0.09:0.3", "tree:8"]
 
 
 def _summary(scale: float, *, drafter: bool = True) -> dict:
-    """A summary.json as ``report.summary.summarize_trace`` writes it (the keys the comparison
+    """A summary.json as ``report.run_summary.summarize_trace`` writes it (the keys the comparison
     reads, and a few around them), with distinct numbers per criterion and statistic."""
     s: dict = {"steps": 256, "finite_steps": 256, "prompts": 4, "nonfinite_steps": 0, "criteria": SPECS,
                "epsilons": [0.05, 0.1, 0.3, 0.5], "models": {"target": "qwen2.5-coder-1.5b",

@@ -226,7 +226,7 @@ class RunFigures:
     def figure(self, f: PaperFigure) -> float | None:
         """The run's value of ``f``; None where the run has none (criterion, epsilon or drafter
         not in the run).  summary.json writes +inf as null: a null radius quantile or drafter KL
-        over at least one step is +inf (``report.summary``'s rule)."""
+        over at least one step is +inf (``report.run_summary``'s rule)."""
         if f.spec is None:
             d = self.summary.get("drafter_kl_forward")
             steps = self.summary.get("drafter_steps") or 0

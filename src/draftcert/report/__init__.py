@@ -37,7 +37,7 @@ def write_report(out_dir, *, replay: dict | None = None, verbose: bool = True) -
     report.md and report.html (``summary.json["replay"] = {"skipped": note}``).
 
     Returns the summary dict exactly as written to ``summary.json`` (the JSON rule:
-    non-finite numbers as null; ``report.summary.stat_value`` reads a null radius back as
+    non-finite numbers as null; ``report.run_summary.stat_value`` reads a null radius back as
     +inf).  ``verbose`` prints a table and the paths.  Raises ValueError for a missing or
     empty trace folder or an unreadable shard.
     """
