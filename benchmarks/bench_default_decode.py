@@ -8,7 +8,9 @@ process (model loading, the linear_chooser plan and the ``-k auto`` cost curve c
 cache, as they would; delete ``~/.cache/draftcert/{linear_chooser,costs}`` to time a first run).  The
 decode times itself and the target alone in turns (``--repeats``, default 3) and reports the median
 speedup and whether strict's output equals the target's greedy output.  Extra arguments after the
-options are passed to ``draftcert decode`` unchanged.
+options are passed to ``draftcert decode`` unchanged.  After the speed-ups, the drafter's figures
+over every decode: ``acceptance_depth1=``, ``drafted_token_cost=`` (÷ one target step) and
+``plain_round_share=`` (rounds that drafted nothing).
 
 The default prompts are MT-Bench 81 and 84 and HumanEval 0 and 2: held out of every training set
 (``train.data.heldout_texts``), chosen before any drafter was tuned on them.  Last lines:
@@ -53,6 +55,7 @@ def main(argv=None) -> int:
     ids = [p.strip() for p in args.prompts.split(",") if p.strip()]
     texts = {pid: prompt_text(pid) for pid in ids}  # a bad id fails before anything runs
     speedups, lossless = {}, True
+    summaries = []  # every decode's --json summary: the drafter's figures below
     per = {w: {"speedup": {}, "tok_s": {}, "target_tok_s": {}} for w in weights}
     for n, pid in enumerate(ids):
         for w in (weights if n % 2 == 0 else weights[::-1]):
@@ -64,6 +67,7 @@ def main(argv=None) -> int:
                 sys.stderr.write(run.stderr)
                 raise SystemExit(f"{pid}: draftcert decode exited with {run.returncode}")
             s = json.loads(run.stdout.strip().splitlines()[-1])["summary"]
+            summaries.append(s)
             choice = next((ln.split("-k auto: ", 1)[1] for ln in run.stderr.splitlines() if "-k auto: " in ln), None)
             key = pid if w is None else f"{w}/{pid}"
             speedups[key] = s["speedup"]
@@ -91,7 +95,30 @@ def main(argv=None) -> int:
         for what in ("tok_s", "target_tok_s"):
             print(f"{a}_vs_{b}_{what}={geomean(per[a][what][p] / per[b][what][p] for p in ids):.3f}")
     print(f"geomean_speedup={geomean(speedups.values()):.3f}")
+    drafter_figures(summaries)
     return 0
+
+
+def drafter_figures(summaries: list[dict]) -> None:
+    """The drafter's side of issue 47's goals, over every decode: ``acceptance_depth1=`` (strict: drafts
+    accepted at depth 1 / depth 1 attempted), ``drafted_token_cost=`` (the drafting stage's seconds per
+    drafted token over the target alone's seconds per token, both from the same decodes) and
+    ``plain_round_share=`` (rounds that drafted nothing: -k auto's plain steps and confidence stops)."""
+    att = sum((s.get("num_attempted_per_pos") or [0])[0] for s in summaries)
+    acc = sum((s.get("num_accepted_tokens_per_pos") or [0])[0] for s in summaries)
+    if att:
+        print(f"acceptance_depth1={acc / att:.3f}")
+    drafted = sum(s.get("num_draft_tokens") or 0 for s in summaries)
+    propose = sum((s.get("stage_seconds") or {}).get("propose", 0.0) for s in summaries)
+    timed = [s for s in summaries if s.get("baseline_tokens_per_second")]
+    base_s = sum(s["emitted"] / s["baseline_tokens_per_second"] for s in timed)  # the target alone, same lengths
+    base_n = sum(s["emitted"] for s in timed)
+    if drafted and base_s and base_n:
+        print(f"drafted_token_cost={(propose / drafted) / (base_s / base_n):.3f}")
+    rounds = sum(sum(s.get("rounds_by_draft_length") or []) for s in summaries)
+    plain = sum((s.get("rounds_by_draft_length") or [0])[0] for s in summaries)
+    if rounds:
+        print(f"plain_round_share={plain / rounds:.3f}")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,11 @@ llamacpp:spec:N and llamacpp:lookup), and per prompt set ``pair_vs_llamacpp_targ
 overall best strict method's tokens/s over llamacpp:target's, and over the fastest llama.cpp
 method's on that set), and with llamacpp:spec:N rows ``pair_vs_llamacpp_spec=`` (best strict dc / the
 fastest llamacpp:spec:N) and ``pair_vs_llamacpp_spec_chat=``, ``..._code=`` (on that set: over the
-fastest llamacpp:spec:N on that set's prompts).
+fastest llamacpp:spec:N on that set's prompts).  Then the goal figures of ``dc:strict:auto``
+(``draftcert decode``'s defaults: ``-k auto``'s adaptive draft length, strict): per prompt
+``pair_default_vs_llamacpp_target[ID]=`` and ``pair_default_vs_target[ID]=`` (over ``greedy``, our
+target alone as ``decode --baseline`` times it), their ``_geomean=``, per set ``_chat=`` / ``_code=``
+(geometric means) and ``_min=``.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ from _methods import parse_dc, split_vocab  # benchmarks/_methods.py (python put
 
 DEFAULT_METHODS = [
     "target", "greedy", "hf-assisted",
-    "dc:strict:k3", "dc:strict:k5", "dc:strict:tree2x4",
+    "dc:strict:auto", "dc:strict:k3", "dc:strict:k5", "dc:strict:tree2x4",
     "dc:topm:2:k5", "dc:entropy:0.09:0.3:k5",
     "llamacpp:target", "llamacpp:spec:3", "llamacpp:spec:5", "llamacpp:spec:8", "llamacpp:spec:16", "llamacpp:lookup",
 ]  # fmt: skip
@@ -138,10 +142,26 @@ def prompt_text(tok, text: str) -> str:
     return text
 
 
+_AUTO: dict = {}  # rule -> (k, draft_length factory): ``-k auto``'s adaptive draft length, made once per rule
+
+
+def _auto(target, tok, drafter, rule):
+    """``draftcert decode``'s default ``-k auto`` for ``rule`` with the pair's drafter (its spec names its
+    shipped acceptance, ``models.pair.PAIR_DRAFTER_ACCEPTANCE``): (k, tree, the draft_length factory)."""
+    from draftcert.decode.engine import auto_draft
+
+    if rule not in _AUTO:
+        k, tree, _, factory, line = auto_draft(target, drafter, tok, rule, None, spec=DRAFTER)
+        print(f"dc:{rule}:auto: {line}", file=sys.stderr, flush=True)
+        _AUTO[rule] = (k, tree, factory)
+    return _AUTO[rule]
+
+
 def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     """(tokens, seconds, stats or None) of one greedy continuation of ``ids``; for llama.cpp
     methods (prompt ``text``, the templated text of ``ids``) tokens is its ``LlamaRun``."""
     from draftcert.decode import speculative_generate
+    from draftcert.decode.bench import timed_generate
     from draftcert.drafting import ModelDrafter
     from draftcert.decode.engine import greedy_generate
 
@@ -163,10 +183,14 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
             toks, st = out[0, len(ids) :].tolist(), None
         else:
             base, vocab = split_vocab(method)
-            rule, kw = parse_dc(base)
+            rule, kw = parse_dc(base, {"k": "auto", "tree": None})
             if vocab is not None:  # the drafter over the first ``vocab`` token ids (decode --draft-vocab)
                 drafter = ModelDrafter(drafter, vocab)
-            res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
+            if kw["k"] == "auto":  # decode's defaults: the adaptive draft length, timed as decode times itself
+                k, tree, factory = _auto(target, tok, drafter, rule)
+                res = timed_generate(target, drafter, ids, rule, k, tree, n_new, tokenizer=tok, draft_length=factory)
+            else:
+                res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
             toks, st = res.tokens, res.stats
     return toks, time.perf_counter() - t0, st
 
@@ -303,10 +327,10 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; see the module docstring")
     ap.add_argument("--dtype", default=None, help="compute dtype (default: the pair's, models.PAIR_DTYPE; "
                     "--weights gguf computes in float32 only)")
-    ap.add_argument("--weights", choices=("gguf", "gguf-q8", "float32"), default="gguf",
-                    help="our models from the GGUF blocks (default, exact weights and float32 activations), the same "
-                    "blocks with 8-bit activations as llama.cpp computes them (gguf-q8), or the float32 checkpoints "
-                    "(converted once, 9.6 GB)")
+    ap.add_argument("--weights", choices=("gguf", "gguf-q8", "float32"), default=None,
+                    help="our models from the GGUF blocks with 8-bit activations as llama.cpp computes them (gguf-q8), "
+                    "the same blocks with the exact weights and float32 activations (gguf), or the float32 "
+                    "checkpoints (converted once, 9.6 GB); default: decode's (models.loading.default_weights)")
     ap.add_argument("--llamacpp", default="auto", metavar="auto|off|DIR",
                     help="the llama.cpp rows: auto (the cached build, built once if missing), off (none), or a "
                     "folder with llama-completion, llama-speculative-simple, llama-lookup, llama-bench")
@@ -319,6 +343,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cost-repeats", type=int, default=3, help="repeats per dtype and round (default 3)")
     ap.add_argument("--cost-rounds", type=int, default=3, help="rounds over the dtypes, in turn (default 3)")
     args = ap.parse_args(argv)
+    if args.weights is None:
+        from draftcert.models.loading import default_weights
+
+        args.weights = default_weights()
     if args.quick:
         args.chat, args.code, args.max_new_tokens, args.repeats = 1, 1, 32, 1
     torch.set_num_threads(args.threads)
@@ -499,7 +527,27 @@ def main(argv=None) -> int:
             print(f"pair_vs_llamacpp_best_{name}={bs['set_tok_s'][name] / max(r['set_tok_s'][name] for r in llama):.3f}")
         if spec:  # the issue's goal: >= 1.5 on every prompt set, against llama.cpp's best N on that set
             print(f"pair_vs_llamacpp_spec_{name}={bs['set_tok_s'][name] / max(r['set_tok_s'][name] for r in spec):.3f}")
+    goal_figures(methods, prompts, sets, lambda m, i: tok_s(m, [i]))
     return 0
+
+
+def goal_figures(methods, prompts, sets, rate) -> None:
+    """Issue 47's goal figures for ``dc:strict:auto`` (``draftcert decode``'s defaults, strict): per prompt
+    its tokens/s over llama.cpp's target alone and over our own target alone (``greedy``, what ``decode
+    --baseline`` times), then the geometric mean over every prompt and per set, and the smallest.
+    ``rate(method, i)``: a method's tokens/s on prompt i."""
+    if "dc:strict:auto" not in methods:
+        return
+    peers = [(name, m) for name, m in (("llamacpp_target", "llamacpp:target"), ("target", "greedy")) if m in methods]
+    for name, m in peers:
+        ratios = [rate("dc:strict:auto", i) / rate(m, i) for i in range(len(prompts))]
+        for p, r in zip(prompts, ratios):
+            print(f"pair_default_vs_{name}[{p.id}]={r:.3f}")
+        print(f"pair_default_vs_{name}_geomean={statistics.geometric_mean(ratios):.3f}")
+        for set_name, idx in sets:
+            if len(idx):
+                print(f"pair_default_vs_{name}_{set_name}={statistics.geometric_mean([ratios[i] for i in idx]):.3f}")
+        print(f"pair_default_vs_{name}_min={min(ratios):.3f}")
 
 
 if __name__ == "__main__":

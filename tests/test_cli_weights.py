@@ -72,8 +72,11 @@ def test_decode_json_records_the_numerics(capsys, monkeypatch):
     code = main(["decode", "--prompt", "Hi", "--weights", "gguf", "--json", "--no-progress", "--no-warmup",
                  "-k", "1", "--drafter", "suffix", "--max-new-tokens", "4"])
     assert code == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    out, err = capsys.readouterr()
+    summary = json.loads(out.strip().splitlines()[-1])["summary"]
     assert summary["model_dtype"] == "gguf-exact-f32"
+    first = next(ln for ln in err.splitlines() if "computes under" in ln)  # which contract, the other, two targets
+    assert "computes under gguf (" in first and "--weights gguf-q8" in first and "greedy texts can differ" in first
 
 
 def test_the_default_gives_way_to_a_dtype_or_device_and_an_explicit_choice_does_not(monkeypatch):

@@ -299,10 +299,12 @@ def test_strict_decoding_on_the_gguf_target_is_its_greedy_decoding(embedded_both
 
 def test_weights_option(monkeypatch):
     from draftcert.models import load_target
-    from draftcert.models.loading import DEFAULT_WEIGHTS, resolve_weights
+    from draftcert.kernels import block_matmul
+    from draftcert.models.loading import default_weights, resolve_weights
 
     monkeypatch.delenv("DRAFTCERT_WEIGHTS", raising=False)
-    assert resolve_weights(None) == DEFAULT_WEIGHTS and resolve_weights("GGUF") == "gguf"
+    assert resolve_weights(None) == default_weights() and resolve_weights("GGUF") == "gguf"
+    assert default_weights() == ("gguf-q8" if block_matmul.q8_vectorised() else "gguf")
     monkeypatch.setenv("DRAFTCERT_WEIGHTS", "gguf")
     assert resolve_weights(None) == "gguf" and resolve_weights("float32") == "float32"
     with pytest.raises(ValueError, match="weights must be one of"):

@@ -23,7 +23,7 @@ from ..divergences import DIVERGENCES
 from ..fileio import check_writable_dir
 from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafter_spec
 from ..models.hf import parse_dtype
-from ..models.loading import DEFAULT_WEIGHTS, WEIGHTS, WEIGHTS_ENV
+from ..models.loading import WEIGHTS, WEIGHTS_ENV
 from ..profile.settings import parse_divergences
 from ..tracefile import run_shards
 
@@ -159,11 +159,13 @@ def apply_pair(args, option: str = "--pair") -> None:
     args.target, args.drafter = pair.target, pair.drafter
 
 
-WEIGHTS_HELP = (f"what a GGUF-sourced model (the embedded target, the --pair models) computes from: gguf = the "
-                "file's blocks as stored (exact dequantised weights, float32 activations and sums, batch invariant; "
-                "docs/gguf.md), gguf-q8 = the same blocks with 8-bit activations as llama.cpp computes them (integer "
-                f"block sums, batch invariant, faster where the CPU has AVX-512 VNNI), float32 = its converted float32 checkpoint (default: ${WEIGHTS_ENV}, else "
-                f"{DEFAULT_WEIGHTS}); other targets ignore it")
+WEIGHTS_HELP = ("what a GGUF-sourced model (the embedded target, the --pair models) computes from: gguf-q8 = the "
+                "file's blocks with 8-bit activations, as llama.cpp computes them (integer block sums, batch "
+                "invariant; the default where the CPU runs it vectorised: AVX-512 VNNI, AVX-VNNI or AVX2), gguf = "
+                "the same blocks with the exact dequantised weights and float32 activations and sums (slower; the "
+                "default elsewhere), float32 = its converted float32 checkpoint. gguf and gguf-q8 are two targets: "
+                f"their greedy texts can differ (docs/gguf.md). Default: ${WEIGHTS_ENV}, else as said; other targets "
+                "ignore it")
 
 
 def add_weights_option(parser) -> None:

@@ -233,6 +233,20 @@ def use_color(args, stream) -> bool:
 GREEN, RESET = "\033[32m", "\033[0m"
 
 
+def contract_line(numerics: str) -> str | None:
+    """``decode``'s first line for a target computed from GGUF blocks: which contract runs, what the other
+    one is, and that the two are different targets (None for a model in a plain dtype)."""
+    if numerics == "gguf-q8":
+        return ("the target computes under gguf-q8 (its GGUF blocks with 8-bit activations, as llama.cpp computes "
+                "them); --weights gguf computes the exact dequantised weights in float32, slower (docs/gguf.md). "
+                "They are two targets: their greedy texts can differ")
+    if numerics == "gguf-exact-f32":
+        return ("the target computes under gguf (its GGUF blocks, the exact dequantised weights, float32 sums); "
+                "--weights gguf-q8 computes them as llama.cpp does, with 8-bit activations, faster where the CPU runs "
+                "it vectorised (docs/gguf.md). They are two targets: their greedy texts can differ")
+    return None
+
+
 def _num(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -245,6 +259,9 @@ def run_decode(args) -> int:
     check_drafter(args.drafter)
     _check_tree(args)
     target, tok, dspec = _load(args)
+    contract = contract_line(numerics_of(target))
+    if contract:
+        print(f"draftcert: {contract}", file=sys.stderr, flush=True)
     ids = encode_prompt(tok, args.prompt)
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
     draft_length = _auto_k(args, target, drafter, dspec)

@@ -14,9 +14,11 @@ hub).  First use:
 The converted weights are the dequantised Q4_1 values, bit for bit: this is the model llama.cpp
 would run, not the original bf16 SmolLM2.
 
-That conversion is ``weights="float32"``.  The default, ``weights="gguf"`` (``DEFAULT_WEIGHTS``,
-``$DRAFTCERT_WEIGHTS``), converts nothing: ``ensure_embedded_gguf`` keeps the GGUF file itself and
-every linear layer computes from its blocks (``draftcert.gguf``; the same weights, docs/gguf.md).
+That conversion is ``weights="float32"``.  The defaults (``default_weights``, ``$DRAFTCERT_WEIGHTS``)
+convert nothing: ``ensure_embedded_gguf`` keeps the GGUF file itself and every linear layer computes
+from its blocks (``draftcert.gguf``, docs/gguf.md): ``weights="gguf-q8"`` (8-bit activations, as
+llama.cpp computes the file) where this CPU runs that contract vectorised, else ``weights="gguf"``
+(the exact dequantised weights, float32 sums).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import torch
 import torch.nn as nn
 
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
-from ..kernels import linear_chooser
+from ..kernels import block_matmul, linear_chooser
 from ..gguf.layers import CONTRACT, CONTRACT_Q8
 from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metadata
 from ..kernels.attention import use_grouped_sdpa
@@ -160,13 +162,24 @@ WEIGHTS_ENV = "DRAFTCERT_WEIGHTS"
 # What a GGUF-sourced target (the embedded model, the pair) computes from when ``weights`` is not
 # given and $DRAFTCERT_WEIGHTS is unset: the file's blocks (``draftcert.gguf``, no conversion), faster and
 # smaller than the float32 checkpoint (benchmarks/bench_weights.py measures both; docs/gguf.md).  An
-# asked-for dtype other than float32, or a GPU, takes the float32 checkpoint.
-DEFAULT_WEIGHTS = "gguf"
+# asked-for dtype other than float32, or a GPU, takes the float32 checkpoint.  None: ``default_weights``
+# decides by the CPU (a value here, e.g. set by a test, is the default everywhere).
+DEFAULT_WEIGHTS: str | None = None
+
+
+def default_weights() -> str:
+    """The default ``weights`` of GGUF-sourced models on this machine: ``"gguf-q8"`` (the GGUF as
+    llama.cpp computes it, the reference a user compares with) where the kernel runs that contract
+    vectorised (``block_matmul.q8_vectorised``: AVX-512 VNNI, AVX-VNNI or AVX2), else ``"gguf"`` (its
+    portable code is slow; the exact contract's kernel vectorises wherever there are vectors)."""
+    if DEFAULT_WEIGHTS is not None:
+        return DEFAULT_WEIGHTS
+    return "gguf-q8" if block_matmul.q8_vectorised() else "gguf"
 
 
 def resolve_weights(weights: str | None) -> str:
-    """``weights`` or ``$DRAFTCERT_WEIGHTS`` or ``DEFAULT_WEIGHTS``; ValueError for another value."""
-    w = (weights or os.environ.get(WEIGHTS_ENV, "").strip() or DEFAULT_WEIGHTS).lower()
+    """``weights`` or ``$DRAFTCERT_WEIGHTS`` or ``default_weights()``; ValueError for another value."""
+    w = (weights or os.environ.get(WEIGHTS_ENV, "").strip() or default_weights()).lower()
     if w not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {w!r}")
     return w
@@ -311,9 +324,9 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
     same weights, float32 sums in a fixed order, batch-invariant linears; no float32 conversion or
     cache, float32 only); ``"gguf-q8"`` the same blocks under the contract ``"gguf-q8"`` (activations
     quantised per block to 8 bits as llama.cpp does, integer block dot products: the GGUF as llama.cpp
-    computes it, faster on CPUs with AVX-512 VNNI); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``,
-    else ``DEFAULT_WEIGHTS`` (``"gguf"``; with neither given, a ``dtype`` other than float32 or a device other
-    than the CPU takes ``"float32"``).  ``draftcert.gguf.layers.numerics_of(model)`` names what a loaded model computes under.
+    computes it); ``"float32"`` the converted float32 checkpoint.  Default: ``$DRAFTCERT_WEIGHTS``, else
+    ``default_weights()`` (``"gguf-q8"`` where this CPU runs it vectorised, else ``"gguf"``; with neither
+    given, a ``dtype`` other than float32 or a device other than the CPU takes ``"float32"``).  ``draftcert.gguf.layers.numerics_of(model)`` names what a loaded model computes under.
     """
     instead = ("or use the default target ('embedded', SmolLM2-135M-Instruct from PyPI)" if role == "target" else
                "or a drafter derived from the target (self:skip=LAYERS, self:quant=BITS, or 'default')")
