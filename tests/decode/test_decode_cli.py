@@ -49,7 +49,7 @@ def test_decode_text_streams_without_colour_when_piped(ckpt, capsys):
     "argv,msg",
     [
         (["decode", "--prompt", "  "], "--prompt"),
-        (["decode", "--prompt", "x", "-k", "0"], "-k"),
+        (["decode", "--prompt", "x", "-k", "-1"], "-k"),
         (["decode", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens"),
         (["bench", "--criteria", "bogus"], "unknown rule"),
     ],
