@@ -1144,14 +1144,13 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i a) { return _mm256_dp
 /* The int16 pair sums of codes w (unsigned) and activations a (signed): in range by the bounds above. */
 static inline __m256i mad16(__m256i w, __m256i a) { return _mm256_maddubs_epi16(w, a); }
 #endif
-/* Q5_0's fifth bits: the 32 bits at p to 32 bytes, 16 where byte j's bit j is set, else 0. */
-static inline __m256i fifth_bits(const uint8_t *p)
+/* Q5_0's fifth bits: planes (the 16 bytes of masks 2u and 2u + 1, in both 128-bit lanes), the 32 bits
+ * at byte 4s of them (s = 2 hh + x) to 32 bytes, 16 where byte j's bit j is set, else 0. */
+static inline __m256i fifth_bits(__m256i planes, int s)
 {
-    uint32_t m;
-    memcpy(&m, p, 4);
     const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i x = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), _mm256_setr_epi64x(0, 0x0101010101010101LL,
-                                                                                      0x0202020202020202LL, 0x0303030303030303LL));
+    const __m256i x = _mm256_shuffle_epi8(planes, _mm256_add_epi8(_mm256_set1_epi8((char)(4 * s)),
+                      _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL)));
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(x, sel), sel), _mm256_set1_epi8(16));
 }
 
@@ -1190,13 +1189,15 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
 #endif
             for (int u = 0; u < 4; u++) {
                 __m256i lo[2], hi[2];
+                const __m256i planes = qtype == Q5_0 ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(h + 32 + 16 * u)))
+                                                     : _mm256_setzero_si256();
                 for (int x = 0; x < 2; x++) {
                     const __m256i v = ld32(cd + 64 * u + 32 * x);
                     lo[x] = _mm256_and_si256(v, lo4);
                     hi[x] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
                     if (qtype == Q5_0) { /* the fifth bits: masks 2u (low nibbles) and 2u + 1, 32 bits a half */
-                        lo[x] = _mm256_or_si256(lo[x], fifth_bits(h + 32 + 16 * u + 4 * x));
-                        hi[x] = _mm256_or_si256(hi[x], fifth_bits(h + 40 + 16 * u + 4 * x));
+                        lo[x] = _mm256_or_si256(lo[x], fifth_bits(planes, x));
+                        hi[x] = _mm256_or_si256(hi[x], fifth_bits(planes, 2 + x));
                     }
                 }
                 for (int r = 0; r < MT; r++) {
