@@ -599,8 +599,9 @@ int dq_dequantize(int qtype, const uint8_t *w, long row_bytes, long N, long K, f
  *   Q6_K:  acc = fma((float)sum_j sc_j (S_j - 32 A_j), d_b * da_b, acc)       (16 sub-blocks of 16)
  * then y = acc + bias.  Every product dw * da and every int -> float conversion is rounded once
  * (round to nearest even).  Nothing depends on M, on the other rows of the pass, on the thread
- * count or on the build: the vector code (AVX-512 VNNI) and the portable code compute the same
- * integers and the same float32 operations, so the bits are the same on every machine.
+ * count or on the build: the vector codes (AVX-512 VNNI, AVX-VNNI, AVX2; dq8_vectorised says which
+ * one a build compiled) and the portable code compute the same integers and the same float32
+ * operations, so the bits are the same on every machine.
  *
  * The weights are repacked once at load (dq8_pack) into groups of QG = 16 output rows: per block, a
  * header of the 16 rows' scales, then the codes, 4 consecutive k of each of the 16 rows in 64 bytes
