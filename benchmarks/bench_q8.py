@@ -31,7 +31,12 @@ transformers' own modules (``kernels.decoder_layers``: what writing the layers o
 of each, medians.
 
     python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
-        [--threads 2] [--repeats 5] [--baseline-source FILE] [--variants avxvnni,avx2,portable] [--forward]
+        [--threads 2] [--repeats 5] [--clock wall|cpu] [--baseline-source FILE]
+        [--variants avxvnni,avx2,portable] [--forward]
+
+``--clock cpu`` (with ``--threads 1``: the kernel then runs on the calling thread) times each kernel
+call by the thread's CPU time (``time.thread_time``) instead of the wall clock: time the process
+spent descheduled on a busy machine is left out (what other processes do to the caches is not).
 
 Last lines, ``name=value`` per model: ``<model>_packed_mb`` (the bytes one pass reads),
 ``<model>_q8_ms_M<M>`` (one pass, ms), ``<model>_q8_ratio_M<M>`` (M rows / 1 row),
@@ -187,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="target,drafter,embedded", help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--rows", default="1,2,3,4,8,16")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the calling thread's CPU time per kernel call (needs --threads 1)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline-source", default=None, help="another block_matmul.c to time as kernel base (same flags)")
     ap.add_argument("--variants", default="", help="comma-separated x86 code paths to build and time beside this "
@@ -204,6 +211,9 @@ def main(argv=None) -> int:
     rows = sorted({int(r) for r in args.rows.split(",")})
     if rows[0] != 1:
         rows = [1, *rows]
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu times the calling thread only: use it with --threads 1")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     base = build_baseline(Path(args.baseline_source)) if args.baseline_source else None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -214,7 +224,7 @@ def main(argv=None) -> int:
     libs = {"q8": lib, **{v: build_variant(v) for v in variants}, **({"base": base} if base is not None else {})}
     gen = torch.Generator().manual_seed(0)
     print(f"block_matmul build {block_matmul.LIBRARY.build_id()} (gguf-q8 {block_matmul.q8_vectorised() or 'portable'}), "
-          f"{args.threads} thread(s), fastest of {args.repeats} rounds", flush=True)
+          f"{args.threads} thread(s), fastest of {args.repeats} rounds, {args.clock} clock", flush=True)
     results = []
     for model in models:
         layers = layers_of(gguf_path(model))
@@ -241,9 +251,9 @@ def main(argv=None) -> int:
                         t, per = 0.0, dict.fromkeys(names, 0.0)
                         for i, (_, qt, _, k, _) in enumerate(layers):
                             x = xs[(r, k)]
-                            t0 = time.perf_counter()
+                            t0 = clock()
                             run(kind, i, x)
-                            dt = time.perf_counter() - t0
+                            dt = clock() - t0
                             t += dt
                             per[qt] += dt
                             if rep:
