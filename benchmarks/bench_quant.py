@@ -7,7 +7,7 @@ over all of them per (rows M, kernel), round robin, the fastest of ``--repeats``
 
 * ``quant``: ``GGUFLinear`` (the blocks, decoded once per pass for all M rows; ~1/5 of the bytes);
 * ``q8``: the same layers under the contract ``gguf-q8`` (``--weights gguf-q8``: 8-bit activations,
-  integer block sums; the blocks repacked once, AVX-512 VNNI where the CPU has it);
+  integer block sums; the blocks repacked once, vectorised as the CPU allows: AVX-512 VNNI, AVX-VNNI or AVX2);
 * ``packed``: draftcert's float32 streamed kernel on block-packed float32 weights;
 * ``flinear``: ``F.linear`` (MKL) on the float32 weights.
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
                     if rep:
                         best[(kind, r)] = min(best[(kind, r)], t)
     print(f"block_matmul build {block_matmul.LIBRARY.build_id()} ({block_matmul.vector_width()} lanes, gguf-q8 "
-          f"{'AVX-512 VNNI' if block_matmul.q8_vectorised() else 'portable'}), packed_matmul {packed_matmul.LIBRARY.build_id() or 'unavailable'}, "
+          f"{block_matmul.q8_vectorised() or 'portable'}), packed_matmul {packed_matmul.LIBRARY.build_id() or 'unavailable'}, "
           f"{args.threads} thread(s), {len(qmods)} layers, fastest of {args.repeats} rounds (a shared machine: noisy)")
     for (kind, r), t in best.items():
         print(f"{kind}_ms_M{r}={t * 1e3:.3f}")

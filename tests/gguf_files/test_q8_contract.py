@@ -171,33 +171,165 @@ def test_rows_alone_and_in_passes_of_any_size_are_identical_q8(qtype):
         torch.set_num_threads(before)
 
 
+# The x86 code paths of dq8_linear, each chosen at compile time by the flags after -march=native, and
+# the CPU flags (/proc/cpuinfo) a build of it needs to run here; "" is the portable code.
+X86_BUILDS = {
+    "avx-vnni": ("-mno-avx512f", ("avx2", "fma", "f16c", "avx_vnni")),
+    "avx2": ("-mno-avx512f -mno-avxvnni", ("avx2", "fma", "f16c")),
+    "": ("-mno-avx512f -mno-avx2 -mno-fma -mno-f16c -mno-avxvnni", ()),
+}
+
+# The largest codes each type stores (byte offsets in a GGUF block -> byte), for the integer sums' bounds:
+# Q4_1 15, Q5_0 31, Q8_0 -128 (|w| 128) or 127, Q4_K 15 with scales and mins 63, Q6_K 63 with scales -128 or 127.
+EXTREMES = {3: [((4, 20), 0xFF)], 6: [((2, 22), 0xFF)], 8: [((2, 34), 0x80)], 12: [((4, 144), 0xFF)],
+            14: [((0, 192), 0xFF), ((192, 208), 0x80)]}
+FLIPPED = {8: [((2, 34), 0x7F)], 14: [((0, 192), 0xFF), ((192, 208), 0x7F)]}  # the other sign's extremes
+
+
+def _extreme_blocks(qtype: int, n: int, k: int, seed: int, fills) -> np.ndarray:
+    qk, qb = block_matmul.block_shape(qtype)
+    b = random_blocks(qtype, n, k, seed=seed).reshape(n, k // qk, qb)
+    for (lo, hi), byte in fills:
+        b[..., lo:hi] = byte
+    return b.reshape(n, -1)
+
+
+def x86_cases() -> dict[str, tuple[int, int, int, np.ndarray, np.ndarray, np.ndarray | None]]:
+    """name -> (qtype, n, k, blocks, x [M, k], bias or None): random blocks of every type on shapes with
+    and without whole groups of 16 outputs, M = 1..16 and a prefill of 70 rows; then the largest codes
+    against activations at +-127 (all of one sign, alternating, and random) for the int16 bounds."""
+    rng = np.random.default_rng(47)
+    cases = {}
+    for t in TYPES:
+        qk = block_matmul.block_shape(t)[0]
+        for n, k in ([(37, 3 * qk), (16, 2 * qk), (70, 512)] if qk == 32 else [(19, 512), (33, 256)]):
+            b = random_blocks(t, n, k, seed=n * k + t)
+            x = (rng.standard_normal((70, k)) * rng.choice([1e-3, 1.0, 30.0], size=(70, 1))).astype(np.float32)
+            bias = rng.standard_normal(n).astype(np.float32)
+            for m in [*range(1, 17), 70]:
+                cases[f"{t}_{n}x{k}_M{m}"] = (t, n, k, b, x[:m], bias if m % 2 else None)
+        k = 2 * max(qk, 256)
+        signs = np.ones((4, k), np.float32)
+        signs[1] = -1
+        signs[2, 1::2] = -1
+        signs[3] = rng.choice([-1.0, 1.0], size=k)
+        x = np.concatenate([signs, rng.standard_normal((3, k)).astype(np.float32)])
+        for name, fills in (("max", EXTREMES[t]), ("maxflip", FLIPPED.get(t))):
+            if fills is not None:
+                cases[f"{t}_{name}"] = (t, 24, k, _extreme_blocks(t, 24, k, 5, fills), x, None)
+    return cases
+
+
+_WORKER = """
+import sys, numpy as np, torch
+from draftcert.kernels import block_matmul
+want = sys.argv[3]
+assert block_matmul.q8_vectorised() == want, (block_matmul.q8_vectorised(), want, block_matmul.LIBRARY.build_id())
+d = np.load(sys.argv[1], allow_pickle=True)
+out = {}
+for name in d['names']:
+    t, n, k = (int(v) for v in d[name + '/tnk'])
+    packed = block_matmul.pack_q8(torch.from_numpy(d[name + '/b']), t, n, k)
+    bias = torch.from_numpy(d[name + '/bias']) if name + '/bias' in d else None
+    out[name] = block_matmul.linear_q8(torch.from_numpy(d[name + '/x']), packed, t, n, k, bias).numpy()
+np.savez(sys.argv[2], **out)
+"""
+
+
+def _buildable(path: str) -> str:
+    """"" where a build for the code ``path`` can run on this machine, else why not."""
+    import platform
+
+    from draftcert.native import cpu_flags
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "the x86 code paths are built for x86-64 only"
+    have = set(cpu_flags().split())
+    missing = [f for f in X86_BUILDS[path][1] if f not in have]
+    return f"this CPU lacks {', '.join(missing)}: the {path or 'portable'} code cannot run here" if missing else ""
+
+
+@pytest.fixture(scope="module")
+def x86_builds(tmp_path_factory):
+    """path -> every case of x86_cases() computed by linear_q8 in a subprocess whose kernel is built for
+    that code (DRAFTCERT_NATIVE_CFLAGS), with this checkout's draftcert; or the reason it cannot run.
+    The subprocesses run side by side (most of their time is importing torch)."""
+    if not block_matmul.LIBRARY.available():
+        pytest.skip("no block_matmul kernel")
+    tmp = str(tmp_path_factory.mktemp("x86_builds"))
+    cases = x86_cases()
+    src = os.path.join(tmp, "in.npz")
+    arrays = {"names": np.array(list(cases))}
+    for name, (t, n, k, b, x, bias) in cases.items():
+        arrays.update({f"{name}/tnk": np.array([t, n, k]), f"{name}/b": b, f"{name}/x": x})
+        if bias is not None:
+            arrays[f"{name}/bias"] = bias
+    np.savez(src, **arrays)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(block_matmul.__file__))))  # src/
+    pythonpath = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    runs, out = {}, {}
+    for path, (flags, _) in X86_BUILDS.items():
+        why = _buildable(path)
+        if why:
+            out[path] = why
+            continue
+        dst = os.path.join(tmp, f"out-{path or 'portable'}.npz")
+        env = {**os.environ, "DRAFTCERT_NATIVE_CFLAGS": flags, "PYTHONPATH": pythonpath}
+        runs[path] = (dst, subprocess.Popen([sys.executable, "-c", _WORKER, src, dst, path], env=env,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for path, (dst, proc) in runs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{path or 'portable'} build: {err[-2000:]}"
+        out[path] = dict(np.load(dst))
+    return out
+
+
+def _assert_same_bits(got, path: str):
+    if isinstance(got, str):
+        pytest.skip(got)
+    for name, (t, n, k, b, x, bias) in x86_cases().items():
+        packed = block_matmul.pack_q8(torch.from_numpy(b), t, n, k)
+        bt = torch.from_numpy(bias) if bias is not None else None
+        mine = block_matmul.linear_q8(torch.from_numpy(x), packed, t, n, k, bt).numpy()
+        portable = block_matmul.linear_q8_portable(torch.from_numpy(x), packed, t, n, k, bt).numpy()
+        assert np.array_equal(mine.view(np.int32), portable.view(np.int32)), f"this build != portable: {name}"
+        assert np.array_equal(got[name].view(np.int32), mine.view(np.int32)), f"{path or 'portable'} build differs: {name}"
+
+
 @needs_kernel
-def test_a_portable_build_gives_the_same_bits():
+def test_a_portable_build_gives_the_same_bits(x86_builds):
     """No AVX-512, AVX2, FMA or F16C: the kernel built for a plain x86-64 computes the same outputs."""
     if not block_matmul.q8_vectorised():
         pytest.skip("this build is already the portable one")
-    rng = np.random.default_rng(0)
-    cases = {t: (random_blocks(t, 21, 512, seed=t), rng.standard_normal((5, 512)).astype(np.float32)) for t in TYPES}
-    code = ("import sys, numpy as np, torch\nfrom draftcert.kernels import block_matmul\n"
-            "assert not block_matmul.q8_vectorised(), block_matmul.LIBRARY.build_id()\n"
-            "d = np.load(sys.argv[1])\n"
-            "out = {}\n"
-            f"for t in {TYPES!r}:\n"
-            "    b, x = torch.from_numpy(d[f'b{t}']), torch.from_numpy(d[f'x{t}'])\n"
-            "    out[f'y{t}'] = block_matmul.linear_q8(x, block_matmul.pack_q8(b, t, 21, 512), t, 21, 512).numpy()\n"
-            "np.savez(sys.argv[2], **out)\n")
-    import tempfile
+    _assert_same_bits(x86_builds[""], "")
 
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
-        np.savez(src, **{f"b{t}": b for t, (b, _) in cases.items()}, **{f"x{t}": x for t, (_, x) in cases.items()})
-        env = {**os.environ, "DRAFTCERT_NATIVE_CFLAGS": "-mno-avx512f -mno-avx2 -mno-fma -mno-f16c -mno-avxvnni"}
-        r = subprocess.run([sys.executable, "-c", code, src, dst], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        got = np.load(dst)
-        for t, (b, x) in cases.items():
-            mine = block_matmul.linear_q8(torch.from_numpy(x), block_matmul.pack_q8(torch.from_numpy(b), t, 21, 512), t, 21, 512)
-            assert np.array_equal(got[f"y{t}"].view(np.int32), mine.numpy().view(np.int32)), block_type(t).name
+
+@needs_kernel
+@pytest.mark.parametrize("path", ["avx-vnni", "avx2"])
+def test_the_256_bit_x86_builds_give_the_same_bits(path, x86_builds):
+    """The AVX-VNNI build (-mno-avx512f) and the plain AVX2 build (also -mno-avxvnni) give the bits of
+    this machine's own build and of the portable code, on random blocks of every type, 1..16 rows and a
+    prefill, and on the largest codes against +-127 activations (where an int16 sum could saturate)."""
+    _assert_same_bits(x86_builds[path], path)
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_activations_never_quantise_to_minus_128(qtype):
+    """The AVX2 code's Q8_0 dot product (|w| against sign(w) q) relies on |q| <= 127: q = rne(x * id)
+    with |x| <= amax and id = fl(127 / amax) stays within 127 (1 + u)^2 < 127.5.  Blocks at the edges:
+    the extreme at -amax among near-equal values, amax from subnormal to 3e38, infinities and NaN."""
+    rng = np.random.default_rng(qtype)
+    k = 256
+    amax = np.exp2(rng.uniform(-149, 127.9, size=4000)).astype(np.float32)
+    x = -amax[:, None] * (1 - rng.integers(0, 8, size=(4000, k)) * np.float32(2.0 ** -24))
+    x = x.astype(np.float32)
+    x[:, ::5] *= -1
+    x[:100, 7] = -np.inf
+    x[100:200, 9] = np.nan
+    x[200:300, 3] = np.float32(3.4e38)
+    q = block_matmul.quantize_q8(torch.from_numpy(x), qtype)["q"]
+    assert int(q.min()) >= -127 and int(q.max()) <= 127
 
 
 @needs_kernel

@@ -599,8 +599,9 @@ int dq_dequantize(int qtype, const uint8_t *w, long row_bytes, long N, long K, f
  *   Q6_K:  acc = fma((float)sum_j sc_j (S_j - 32 A_j), d_b * da_b, acc)       (16 sub-blocks of 16)
  * then y = acc + bias.  Every product dw * da and every int -> float conversion is rounded once
  * (round to nearest even).  Nothing depends on M, on the other rows of the pass, on the thread
- * count or on the build: the vector code (AVX-512 VNNI) and the portable code compute the same
- * integers and the same float32 operations, so the bits are the same on every machine.
+ * count or on the build: the vector codes (AVX-512 VNNI, AVX-VNNI, AVX2; dq8_vectorised says which
+ * one a build compiled) and the portable code compute the same integers and the same float32
+ * operations, so the bits are the same on every machine.
  *
  * The weights are repacked once at load (dq8_pack) into groups of QG = 16 output rows: per block, a
  * header of the 16 rows' scales, then the codes, 4 consecutive k of each of the 16 rows in 64 bytes
@@ -641,10 +642,17 @@ static inline int q8_qk(int qtype) { return qtype == Q4_K || qtype == Q6_K ? 256
 static inline int q8_sub(int qtype) { return qtype == Q6_K ? 16 : 32; } /* elements per activation sum */
 static inline int q8_four_bit(int qtype) { return qtype == Q4_1 || qtype == Q4_K || qtype == Q5_0; } /* nibble codes */
 
+/* Which code computes dq8_linear in this build (chosen at compile time; every one gives the same bits):
+ * 2 AVX-512 VNNI (512-bit vpdpbusd), 3 AVX-VNNI (256-bit vpdpbusd, VEX), 4 AVX2 (vpmaddubsw + vpmaddwd;
+ * FMA and F16C too), 0 the portable code (q8_dot_scalar, one output at a time). */
 int dq8_vectorised(void)
 {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    return 1;
+    return 2;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && defined(__AVXVNNI__)
+    return 3;
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return 4;
 #else
     return 0;
 #endif
@@ -906,6 +914,7 @@ static float q8_dot_scalar(int qtype, const uint8_t *grp, long nb, int c, const 
 }
 
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define Q8_VECTOR 1
 #define Q8MT 8 /* the most input rows per register tile (q8_rows_per_tile: 6 for Q4_K, else 8) */
 static inline int q8_rows_per_tile(int qtype) { return qtype == Q4_K ? 6 : 8; }
 static inline __m512i bc4(const int8_t *p)
@@ -1089,6 +1098,328 @@ static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, lon
         m0 += mt;
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* ---- "gguf-q8" on 256-bit vectors: AVX-VNNI (vpdpbusd, VEX-encoded) or plain AVX2 (vpmaddubsw, vpmaddwd).
+ * The same packing (dq8_pack): a 64-byte code chunk is two 32-byte halves, x = 0 for the group's rows
+ * 0-7 and x = 1 for rows 8-15, each int32 lane one row's 4 consecutive k; both halves are computed in one
+ * pass over the blocks, each output in 8 lanes of its half.  The block integers are exact (any instruction
+ * sequence that does not overflow gives the contract's int32) and the float32 operations per output are
+ * the contract's, in its order (the list above): the same bits as the AVX-512 and the portable code.
+ *
+ * AVX-VNNI's vpdpbusd adds its four u8 x s8 products into int32 lanes without saturation: nothing to bound.
+ * AVX2's vpmaddubsw multiplies an unsigned code byte by a signed activation byte and adds adjacent
+ * pairs into int16 WITH saturation at +-32767; here such int16 pair sums are also added in int16 before
+ * vpmaddwd widens them.  Every one of those sums stays in range, so nothing saturates or wraps
+ * (|q| <= 128 for any int8 activation, a pair is at most 2 * cmax * 128):
+ *   Q4_1, Q4_K (codes 0..15): a pair <= 3840; 8 added (Q4_1: a block, Q4_K: a sub-block of 32) <= 30720;
+ *   Q5_0 (codes 0..31):       a pair <= 7936; 4 added (two chunks of a block) <= 31744;
+ *   Q6_K (codes 0..63):       a pair <= 16128; 2 added (half a sub-block of 16) <= 32256;
+ *   Q8_0: the codes as stored (w + 128, 0..255) could saturate (2 * 255 * 127 > 32767).  The signed
+ *     weight w = code - 128 goes in as |w| (unsigned, <= 128) against sign(w) q (vpsignb), |w| sign(w) q
+ *     = w q, and each pair is widened alone: a pair is at most 2 * 128 * 127 = 32512, since the
+ *     activations of a Q8_0 weight are never -128: q8_quantize_row's q = rne(x * id), id = fl(127 / amax),
+ *     |x| <= amax, so |fl(x * id)| <= 127 (1 + u)^2 < 127.5 and |q| <= 127 (a non-finite product gives 0);
+ *     that is also why vpsignb never has to negate -128.  The block's integer is sum w q = sum code q -
+ *     128 sum q, the one the contract names.
+ * Products of the sub-block scales (Q4_K 0..63, Q6_K -128..127) with these sums go through vpmaddwd with
+ * the scale in both int16 halves of a lane (AVX2) or vpmulld (AVX-VNNI), into int32 as the AVX-512 code. */
+#define Q8_VECTOR 1
+#if defined(__AVXVNNI__)
+#define Q8_VNNI256 1
+#else
+#define Q8_VNNI256 0
+#endif
+#define Q8MT 4 /* the most input rows per register tile (16 vector registers) */
+static inline int q8_rows_per_tile(int qtype) { (void)qtype; return Q8MT; }
+static inline __m256i bc4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+static inline __m256i ld32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline __m256 h8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#if Q8_VNNI256
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i a) { return _mm256_dpbusd_avx_epi32(acc, w, a); }
+#else
+/* The int16 pair sums of codes w (unsigned) and activations a (signed): in range by the bounds above. */
+static inline __m256i mad16(__m256i w, __m256i a) { return _mm256_maddubs_epi16(w, a); }
+#endif
+/* Q5_0's fifth bits: planes (the 16 bytes of masks 2u and 2u + 1, in both 128-bit lanes), the 32 bits
+ * at byte 4s of them (s = 2 hh + x) to 32 bytes, 16 where byte j's bit j is set, else 0. */
+static inline __m256i fifth_bits(__m256i planes, int s)
+{
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i x = _mm256_shuffle_epi8(planes, _mm256_add_epi8(_mm256_set1_epi8((char)(4 * s)),
+                      _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL)));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(x, sel), sel), _mm256_set1_epi8(16));
+}
+
+/* MT input rows (m0 ..) against the 16 outputs of one group: out[r][x] = rows 8x .. 8x + 7's accumulators. */
+static inline __attribute__((always_inline)) void
+q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0, const int MT, __m256 (*out)[2])
+{
+    const long hdr = q8_block_hdr(qtype), blk = hdr + q8_block_codes(qtype);
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+#if !Q8_VNNI256
+    const __m256i one16 = _mm256_set1_epi16(1);
+#endif
+    const int8_t *q[Q8MT];
+    const float *da[Q8MT];
+    const int32_t *as[Q8MT], *ap[Q8MT];
+    __m256 facc[Q8MT][2];
+    for (int r = 0; r < MT; r++) {
+        q[r] = A->q + (m0 + r) * A->K; da[r] = A->da + (m0 + r) * A->nda; as[r] = A->as + (m0 + r) * A->nas;
+        ap[r] = A->ap ? A->ap + (m0 + r) * (A->nas / 2) : NULL;
+        facc[r][0] = facc[r][1] = _mm256_setzero_ps();
+    }
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *h = grp + b * blk, *cd = h + hdr;
+        if (b + 1 < nb) _mm_prefetch((const char *)(h + blk), _MM_HINT_T0);
+        const __m256 dw[2] = {h8(h), h8(h + 16)};
+        __m256i T[Q8MT][2]; /* the block's integer per output: sum code q (sub-block scales applied) */
+        for (int r = 0; r < MT; r++) T[r][0] = T[r][1] = _mm256_setzero_si256();
+        if (qtype == Q4_1 || qtype == Q5_0) {
+            const long k0 = b * 32;
+#if Q8_VNNI256
+            __m256i s1[Q8MT][2];
+            for (int r = 0; r < MT; r++) s1[r][0] = s1[r][1] = _mm256_setzero_si256();
+#else
+            __m256i s16[Q8MT][2];
+            for (int r = 0; r < MT; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+#endif
+            for (int u = 0; u < 4; u++) {
+                __m256i lo[2], hi[2];
+                const __m256i planes = qtype == Q5_0 ? _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(h + 32 + 16 * u)))
+                                                     : _mm256_setzero_si256();
+                for (int x = 0; x < 2; x++) {
+                    const __m256i v = ld32(cd + 64 * u + 32 * x);
+                    lo[x] = _mm256_and_si256(v, lo4);
+                    hi[x] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                    if (qtype == Q5_0) { /* the fifth bits: masks 2u (low nibbles) and 2u + 1, 32 bits a half */
+                        lo[x] = _mm256_or_si256(lo[x], fifth_bits(planes, x));
+                        hi[x] = _mm256_or_si256(hi[x], fifth_bits(planes, 2 + x));
+                    }
+                }
+                for (int r = 0; r < MT; r++) {
+                    const __m256i al = bc4(q[r] + k0 + 8 * u), ah = bc4(q[r] + k0 + 8 * u + 4);
+                    for (int x = 0; x < 2; x++) {
+#if Q8_VNNI256
+                        T[r][x] = dot4(T[r][x], lo[x], al);
+                        s1[r][x] = dot4(s1[r][x], hi[x], ah);
+#else
+                        s16[r][x] = _mm256_add_epi16(s16[r][x], _mm256_add_epi16(mad16(lo[x], al), mad16(hi[x], ah)));
+                        if (qtype == Q5_0 && (u & 1)) { /* 4 pair sums of codes <= 31: widen */
+                            T[r][x] = _mm256_add_epi32(T[r][x], _mm256_madd_epi16(s16[r][x], one16));
+                            s16[r][x] = _mm256_setzero_si256();
+                        }
+#endif
+                    }
+                }
+            }
+            for (int r = 0; r < MT; r++)
+                for (int x = 0; x < 2; x++) {
+#if Q8_VNNI256
+                    T[r][x] = _mm256_add_epi32(T[r][x], s1[r][x]);
+#else
+                    if (qtype == Q4_1) T[r][x] = _mm256_madd_epi16(s16[r][x], one16);
+#endif
+                    if (qtype == Q5_0) T[r][x] = _mm256_sub_epi32(T[r][x], _mm256_set1_epi32(16 * as[r][b]));
+                }
+        } else if (qtype == Q8_0) {
+            const long k0 = b * 32;
+#if Q8_VNNI256
+            __m256i s1[Q8MT][2];
+            for (int r = 0; r < MT; r++) s1[r][0] = s1[r][1] = _mm256_setzero_si256();
+            for (int u = 0; u < 8; u += 2) {
+                const __m256i v0[2] = {ld32(cd + 64 * u), ld32(cd + 64 * u + 32)};
+                const __m256i v1[2] = {ld32(cd + 64 * u + 64), ld32(cd + 64 * u + 96)};
+                for (int r = 0; r < MT; r++) {
+                    const __m256i a0 = bc4(q[r] + k0 + 4 * u), a1 = bc4(q[r] + k0 + 4 * u + 4);
+                    for (int x = 0; x < 2; x++) {
+                        T[r][x] = dot4(T[r][x], v0[x], a0);
+                        s1[r][x] = dot4(s1[r][x], v1[x], a1);
+                    }
+                }
+            }
+            for (int r = 0; r < MT; r++)
+                for (int x = 0; x < 2; x++)
+                    T[r][x] = _mm256_sub_epi32(_mm256_add_epi32(T[r][x], s1[r][x]), _mm256_set1_epi32(128 * as[r][b]));
+#else
+            const __m256i flip = _mm256_set1_epi8((char)0x80);
+            for (int u = 0; u < 8; u++) {
+                __m256i w[2], aw[2];
+                for (int x = 0; x < 2; x++) {
+                    w[x] = _mm256_xor_si256(ld32(cd + 64 * u + 32 * x), flip); /* code - 128 */
+                    aw[x] = _mm256_abs_epi8(w[x]);                            /* |w| <= 128, read unsigned */
+                }
+                for (int r = 0; r < MT; r++) {
+                    const __m256i a = bc4(q[r] + k0 + 4 * u);
+                    for (int x = 0; x < 2; x++)
+                        T[r][x] = _mm256_add_epi32(T[r][x], _mm256_madd_epi16(mad16(aw[x], _mm256_sign_epi8(a, w[x])), one16));
+                }
+            }
+#endif
+        } else if (qtype == Q4_K) {
+            const long k0 = b * 256;
+            for (int j = 0; j < 8; j++) {
+                __m256i sc[2];
+                for (int x = 0; x < 2; x++) {
+                    const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(h + 64 + 16 * j + 8 * x)));
+#if Q8_VNNI256
+                    sc[x] = s;
+#else
+                    sc[x] = _mm256_or_si256(s, _mm256_slli_epi32(s, 16)); /* the scale in both int16 halves */
+#endif
+                }
+                __m256i s0[Q8MT][2], s1[Q8MT][2];
+                for (int r = 0; r < MT; r++) s0[r][0] = s0[r][1] = s1[r][0] = s1[r][1] = _mm256_setzero_si256();
+                for (int u = 0; u < 4; u++) {
+                    __m256i lo[2], hi[2];
+                    for (int x = 0; x < 2; x++) {
+                        const __m256i v = ld32(cd + 64 * (4 * j + u) + 32 * x);
+                        lo[x] = _mm256_and_si256(v, lo4);
+                        hi[x] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                    }
+                    for (int r = 0; r < MT; r++) {
+                        const __m256i al = bc4(q[r] + k0 + 32 * j + 8 * u), ah = bc4(q[r] + k0 + 32 * j + 8 * u + 4);
+                        for (int x = 0; x < 2; x++) {
+#if Q8_VNNI256
+                            s0[r][x] = dot4(s0[r][x], lo[x], al);
+                            if (MT <= 2) s1[r][x] = dot4(s1[r][x], hi[x], ah); /* 2 chains where few rows hide the latency */
+                            else s0[r][x] = dot4(s0[r][x], hi[x], ah);
+#else
+                            s0[r][x] = _mm256_add_epi16(s0[r][x], _mm256_add_epi16(mad16(lo[x], al), mad16(hi[x], ah)));
+#endif
+                        }
+                    }
+                }
+                for (int r = 0; r < MT; r++)
+                    for (int x = 0; x < 2; x++) {
+#if Q8_VNNI256
+                        const __m256i S = MT <= 2 ? _mm256_add_epi32(s0[r][x], s1[r][x]) : s0[r][x];
+                        T[r][x] = _mm256_add_epi32(T[r][x], _mm256_mullo_epi32(S, sc[x]));
+#else
+                        T[r][x] = _mm256_add_epi32(T[r][x], _mm256_madd_epi16(s0[r][x], sc[x]));
+#endif
+                    }
+            }
+            for (int x = 0; x < 2; x++) {
+                __m256i mn[4];
+                for (int p = 0; p < 4; p++) mn[p] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(h + 192 + 32 * p + 16 * x)));
+                const __m256 dm = h8(h + 32 + 16 * x);
+                for (int r = 0; r < MT; r++) { /* sum_j mn_j A_j: pairs of sub-blocks, one int16 pair product each */
+                    const int32_t *a2 = ap[r] + b * 4;
+                    __m256i Im = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++) {
+#if Q8_VNNI256
+                        Im = _mm256_dpwssd_avx_epi32(Im, mn[p], _mm256_set1_epi32(a2[p]));
+#else
+                        Im = _mm256_add_epi32(Im, _mm256_madd_epi16(mn[p], _mm256_set1_epi32(a2[p])));
+#endif
+                    }
+                    const __m256 a = _mm256_set1_ps(da[r][b]);
+                    facc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T[r][x]), _mm256_mul_ps(dw[x], a), facc[r][x]);
+                    facc[r][x] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(Im), _mm256_mul_ps(dm, a), facc[r][x]);
+                }
+            }
+            continue; /* Q4_K's two terms are added above */
+        } else { /* Q6_K: sum_j sc_j (S_j - 32 A_j) = sum_j sc_j S_j - 32 sum_j sc_j A_j, the same integer */
+            const long k0 = b * 256;
+#if !Q8_VNNI256
+            /* byte indices (within each 128-bit lane) that copy a dword's even / odd int16 to both its halves */
+            const __m256i even = _mm256_setr_epi32(0x01000100, 0x05040504, 0x09080908, 0x0D0C0D0C,
+                                                   0x01000100, 0x05040504, 0x09080908, 0x0D0C0D0C);
+            const __m256i odd = _mm256_setr_epi32(0x03020302, 0x07060706, 0x0B0A0B0A, 0x0F0E0F0E,
+                                                  0x03020302, 0x07060706, 0x0B0A0B0A, 0x0F0E0F0E);
+#endif
+            __m256i C[Q8MT][2];
+            for (int r = 0; r < MT; r++) C[r][0] = C[r][1] = _mm256_setzero_si256();
+            for (int p = 0; p < 8; p++) {
+                __m256i wsc[2];
+                for (int x = 0; x < 2; x++) {
+                    wsc[x] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(h + 32 + 32 * p + 16 * x)));
+                    for (int r = 0; r < MT; r++) {
+#if Q8_VNNI256
+                        C[r][x] = _mm256_dpwssd_avx_epi32(C[r][x], wsc[x], _mm256_set1_epi32(ap[r][b * 8 + p]));
+#else
+                        C[r][x] = _mm256_add_epi32(C[r][x], _mm256_madd_epi16(wsc[x], _mm256_set1_epi32(ap[r][b * 8 + p])));
+#endif
+                    }
+                }
+                for (int t = 0; t < 2; t++) {
+                    const int j = 2 * p + t;
+                    for (int x = 0; x < 2; x++) {
+#if Q8_VNNI256
+                        const __m256i sc = t ? _mm256_srai_epi32(wsc[x], 16) : _mm256_srai_epi32(_mm256_slli_epi32(wsc[x], 16), 16);
+#else
+                        const __m256i sc = _mm256_shuffle_epi8(wsc[x], t ? odd : even); /* sc_j in both int16 halves */
+#endif
+                        const __m256i v0 = ld32(cd + 256 * j + 32 * x), v1 = ld32(cd + 256 * j + 64 + 32 * x);
+                        const __m256i v2 = ld32(cd + 256 * j + 128 + 32 * x), v3 = ld32(cd + 256 * j + 192 + 32 * x);
+                        for (int r = 0; r < MT; r++) {
+                            const int8_t *pq = q[r] + k0 + 16 * j;
+                            const __m256i a0 = bc4(pq), a1 = bc4(pq + 4), a2 = bc4(pq + 8), a3 = bc4(pq + 12);
+#if Q8_VNNI256
+                            __m256i S;
+                            if (MT <= 2) { /* 2 chains where few rows hide the latency */
+                                const __m256i e = dot4(dot4(_mm256_setzero_si256(), v0, a0), v2, a2);
+                                const __m256i o = dot4(dot4(_mm256_setzero_si256(), v1, a1), v3, a3);
+                                S = _mm256_add_epi32(e, o);
+                            } else
+                                S = dot4(dot4(dot4(dot4(_mm256_setzero_si256(), v0, a0), v1, a1), v2, a2), v3, a3);
+                            T[r][x] = _mm256_add_epi32(T[r][x], _mm256_mullo_epi32(S, sc));
+#else
+                            const __m256i e = _mm256_madd_epi16(_mm256_add_epi16(mad16(v0, a0), mad16(v1, a1)), sc);
+                            const __m256i o = _mm256_madd_epi16(_mm256_add_epi16(mad16(v2, a2), mad16(v3, a3)), sc);
+                            T[r][x] = _mm256_add_epi32(T[r][x], _mm256_add_epi32(e, o));
+#endif
+                        }
+                    }
+                }
+            }
+            for (int r = 0; r < MT; r++)
+                for (int x = 0; x < 2; x++) T[r][x] = _mm256_sub_epi32(T[r][x], _mm256_slli_epi32(C[r][x], 5));
+        }
+        for (int r = 0; r < MT; r++)
+            for (int x = 0; x < 2; x++) {
+                facc[r][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(T[r][x]), _mm256_mul_ps(dw[x], _mm256_set1_ps(da[r][b])), facc[r][x]);
+                if (qtype == Q4_1)
+                    facc[r][x] = _mm256_fmadd_ps(h8(h + 32 + 16 * x), _mm256_set1_ps(A->s1[(m0 + r) * (A->K / 32) + b]), facc[r][x]);
+            }
+    }
+    for (int r = 0; r < MT; r++) { out[r][0] = facc[r][0]; out[r][1] = facc[r][1]; }
+}
+
+static void q8_group(int qtype, const uint8_t *grp, long nb, const q8act *A, long M, long N, long n0,
+                     const float *bias, float *y)
+{
+    const long nv = N - n0 < QG ? N - n0 : QG;
+    float bb[QG] = {0};
+    if (bias) memcpy(bb, bias + n0, sizeof(float) * (size_t)nv);
+    __m256 out[Q8MT][2];
+    const long tile = q8_rows_per_tile(qtype);
+    for (long m0 = 0; m0 < M;) {
+        /* tiles as even as the rows allow (6 rows: 3, 3), none taller than tile */
+        const long left = M - m0, ntiles = (left + tile - 1) / tile, mt = (left + ntiles - 1) / ntiles;
+        switch (qtype * 16 + (int)mt) { /* each type and tile height compiled on its own */
+#define T(QT) \
+        case QT * 16 + 1: q8_tile(QT, grp, nb, A, m0, 1, out); break; \
+        case QT * 16 + 2: q8_tile(QT, grp, nb, A, m0, 2, out); break; \
+        case QT * 16 + 3: q8_tile(QT, grp, nb, A, m0, 3, out); break; \
+        case QT * 16 + 4: q8_tile(QT, grp, nb, A, m0, 4, out); break;
+        T(Q4_1) T(Q5_0) T(Q8_0) T(Q4_K) T(Q6_K)
+#undef T
+        }
+        for (long r = 0; r < mt; r++) {
+            float v[QG];
+            for (int x = 0; x < 2; x++)
+                _mm256_storeu_ps(v + 8 * x, bias ? _mm256_add_ps(out[r][x], _mm256_loadu_ps(bb + 8 * x)) : out[r][x]);
+            memcpy(y + (m0 + r) * N + n0, v, sizeof(float) * (size_t)nv);
+        }
+        m0 += mt;
+    }
+}
 #endif
 
 /* The 8-bit rows of x[M, K] for qtype's weights, quantised (threads over rows); 0, or -2 when out of memory. */
@@ -1137,7 +1468,7 @@ int dq8_linear(int qtype, const uint8_t *packed, long N, long K, const float *x,
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (long g = 0; g < ng; g++) {
         const uint8_t *grp = packed + g * nb * blk;
-#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(Q8_VECTOR)
         q8_group(qtype, grp, nb, &A, M, N, g * QG, bias, y);
 #else
         for (int c = 0; c < QG && g * QG + c < N; c++)

@@ -30,7 +30,7 @@ import torch
 from ..native import NativeLibrary
 
 __all__ = ["LIBRARY", "vector_width", "block_shape", "linear", "dequantize", "error_bound", "reduction_roundings",
-           "q8_vectorised", "pack_q8", "packed_bytes", "linear_q8", "linear_q8_portable", "quantize_q8"]
+           "q8_vectorised", "Q8_PATHS", "pack_q8", "packed_bytes", "linear_q8", "linear_q8_portable", "quantize_q8"]
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("block_matmul.c"), "dq", {  # dq_ (exact f32) and dq8_ (gguf-q8)
     "dq_vector_width": ("", "I"), "dq_block": ("IPP", "I"),
@@ -125,10 +125,16 @@ def dequantize(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor
 
 # ----------------------------------------------------------------------------- the contract "gguf-q8"
 
-def q8_vectorised() -> bool:
-    """Does the loaded build run ``gguf-q8`` with AVX-512 VNNI (else the portable code: same bits, slower)?"""
+Q8_PATHS = {2: "avx512-vnni", 3: "avx-vnni", 4: "avx2"}  # dq8_vectorised() -> name; 0: the portable code
+
+
+def q8_vectorised() -> str:
+    """Which vector code the loaded build runs ``gguf-q8`` with: ``"avx512-vnni"`` (512-bit vpdpbusd),
+    ``"avx-vnni"`` (256-bit vpdpbusd), ``"avx2"`` (vpmaddubsw + vpmaddwd), or ``""`` for the portable
+    code (also where the library is unavailable).  Chosen when the kernel is compiled (``-march=native``
+    and ``$DRAFTCERT_NATIVE_CFLAGS``); every one gives the same bits, only the speed differs."""
     lib = LIBRARY.lib
-    return bool(lib is not None and lib.dq8_vectorised())
+    return Q8_PATHS.get(int(lib.dq8_vectorised()), "") if lib is not None else ""
 
 
 def pack_q8(blocks: torch.Tensor, qtype: int, n: int, k: int) -> torch.Tensor:
