@@ -333,6 +333,30 @@ def test_activations_never_quantise_to_minus_128(qtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_the_vector_quantiser_gives_the_scalar_codes_bits(qtype):
+    """The AVX-512 quantiser (block_matmul.c's q8_quantize_block16) against the scalar code on blocks at
+    the edges: ties of the largest |x| with both signs (Q8_K takes the first), half-way roundings,
+    zeros, subnormals, +-inf, NaN anywhere (those blocks take the scalar code), values up to 3e38."""
+    rng = np.random.default_rng(100 + qtype)
+    k = 512
+    x = (rng.standard_normal((300, k)) * np.exp2(rng.integers(-140, 120, size=(300, 1)))).astype(np.float32)
+    x[0] = 0
+    x[1, 10], x[1, 300] = -2.5, 2.5  # the largest |x| twice, signs apart
+    x[1, 11], x[1, 301] = 2.5, -2.5
+    x[2] = np.float32(127 / 4) * (np.arange(k) % 9 - 4) / 2  # multiples of half a step: ties to even
+    x[3, :] = rng.choice([0.0, 1e-45, -1e-45, 1e-40], size=k)
+    x[4:40, 5], x[40:80, 33], x[80:120, 255] = np.inf, -np.inf, np.nan
+    x[120:160, rng.integers(0, k, 40)] = np.nan
+    x[160:200, 7] = np.float32(3.4e38)
+    xt = torch.from_numpy(x)
+    vec, ref = block_matmul.quantize_q8(xt, qtype), block_matmul.quantize_q8(xt, qtype, portable=True)
+    for key in ref:
+        a, b = vec[key].numpy(), ref[key].numpy()
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{key} differs"
+
+
+@needs_kernel
 def test_gguflinear_numerics():
     qtype, n, k = 12, 40, 512
     b = torch.from_numpy(random_blocks(qtype, n, k, seed=5))

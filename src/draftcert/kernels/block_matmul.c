@@ -802,14 +802,66 @@ static inline int rne(float v)
     return (i & 0x007FFFFF) - 0x00400000;
 }
 
+#if defined(__AVX512F__)
+/* One block of q8_quantize_row 16 lanes at a time, the same results: the max of |x| and the products
+ * are the scalar code's, vcvtps2dq rounds to nearest even as rne does for |v| <= 128, the sums are
+ * integers.  Returns 1 (nothing written) for a block holding a NaN: the scalar code's max depends on
+ * where it stands. */
+static int q8_quantize_block16(int qtype, const float *xb, int8_t *qb, float *da, int32_t *as, float *s1)
+{
+    const int nv = q8_qk(qtype) / 16;
+    __m512 mx = _mm512_setzero_ps(), x[16];
+    __mmask16 nan = 0;
+    for (int v = 0; v < nv; v++) {
+        x[v] = _mm512_loadu_ps(xb + 16 * v);
+        nan |= _mm512_cmp_ps_mask(x[v], x[v], _CMP_UNORD_Q);
+        mx = _mm512_max_ps(mx, _mm512_abs_ps(x[v]));
+    }
+    if (nan) return 1;
+    const float amax = _mm512_reduce_max_ps(mx);
+    float scale = amax != 0.0f ? 127.f / amax : 0.0f; /* the Q8_0 / Q8_1 id */
+    if (nv == 16 && amax != 0.0f) /* Q8_K: -127 / the first x of the largest |x| */
+        for (int v = 0; v < 16; v++) {
+            const __mmask16 at = _mm512_cmp_ps_mask(_mm512_abs_ps(x[v]), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (at) { scale = -127.f / xb[16 * v + __builtin_ctz(at)]; break; }
+        }
+    int sum = 0;
+    for (int v = 0; v < nv; v++) {
+        const __m512 p = _mm512_mul_ps(x[v], _mm512_set1_ps(scale));
+        const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_abs_ps(p), _mm512_set1_ps(128.f), _CMP_LE_OQ);
+        const __m512i r = _mm512_min_epi32(_mm512_maskz_cvt_roundps_epi32(ok, p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+                                           _mm512_set1_epi32(127));
+        _mm_storeu_si128((__m128i *)(qb + 16 * v), _mm512_cvtepi32_epi8(r));
+        const int s = _mm512_reduce_add_epi32(r);
+        if (nv == 2) sum += s;
+        else if (qtype == Q6_K) as[v] = s;
+        else if (v & 1) as[v / 2] += s;
+        else as[v / 2] = s;
+    }
+    if (nv == 2) {
+        const float d = amax / 127.f;
+        da[0] = h2f((const uint8_t *)&(uint16_t){f2h(d)});
+        as[0] = sum;
+        if (s1) s1[0] = h2f((const uint8_t *)&(uint16_t){f2h(d * (float)sum)});
+    } else
+        da[0] = amax != 0.0f ? 1.0f / scale : 0.0f;
+    return 0;
+}
+#endif
+
 /* One input row quantised for qtype's weights: q[K] int8, da[K / qk] (the float32 scale the dot
- * product uses), as[K / sub] int32 sums of q per sub-block, s1[K / 32] (Q8_1's s, Q4_1 only). */
-static void q8_quantize_row(int qtype, const float *x, long K, int8_t *q, float *da, int32_t *as, float *s1)
+ * product uses), as[K / sub] int32 sums of q per sub-block, s1[K / 32] (Q8_1's s, Q4_1 only); the
+ * scalar code where portable (or the build has no AVX-512), else q8_quantize_block16. */
+static void q8_quantize_row(int qtype, const float *x, long K, int8_t *q, float *da, int32_t *as, float *s1, int portable)
 {
     const int qk = q8_qk(qtype), sub = q8_sub(qtype);
     for (long b = 0; b < K / qk; b++) {
         const float *xb = x + b * qk;
         int8_t *qb = q + b * qk;
+#if defined(__AVX512F__)
+        if (!portable && !q8_quantize_block16(qtype, xb, qb, da + b, as + b * (qk / sub), s1 ? s1 + b : NULL)) continue;
+#endif
+        (void)portable;
         if (qk == 32) {
             float amax = 0.0f;
             for (int j = 0; j < 32; j++) { float a = fabsf(xb[j]); amax = amax > a ? amax : a; }
@@ -848,14 +900,15 @@ static void q8_quantize_row(int qtype, const float *x, long K, int8_t *q, float 
     }
 }
 
-/* For tests: the quantised rows (q: [M, K] int8, da: [M, K/qk], as: [M, K/sub] int32, s1: [M, K/32]). */
-int dq8_quantize(int qtype, const float *x, long M, long K, int8_t *q, float *da, int32_t *as, float *s1)
+/* For tests: the quantised rows (q: [M, K] int8, da: [M, K/qk], as: [M, K/sub] int32, s1: [M, K/32]),
+ * by the scalar code where portable. */
+int dq8_quantize(int qtype, const float *x, long M, long K, int8_t *q, float *da, int32_t *as, float *s1, int portable)
 {
     if (q8_block_hdr(qtype) < 0 || K % q8_qk(qtype)) return -1;
     const int qk = q8_qk(qtype), sub = q8_sub(qtype);
     for (long m = 0; m < M; m++)
         q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * (K / qk), as + m * (K / sub),
-                        qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+                        qtype == Q4_1 ? s1 + m * (K / 32) : NULL, portable);
     return 0;
 }
 
@@ -1442,7 +1495,8 @@ static int q8_act_new(int qtype, const float *x, long M, long K, int threads, q8
 #pragma omp parallel for num_threads(qthreads) if (qthreads > 1) schedule(static)
     for (long m = 0; m < M; m++)
     {
-        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A->nda, as + m * A->nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL);
+        q8_quantize_row(qtype, x + m * K, K, q + m * K, da + m * A->nda, as + m * A->nas, qtype == Q4_1 ? s1 + m * (K / 32) : NULL,
+                        0);
         if (ap)
             for (long i = 0; i < A->nas / 2; i++)
                 ap[m * (A->nas / 2) + i] = (int32_t)((uint32_t)(uint16_t)(int16_t)as[m * A->nas + 2 * i]

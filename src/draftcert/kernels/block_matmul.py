@@ -36,7 +36,7 @@ LIBRARY = NativeLibrary(Path(__file__).with_name("block_matmul.c"), "dq", {  # d
     "dq_vector_width": ("", "I"), "dq_block": ("IPP", "I"),
     "dq_linear": ("IPLLLPLPPI", "I"), "dq_dequantize": ("IPLLLPI", "I"), "dq8_vectorised": ("", "I"),
     "dq8_packed_bytes": ("ILL", "L"), "dq8_pack": ("IPLLLPI", "I"), "dq8_linear": ("IPLLPLPPI", "I"),
-    "dq8_linear_portable": ("IPLLPLPP", "I"), "dq8_quantize": ("IPLLPPPP", "I"),
+    "dq8_linear_portable": ("IPLLPLPP", "I"), "dq8_quantize": ("IPLLPPPPI", "I"),
 })
 
 
@@ -189,10 +189,10 @@ def linear_q8_portable(x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
     return _q8_call("dq8_linear_portable", x, packed, qtype, n, k, bias, False)
 
 
-def quantize_q8(x: torch.Tensor, qtype: int) -> dict[str, torch.Tensor]:
+def quantize_q8(x: torch.Tensor, qtype: int, portable: bool = False) -> dict[str, torch.Tensor]:
     """The kernel's 8-bit rows for weights of type ``qtype``: ``q`` [M, K] int8, ``d`` [M, K/qk] the
     float32 block scales its dot products use, ``sums`` [M, K/sub] int32 (sub 16 for Q6_K, else
-    32) and, for Q4_1, ``s`` [M, K/32] (Q8_1's s)."""
+    32) and, for Q4_1, ``s`` [M, K/32] (Q8_1's s); ``portable``: by the scalar code (the same values)."""
     lib = LIBRARY.require()
     qtype = int(qtype)
     x2 = x.detach().to(torch.float32).reshape(-1, x.shape[-1]).contiguous()
@@ -202,7 +202,7 @@ def quantize_q8(x: torch.Tensor, qtype: int) -> dict[str, torch.Tensor]:
     out = {"q": torch.empty(m, k, dtype=torch.int8), "d": torch.empty(m, k // qk), "sums": torch.empty(m, k // sub, dtype=torch.int32),
            "s": torch.empty(m, k // 32)}
     if k % qk or lib.dq8_quantize(qtype, x2.data_ptr(), m, k, out["q"].data_ptr(), out["d"].data_ptr(),
-                                  out["sums"].data_ptr(), out["s"].data_ptr()):
+                                  out["sums"].data_ptr(), out["s"].data_ptr(), int(portable)):
         raise ValueError(f"block_matmul.quantize_q8: K={k} does not fit GGML type {qtype}")
     if qtype != 3:
         del out["s"]
