@@ -51,6 +51,29 @@ def test_a_row_alone_and_in_any_pass_is_the_same_bits():
 
 
 @needs_kernel
+@pytest.mark.parametrize("D,H,Hkv", [(64, 9, 3), (64, 8, 2), (64, 6, 6), (64, 14, 2), (128, 12, 2), (128, 7, 1), (32, 4, 2)])
+def test_heads_of_a_group_together_give_the_one_head_codes_bits(D, H, Hkv):
+    """row_attention.c computes the heads of a KV group together (heads16, D = 64 or 128 on AVX-512):
+    the same bits as its one-head loop (generic=True) for every head, mask, row count and thread count,
+    a row with no visible key included."""
+    for M, S, seed in ((1, 1, 0), (5, 133, 1), (9, 40, 2)):
+        q, k, v = _case(B=2, H=H, Hkv=Hkv, M=M, S=S, D=D, seed=seed)
+        mask = torch.ones(M, S, dtype=torch.bool).tril(S - M)[None, None].expand(2, 1, M, S).clone()
+        mask[1, 0, :, S // 2] = False  # a hole
+        mask[0, 0, M - 1, :] = False  # a row that sees nothing
+        for threads in (1, 2):
+            before = torch.get_num_threads()
+            try:
+                torch.set_num_threads(threads)
+                for m in (mask, None):
+                    want = row_attention.attention(q, k, v, m, D ** -0.5, generic=True)
+                    got = row_attention.attention(q, k, v, m, D ** -0.5)
+                    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (M, S, threads, m is None)
+            finally:
+                torch.set_num_threads(before)
+
+
+@needs_kernel
 def test_a_model_scores_a_token_the_same_in_a_pass_of_any_size():
     """A tiny llama with row-invariant attention and float32 linears computed one row at a time:
     the logits of 6 tokens scored together equal the 6 decode steps' bits."""

@@ -11,8 +11,10 @@ path; symbols prefixed per library):
 Fast paths that replace transformers' module calls with the same operations:
 
 - ``linear_chooser.py``: per weight shape and row count, the linear kernel timed fastest on this CPU;
-- ``attention.py``: grouped-query SDPA without the KV copy, and the row-invariant attention switch;
-- ``decoder_layers.py``: Llama / Qwen2 / Qwen3 decoder layers and decoder written out as functions.
+- ``attention.py``: grouped-query SDPA without the KV copy, and the row-invariant attention switch.
+
+The Llama / Qwen2 / Qwen3 decoder layers written out as functions are ``draftcert.models.decoder_layers``
+(transformers glue, not a kernel).
 
 Nothing here imports a higher layer of draftcert: models and GGUF files (``draftcert.gguf``) use these.
 """

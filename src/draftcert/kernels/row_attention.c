@@ -25,6 +25,16 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX512F__)
+static inline float hsum16(__m512 acc) /* the lanes' fixed pairwise tree */
+{
+    const __m256 v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
+    return _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+}
+#endif
+
 static inline float dot(const float *restrict a, const float *restrict b, long D)
 {
     long d = 0;
@@ -33,10 +43,7 @@ static inline float dot(const float *restrict a, const float *restrict b, long D
     if (D >= 16) {
         __m512 acc = _mm512_setzero_ps();
         for (; d + 16 <= D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + d), _mm512_loadu_ps(b + d), acc);
-        const __m256 v8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
-        const __m128 v4 = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
-        const __m128 v2 = _mm_add_ps(v4, _mm_movehl_ps(v4, v4));
-        s = _mm_cvtss_f32(_mm_add_ss(v2, _mm_shuffle_ps(v2, v2, 1)));
+        s = hsum16(acc);
     }
 #else
     if (D >= 8) {
@@ -52,20 +59,66 @@ static inline float dot(const float *restrict a, const float *restrict b, long D
     return s;
 }
 
+#if defined(__AVX512F__)
+/* The heads h .. h + HC - 1 of one KV group for one query row (q[x]: head h + x's query, o[x] its
+ * output), D = 16 ND: for each head the operations of the loop in ra_attention below, in its order,
+ * with each key and value loaded once for all HC heads and the HC x ND sums held in registers. */
+static inline __attribute__((always_inline)) void
+heads16(const int ND, const int HC, const float *const *q, const float *kk, long ks, const float *vv, long vs,
+        const uint8_t *mk, long S, float scale, float *sc, float *const *o)
+{
+    __m512 qr[16], acc[16];
+    float mx[16], l[16];
+    long seen = 0;
+    for (int x = 0; x < HC; x++) {
+        mx[x] = -INFINITY, l[x] = 0.0f;
+        for (int d = 0; d < ND; d++) qr[x * ND + d] = _mm512_loadu_ps(q[x] + 16 * d), acc[x * ND + d] = _mm512_setzero_ps();
+    }
+    for (long j = 0; j < S; j++) {
+        if (mk && !mk[j]) continue;
+        for (int x = 0; x < HC; x++) {
+            __m512 a = _mm512_setzero_ps();
+            for (int d = 0; d < ND; d++) a = _mm512_fmadd_ps(qr[x * ND + d], _mm512_loadu_ps(kk + j * ks + 16 * d), a);
+            const float s = hsum16(a) * scale;
+            sc[x * S + j] = s;
+            mx[x] = s > mx[x] ? s : mx[x];
+        }
+        seen++;
+    }
+    for (long j = 0; j < S && seen; j++) {
+        if (mk && !mk[j]) continue;
+        for (int x = 0; x < HC; x++) {
+            const float p = expf(sc[x * S + j] - mx[x]);
+            l[x] += p;
+            for (int d = 0; d < ND; d++) acc[x * ND + d] = _mm512_fmadd_ps(_mm512_set1_ps(p), _mm512_loadu_ps(vv + j * vs + 16 * d), acc[x * ND + d]);
+        }
+    }
+    for (int x = 0; x < HC; x++) /* no visible key: zeros */
+        for (int d = 0; d < ND; d++) _mm512_storeu_ps(o[x] + 16 * d, seen ? _mm512_div_ps(acc[x * ND + d], _mm512_set1_ps(l[x])) : _mm512_setzero_ps());
+}
+#endif
+
 /* q: [B, H, M, D] with strides (qb, qh, qm) (floats, D contiguous); k, v: [B, Hkv, S, D] with
  * strides (kb, kh, ks) and (vb, vh, vs); mask: [B, M, S] bytes with strides (mb, mm), NULL = all
  * visible; out: [B, M, H, D] contiguous.  A row with no visible key gets zeros.  Returns 0, -2 when
- * out of memory. */
+ * out of memory.  With AVX-512 and D = 64 or 128 (generic = 0) the heads of a KV group are computed
+ * together (heads16): the same operations per head, so the same bits. */
 int ra_attention(const float *q, long qb, long qh, long qm, const float *k, long kb, long kh, long ks,
                  const float *v, long vb, long vh, long vs, const uint8_t *mask, long mb, long mm, long B, long H,
-                 long Hkv, long M, long S, long D, float scale, float *out, int threads)
+                 long Hkv, long M, long S, long D, float scale, float *out, int threads, int generic)
 {
-    const long groups = H / Hkv, n = B * M * H;
+    const long groups = H / Hkv;
+    long hc = 1; /* heads per task: as many as 16 registers of sums hold, fewer where threads lack tasks */
+#if defined(__AVX512F__)
+    if (!generic && (D == 64 || D == 128))
+        for (hc = groups < 256 / D ? groups : 256 / D; hc > 1 && B * M * Hkv * ((groups + hc - 1) / hc) < 4L * threads;) hc = (hc + 1) / 2;
+#endif
+    const long per = (groups + hc - 1) / hc, n = B * M * Hkv * per;
     if (threads < 1 || n < 2) threads = 1;
     int oom = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        float *sc = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1)), *acc = malloc(sizeof(float) * (size_t)D);
+        float *sc = malloc(sizeof(float) * (size_t)(S > 0 ? S : 1) * (size_t)hc), *acc = malloc(sizeof(float) * (size_t)D);
         if (!sc || !acc) {
 #pragma omp atomic write
             oom = 1;
@@ -73,10 +126,29 @@ int ra_attention(const float *q, long qb, long qh, long qm, const float *k, long
 #pragma omp for schedule(static)
         for (long t = 0; t < n; t++) {
             if (!sc || !acc) continue;
-            const long b = t / (M * H), i = (t / H) % M, h = t % H, g = h / groups;
-            const float *qv = q + b * qb + h * qh + i * qm, *kk = k + b * kb + g * kh, *vv = v + b * vb + g * vh;
+            const long b = t / (M * Hkv * per), i = (t / (Hkv * per)) % M, g = (t / per) % Hkv, h0 = g * groups + t % per * hc;
+            const long nh = groups - t % per * hc < hc ? groups - t % per * hc : hc;
+#if defined(__AVX512F__)
+            if (!generic && (D == 64 || D == 128)) {
+                const float *qs[16];
+                float *os[16];
+                for (long x = 0; x < nh; x++) qs[x] = q + b * qb + (h0 + x) * qh + i * qm, os[x] = out + ((b * M + i) * H + h0 + x) * D;
+                const float *kk = k + b * kb + g * kh, *vv = v + b * vb + g * vh;
+                const uint8_t *mk = mask ? mask + b * mb + i * mm : NULL;
+                switch (D / 16 * 8 + nh) { /* each shape compiled on its own: the sums stay in registers */
+                case 33: heads16(4, 1, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                case 34: heads16(4, 2, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                case 35: heads16(4, 3, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                case 36: heads16(4, 4, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                case 65: heads16(8, 1, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                case 66: heads16(8, 2, qs, kk, ks, vv, vs, mk, S, scale, sc, os); break;
+                }
+                continue;
+            }
+#endif
+            const float *qv = q + b * qb + h0 * qh + i * qm, *kk = k + b * kb + g * kh, *vv = v + b * vb + g * vh;
             const uint8_t *mk = mask ? mask + b * mb + i * mm : NULL;
-            float *o = out + ((b * M + i) * H + h) * D;
+            float *o = out + ((b * M + i) * H + h0) * D;
             float mx = -INFINITY;
             long seen = 0;
             for (long j = 0; j < S; j++) {

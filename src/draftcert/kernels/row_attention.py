@@ -23,12 +23,13 @@ from ..native import NativeLibrary
 __all__ = ["LIBRARY", "attention"]
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("row_attention.c"), "ra_", {
-    "ra_attention": ("PLLLPLLLPLLLPLLLLLLLLFPI", "I")})
+    "ra_attention": ("PLLLPLLLPLLLPLLLLLLLLFPII", "I")})
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-              scale: float) -> torch.Tensor:
-    """``[B, M, H, D]`` float32: softmax(scale q k^T over the visible keys) v, one row at a time."""
+              scale: float, generic: bool = False) -> torch.Tensor:
+    """``[B, M, H, D]`` float32: softmax(scale q k^T over the visible keys) v, one row at a time
+    (``generic``: one head at a time everywhere, the same bits; for tests)."""
     lib = LIBRARY.require()
     B, H, M, D = query.shape
     _, Hkv, S, Dk = key.shape
@@ -54,7 +55,7 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
                           v.data_ptr(), v.stride(0), v.stride(1), v.stride(2),
                           m.data_ptr() if m is not None else None, m.stride(0) if m is not None else 0,
                           m.stride(1) if m is not None else 0, B, H, Hkv, M, S, D, float(scale), out.data_ptr(),
-                          torch.get_num_threads())
+                          torch.get_num_threads(), int(generic))
     if rc:
         raise RuntimeError(f"row_attention ran out of memory ({rc})")
     return out

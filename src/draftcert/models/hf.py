@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..kernels import decoder_layers
+from . import decoder_layers
 
 __all__ = [
     "cache_kwarg",
