@@ -989,8 +989,8 @@ static inline __attribute__((always_inline)) __m512i dp_bcast(__m512i acc, __m51
 #endif
 }
 #define DP(acc, w, p) (qtype == Q4_K || qtype == Q6_K ? dp_bcast((acc), (w), (p)) : _mm512_dpbusd_epi32((acc), (w), bc4(p)))
-#ifndef Q8PF /* the packing is read in order: each block prefetches as many bytes, Q8PF bytes ahead of it, so */
-#define Q8PF 3072 /* the loads run ahead of the rows' integer work (what a pass of several rows adds) */
+#ifndef Q8PF /* the packing is read in order: a tile of 2+ rows prefetches each block's size Q8PF bytes ahead, */
+#define Q8PF 3072 /* so the loads run ahead of the rows' integer work (what a pass of several rows adds) */
 #endif
 
 /* MT input rows (m0 ..) against the 16 outputs of one group: out[r] = the 16 accumulators. */
@@ -1011,7 +1011,10 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
     for (long b = 0; b < nb; b++) {
         const uint8_t *h = grp + b * blk, *cd = h + hdr;
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
-        for (long l = 0; l < blk; l += 64) _mm_prefetch((const char *)(h + Q8PF + l), _MM_HINT_T0);
+        if (MT == 1) { /* one row: a line of the next block (the hardware prefetcher streams the rest) */
+            if (b + 1 < nb) _mm_prefetch((const char *)(h + blk), _MM_HINT_T0);
+        } else
+            for (long l = 0; l < blk; l += 64) _mm_prefetch((const char *)(h + Q8PF + l), _MM_HINT_T0);
         if (qtype == Q4_1 || qtype == Q5_0 || qtype == Q8_0) {
             const long k0 = b * 32;
             __m512i s0[Q8MT], s1[Q8MT];
