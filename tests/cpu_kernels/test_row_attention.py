@@ -74,6 +74,34 @@ def test_heads_of_a_group_together_give_the_one_head_codes_bits(D, H, Hkv):
 
 
 @needs_kernel
+def test_its_exp_is_glibcs_expf_on_the_softmax_range():
+    """row_attention.c's own exp (16 lanes, and one at a time in the one-head loop) gives the same bits
+    as glibc's expf on [-104, 0] (where the softmax's s - max lies; checked there exhaustively once,
+    sampled here) and calls libm elsewhere (NaN, -inf, below -104, above 0)."""
+    import ctypes
+    import ctypes.util
+    import platform
+
+    g = torch.Generator().manual_seed(7)
+    bits = torch.randint(0x80000000 - 2**32, 0xC2D00000 - 2**32 + 1, (400_000,), generator=g, dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)  # uniform over the float bit patterns of [-104, -0]
+    edges = torch.tensor([0.0, -0.0, -104.0, -103.97, -87.3, -1e-45, -1e-8, float("nan"), float("-inf"),
+                          float("inf"), 1.0, 88.0, -105.0, -200.0,
+                          float.fromhex("-0x1.f8cbb2p+5")])  # the one input where an unfused remainder differs
+    x = torch.cat([edges, x, edges])  # the edges in 16-lane chunks and in the scalar tail
+    vec, one = row_attention.exp(x), row_attention.exp(x, vector=False)
+    assert torch.equal(vec.view(torch.int32), one.view(torch.int32))
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("the exp's equality is with glibc's expf")
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.expf.argtypes, libm.expf.restype = [ctypes.c_float], ctypes.c_float
+    pick = torch.cat([torch.arange(len(edges)), torch.arange(len(edges), len(x), 8), torch.arange(len(x) - len(edges), len(x))])
+    want = torch.tensor([libm.expf(float(v)) for v in x[pick].tolist()])
+    got = vec[pick]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+@needs_kernel
 def test_a_model_scores_a_token_the_same_in_a_pass_of_any_size():
     """A tiny llama with row-invariant attention and float32 linears computed one row at a time:
     the logits of 6 tokens scored together equal the 6 decode steps' bits."""

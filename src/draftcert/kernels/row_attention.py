@@ -20,10 +20,10 @@ import torch
 
 from ..native import NativeLibrary
 
-__all__ = ["LIBRARY", "attention"]
+__all__ = ["LIBRARY", "attention", "exp"]
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("row_attention.c"), "ra_", {
-    "ra_attention": ("PLLLPLLLPLLLPLLLLLLLLFPII", "I")})
+    "ra_attention": ("PLLLPLLLPLLLPLLLLLLLLFPII", "I"), "ra_exp": ("PPLI", "I")})
 
 
 def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
@@ -59,3 +59,12 @@ def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask:
     if rc:
         raise RuntimeError(f"row_attention ran out of memory ({rc})")
     return out
+
+
+def exp(x: torch.Tensor, vector: bool = True) -> torch.Tensor:
+    """The kernel's exp of float32 ``x`` (glibc's expf on [-104, 0], libm's elsewhere; for tests)."""
+    lib = LIBRARY.require()
+    x = x.detach().to(torch.float32).contiguous()
+    y = torch.empty_like(x)
+    lib.ra_exp(x.data_ptr(), y.data_ptr(), x.numel(), int(vector))
+    return y
