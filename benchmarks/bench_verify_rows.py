@@ -60,7 +60,11 @@ def measure(args) -> dict:
     from draftcert.models.loading import load_target
 
     torch.set_num_threads(args.threads)
-    model, tok = load_target(None if args.target == "embedded" else args.target)
+    try:
+        model, tok = load_target(None if args.target == "embedded" else args.target)
+    except ValueError as e:  # ModelUnavailable: an unknown or unreachable target
+        print(f"bench_verify_rows.py: error: --target: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     cfg = model.config
     # a fixed token sequence: context + the largest chain (any tokens: the cost does not depend on them)
     text = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n" * 40)
