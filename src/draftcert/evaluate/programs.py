@@ -66,8 +66,10 @@ def tests_program(completion: str, test: str, entry_point: str | None = None, he
 
 def normalize_answer(text: str) -> str:
     """Lower case, inner whitespace collapsed, surrounding whitespace, quotes and final punctuation dropped."""
-    text = " ".join(str(text).split()).lower()
-    return text.strip(" \t\"'`*").rstrip(".!;:").strip()
+    text, prev = " ".join(str(text).split()).lower(), None
+    while text != prev:  # '"Paris".' -> 'paris'
+        prev, text = text, text.strip(" \"'`*").rstrip(".!;:")
+    return text
 
 
 def _number(text: str) -> Decimal | None:
