@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--limit", type=int, default=None, help="the first N problems (default: all)")
     p.add_argument(EXECUTE_FLAG, dest="execute_untrusted_code", action="store_true",
                    help=f"allow running the model's code to score it (HumanEval, {{prompt, test}} tasks): {NOT_A_SANDBOX}")
-    p.add_argument("--timeout", type=float, default=10.0, help="wall-clock seconds per program (default 10; the CPU "
+    p.add_argument("--timeout", type=float, default=10, help="wall-clock seconds per program (default 10; the CPU "
                    "limit is the same number of seconds)")
     p.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per program in MiB (default 2048)")
     p.add_argument("--baseline", action="store_true", help="also run the target alone on every problem: strict's "
