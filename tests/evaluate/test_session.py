@@ -11,10 +11,11 @@ import sys
 import pytest
 import torch
 
+from draftcert.cli import main
 from draftcert.decode.engine import greedy_generate
 from draftcert.drafting.protocol import Drafter
 from draftcert.evaluate.executor import PASS_MARKER, Limits
-from draftcert.evaluate.scoreboard import mcnemar_exact, scoreboard_rows, write_scoreboard
+from draftcert.evaluate.scoreboard import FIGURE, mcnemar_exact, scoreboard_rows, write_scoreboard
 from draftcert.evaluate.session import read_results, run_evaluation
 from draftcert.evaluate.tasks import Problem
 from draftcert.models import derive_drafter
@@ -167,6 +168,9 @@ def test_saved_programs_give_the_same_verdict_by_hand(tiny, tmp_path):
             assert by_hand == rec["passed"], (spec, rec["prompt_id"], r.stderr[-300:])
             checked += 1
     assert checked == 4
+    assert main(["report", str(tmp_path), "-q"]) == 0  # draftcert report DIR: the evaluation's files
+    assert json.loads((tmp_path / "evaluation.json").read_text())["rows"][1]["criterion"] == "topm:259"
+    assert (tmp_path / FIGURE).stat().st_size > 0 and (tmp_path / "completions.parquet").exists()
 
 
 @pytest.mark.parametrize("lost,gained", [(0, 0), (1, 0), (3, 1), (10, 2), (7, 7), (0, 25), (40, 21)])
