@@ -183,3 +183,22 @@ def test_a_chat_answer_with_a_fenced_function_is_scored_as_the_function():
 def test_bad_limits_are_refused():
     with pytest.raises(ValueError, match="timeout"):
         Limits(timeout=0)
+
+
+@pytest.mark.slow
+def test_every_humaneval_canonical_solution_passes_and_an_empty_body_fails():
+    """The 164 problems of the pinned wheel: the canonical solution passes through the program builder
+    and the executor, ``return None`` fails."""
+    from draftcert.prompts import humaneval_records
+
+    bad_passes, good_fails = [], []
+    for rec in humaneval_records():
+        ok = humaneval_program(rec["prompt"], rec["canonical_solution"], rec["test"], rec["entry_point"])
+        r = run_program(ok, Limits(timeout=20.0, cpu_seconds=20))
+        if not r.passed:
+            good_fails.append((rec["task_id"], r.status, r.stderr[-200:]))
+        wrong = humaneval_program(rec["prompt"], "    return None\n", rec["test"], rec["entry_point"])
+        if run_program(wrong, FAST).passed:
+            bad_passes.append(rec["task_id"])
+    assert good_fails == []
+    assert bad_passes == []
