@@ -7,7 +7,7 @@ import json
 import pytest
 
 from draftcert.cli import main
-from draftcert.evaluate.programs import answer_matches, extract_code, normalize_answer
+from draftcert.evaluate.programs import answer_matches, extract_code, normalize_answer, sanitize
 from draftcert.evaluate.tasks import load_task
 
 
@@ -31,6 +31,21 @@ def test_extract_code_prefers_the_block_defining_the_entry_point_and_takes_a_cut
     assert extract_code(text) == "x = 1\n"
     assert extract_code("```python\ndef g():\n    pass") == "def g():\n    pass"  # cut by the length limit
     assert extract_code("    return 1\n") == "    return 1\n"  # a body continuation as it is
+
+
+def test_code_before_a_lone_closing_fence_is_the_code():
+    # SmolLM2's habit: the function, example calls, a closing fence, then prose
+    text = "def f(a):\n    return a\n\nprint(f(1))\n```\n\nThis function returns `a`."
+    assert extract_code(text, "f") == "def f(a):\n    return a\n\nprint(f(1))\n"
+    assert extract_code("Sure:\n```python\nx = 1\n", None) == "x = 1\n"  # after an opening fence, cut
+    assert extract_code("No code here.", "f") == "No code here."  # no fence: as it is
+
+
+def test_sanitize_keeps_definitions_and_drops_calls_and_a_cut_tail():
+    code = ("import math\nX = 2\n\ndef f(a):\n    return math.sqrt(a) * X\n\nprint(f(4))\n"
+            "if __name__ == '__main__':\n    f(1)\nnums = [1, 2, 3,")
+    assert sanitize(code) == "import math\n\nX = 2\n\ndef f(a):\n    return math.sqrt(a) * X\n"
+    assert sanitize("def (") == "def ("  # nothing parses: as it is (the run fails with its SyntaxError)
 
 
 def test_a_jsonl_task_reads_tests_and_answers(tmp_path):

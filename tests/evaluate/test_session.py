@@ -146,6 +146,23 @@ def test_resume_after_an_interrupt_gives_the_same_table(tiny, tmp_path):
     assert strip(scoreboard_rows(tmp_path / "cut")[0]) == strip(scoreboard_rows(tmp_path / "whole")[0])
 
 
+def test_rescore_scores_the_saved_completions_again_without_decoding(tiny, tmp_path):
+    model, tok = tiny
+    _run(tiny, TextDrafter(_texts(tok), tok), tmp_path, ["strict", "topm:259"], k=64, max_new_tokens=80)
+    path = tmp_path / "results" / "topm_259" / "user_add.json"
+    rec = json.loads(path.read_text())
+    assert rec["passed"]
+    path.write_text(json.dumps({**rec, "passed": False, "status": "failed"}))
+    (tmp_path / rec["program"]).unlink()
+    seen = []
+    _run(tiny, TextDrafter({}, tok), tmp_path, ["strict", "topm:259"], k=64, max_new_tokens=80, rescore=True,
+         on_result=lambda *a: seen.append(a[2]))
+    assert seen == [True] * 6  # nothing decoded again
+    again = json.loads(path.read_text())
+    assert again["passed"] and again["status"] == "passed" and (tmp_path / again["program"]).exists()
+    assert again["tokens"] == rec["tokens"]
+
+
 def test_a_rerun_with_other_settings_is_refused(tiny, tmp_path):
     model, tok = tiny
     _run(tiny, TextDrafter({}, tok), tmp_path, ["strict"])

@@ -59,6 +59,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=10, help="wall-clock seconds per program (default 10; the CPU "
                    "limit is the same number of seconds)")
     p.add_argument("--memory-mb", type=int, default=2048, help="address-space limit per program in MiB (default 2048)")
+    p.add_argument("--rescore", action="store_true", help="score the completions already in --out again (after a "
+                   "change to the scoring); nothing is decoded again")
     p.add_argument("--baseline", action="store_true", help="also run the target alone on every problem: strict's "
                    "completions are checked against it bit for bit, and its tokens/s give each rule's speedup")
     p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct, or a "
@@ -138,7 +140,8 @@ def run(args) -> int:
 
     try:
         run_evaluation(target, tok, drafter, problems, specs, args.out, k=k, max_new_tokens=args.max_new_tokens,
-                       limits=limits, settings=settings, baseline=args.baseline, on_result=on_result)
+                       limits=limits, settings=settings, baseline=args.baseline, on_result=on_result,
+                       rescore=args.rescore)
     finally:
         bar.close()
     doc = write_scoreboard(args.out)

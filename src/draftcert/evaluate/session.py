@@ -4,8 +4,8 @@
 for each it decodes under ``strict`` first (the control: the target's greedy completion), then under
 every other rule (``decode.engine.speculative_generate``; ``tree:M`` drafts a width-M tree of depth
 k), scores each completion (``score``) and writes ``out_dir/results/<rule>/<problem>.json``.
-A rerun skips every result already written (resume), so an interrupted run continues where it
-stopped; ``evaluate.json`` records the settings that make results comparable (target, drafter, k,
+A rerun skips every result already written (resume; ``rescore`` scores their completions again), so an
+interrupted run continues where it stopped; ``evaluate.json`` records the settings that make results comparable (target, drafter, k,
 length limit, task, numerics) and a rerun with other settings is refused.  With ``baseline``, the
 target's own greedy decoding (``engine.greedy_generate``) is run too and strict's tokens are checked
 against it bit for bit by the report (``scoreboard``: ``baseline_match``; its tokens/s are the speedup's
@@ -144,6 +144,19 @@ def _greedy(target, ids, max_new_tokens: int) -> tuple[list[int], dict]:
                     "tokens_per_second": len(tokens) / sec if sec > 0 else None, "drift": 0.0, "drift_tokens": 0}
 
 
+def _rescore(out: Path, problem: Problem, spec: str, rec: dict, limits: Limits) -> None:
+    """Score ``rec["completion"]`` into ``rec`` (its verdict fields replaced), saving the program run."""
+    verdict, program = score(problem, rec["completion"], limits, _header(problem, spec))
+    for key in ("returncode", "exec_seconds", "stdout_tail", "stderr_tail", "answer", "program"):
+        rec.pop(key, None)
+    rec.update(verdict)
+    if program is not None:
+        prog_path = out / PROGRAMS_DIR / slug(spec) / f"{slug(problem.id)}.py"
+        prog_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(prog_path, program)
+        rec["program"] = str(prog_path.relative_to(out))
+
+
 def read_results(out_dir, spec: str) -> dict[str, dict]:
     """Every result written for ``spec``: {problem id: record}."""
     folder = Path(out_dir) / RESULTS_DIR / slug(spec)
@@ -156,9 +169,11 @@ def read_results(out_dir, spec: str) -> dict[str, dict]:
 
 def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: list[str], out_dir, *, k: int,
                    max_new_tokens: int, limits: Limits, settings: dict, baseline: bool = False,
-                   draft_margin: float | None = None, on_result: Callable[[str, str, bool], None] | None = None) -> dict:
+                   draft_margin: float | None = None, on_result: Callable[[str, str, bool], None] | None = None,
+                   rescore: bool = False) -> dict:
     """Decode and score every (problem, rule) not yet in ``out_dir`` (module docstring).  ``specs``
-    must start with ``strict``.  ``on_result(problem id, rule, skipped)`` after each.  Returns the
+    must start with ``strict``.  ``rescore``: score the completions already written again (after a
+    change to the scoring; nothing is decoded again).  ``on_result(problem id, rule, skipped)`` after each.  Returns the
     settings written to ``evaluate.json``."""
     if not specs or specs[0] != CONTROL:
         raise ValueError("criteria: strict, the control, must come first")
@@ -174,6 +189,9 @@ def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: l
                 rec = json.loads(path.read_text())
                 if spec == CONTROL:
                     strict_tokens = rec["tokens"]
+                if rescore:
+                    _rescore(out, p, spec, rec, limits)
+                    write_json(path, rec)
                 if on_result is not None:
                     on_result(p.id, spec, True)
                 continue
@@ -182,14 +200,8 @@ def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: l
             else:
                 tokens, figures = _decode(target, tokenizer, drafter, ids, spec, k, max_new_tokens, draft_margin)
             completion = tokenizer.decode(tokens, skip_special_tokens=True)
-            verdict, program = score(p, completion, limits, _header(p, spec))
-            rec = {"prompt_id": p.id, "criterion": spec, **verdict, "completion": completion, "tokens": tokens,
-                   **figures}
-            if program is not None:
-                prog_path = out / PROGRAMS_DIR / slug(spec) / f"{slug(p.id)}.py"
-                prog_path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(prog_path, program)
-                rec["program"] = str(prog_path.relative_to(out))
+            rec = {"prompt_id": p.id, "criterion": spec, "completion": completion, "tokens": tokens, **figures}
+            _rescore(out, p, spec, rec, limits)
             if spec == CONTROL:
                 strict_tokens = tokens
             elif spec != GREEDY:
