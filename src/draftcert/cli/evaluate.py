@@ -62,7 +62,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rescore", action="store_true", help="score the completions already in --out again (after a "
                    "change to the scoring); nothing is decoded again")
     p.add_argument("--baseline", action="store_true", help="also run the target alone on every problem: strict's "
-                   "completions are checked against it bit for bit, and its tokens/s give each rule's speedup")
+                   "completions are checked against it bit for bit (exit status 1 when one differs), and its tokens/s give each "
+                   "rule's speedup")
     p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct, or a "
                    "local path / hub id")
     p.add_argument("--drafter", default=None, help="drafter spec as for `draftcert decode` (default for the embedded "

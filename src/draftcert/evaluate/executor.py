@@ -111,7 +111,7 @@ lim(resource.RLIMIT_AS, cfg["memory_bytes"])
 lim(resource.RLIMIT_FSIZE, cfg["file_bytes"])
 lim(resource.RLIMIT_NOFILE, cfg["open_files"])
 uid, mine = os.getuid(), 0
-for p in os.listdir("/proc"):
+for p in os.listdir("/proc") if os.path.isdir("/proc") else []:
     if p.isdigit():
         try:
             with open(f"/proc/{p}/status") as f:
@@ -178,17 +178,20 @@ def _read_capped(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[byt
     for f in bufs:
         os.set_blocking(f.fileno(), False)
         sel.register(f, selectors.EVENT_READ)
-    why, killed = None, False
+    why, killed_at = None, None
     deadline = t0 + limits.timeout
+
+    def kill(reason=None):
+        nonlocal why, killed_at
+        why, killed_at = reason, time.monotonic()
+        _kill_group(proc)
+
     while sel.get_map():
-        now = time.monotonic()
-        if not killed and now >= deadline:
-            why, killed = "timeout", True
-            _kill_group(proc)
-        if not killed and proc.poll() is not None:
-            killed = True
-            _kill_group(proc)
-        for key, _ in sel.select(timeout=0.05 if not killed else 0.5):
+        if killed_at is None and time.monotonic() >= deadline:
+            kill("timeout")
+        if killed_at is None and proc.poll() is not None:
+            kill()
+        for key, _ in sel.select(timeout=0.05 if killed_at is None else 0.5):
             f = key.fileobj
             try:
                 chunk = os.read(f.fileno(), 65536)
@@ -200,10 +203,9 @@ def _read_capped(proc: subprocess.Popen, limits: Limits, t0: float) -> tuple[byt
             buf = bufs[f]
             room = limits.output_bytes - len(buf)
             buf += chunk[: max(room, 0)]
-            if len(chunk) > room and not killed:
-                why, killed = "output-limit", True
-                _kill_group(proc)
-        if killed and time.monotonic() > max(deadline, now) + 5:  # the group is dead; pipes must have closed
+            if len(chunk) > room and killed_at is None:
+                kill("output-limit")
+        if killed_at is not None and time.monotonic() > killed_at + 5:  # a process that left the group holds a pipe
             break
     sel.close()
     return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), why
