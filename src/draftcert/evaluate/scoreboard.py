@@ -161,14 +161,15 @@ def _figure(path: Path, rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        if r["tokens_per_forward"] is None:
-            continue
-        ax.scatter(r["tokens_per_forward"], r["pass_at_1"], color="black" if r["criterion"] == CONTROL else "C0")
-        ax.annotate(r["criterion"], (r["tokens_per_forward"], r["pass_at_1"]), textcoords="offset points",
-                    xytext=(4, 4), fontsize=8)
+    markers = "osD^v<>ph*"
+    for i, r in enumerate(x for x in rows if x["tokens_per_forward"] is not None):  # a legend: labels never overlap
+        ax.scatter(r["tokens_per_forward"], r["pass_at_1"], marker=markers[i % len(markers)], s=50,
+                   color="black" if r["criterion"] == CONTROL else f"C{i % 10}",
+                   label=f"{r['criterion']}  (lost {r['lost']}, gained {r['gained']})")
     ax.set_xlabel("tokens per target forward")
     ax.set_ylabel("pass@1")
+    ax.set_ylim(-0.03, 1.03)
+    ax.legend(fontsize=7, loc="best")
     n = max((r["problems"] for r in rows), default=0)
     ax.set_title(f"pass@1 against tokens per forward ({n} problems)")
     ax.grid(alpha=0.3)
