@@ -115,6 +115,8 @@ def test_a_rule_accepting_everything_yields_the_drafters_text_and_its_pass_at_1(
     assert (rule_row["lost"], rule_row["gained"]) == (0, 3)
     assert rule_row["mcnemar_p"] == pytest.approx(0.25)  # 3 of 3 discordant pairs one way: 2 / 2**3
     assert {f["prompt_id"] for f in flips} == {p.id for p in PROBLEMS}
+    steps = sorted(f["first_drift"]["step"] for f in flips)
+    assert rule_row["first_drift_step_median"] == steps[1] and strict_row["first_drift_step_median"] is None
     strict = read_results(tmp_path, "strict")
     for f in flips:
         d = f["first_drift"]

@@ -20,7 +20,9 @@ A row counts the problems that strict and the rule both have (paired):
   emitted / sum of decode seconds (each decode timed once); ``speedup`` = that over the target
   alone's (``--baseline``); ``drift`` = drift_tokens / emitted (accepted tokens that are not the
   target's greedy token at their prefix); ``certified_fraction`` = certified / checked positions;
-  ``identical`` = completions equal to strict's, token for token.
+  ``identical`` = completions equal to strict's, token for token; ``first_drift_step_median`` and
+  ``first_drift_margin_median``: the median step and target top-2 margin of the first non-greedy
+  token, over the completions that leave greedy.
 
 A flip is a problem that strict and the rule score differently; it carries the rule's
 ``first_drift`` (``session.first_drift``).
@@ -29,6 +31,7 @@ A flip is a problem that strict and the rule score differently; it carries the r
 from __future__ import annotations
 
 import json
+import statistics
 from math import comb
 from pathlib import Path
 
@@ -74,6 +77,10 @@ def _ratio(a: float, b: float):
     return a / b if b else None
 
 
+def _median(xs: list[float]):
+    return statistics.median(xs) if xs else None
+
+
 def scoreboard_rows(out_dir) -> tuple[list[dict], list[dict], dict]:
     """(rows, flips, checks) of an evaluation folder (module docstring)."""
     settings = json.loads((Path(out_dir) / SETTINGS_FILE).read_text())
@@ -100,6 +107,7 @@ def scoreboard_rows(out_dir) -> tuple[list[dict], list[dict], dict]:
         seconds = sum(x["seconds"] for x in r)
         checked = sum(x["checked_positions"] for x in r)
         tps = _ratio(emitted, seconds)
+        drifts = [x for x in r if x.get("first_drift")]
         rows.append({
             "criterion": spec, "problems": len(pids), "passed": sum(x["passed"] for x in r),
             "pass_at_1": sum(x["passed"] for x in r) / len(pids), "lost": len(lost), "gained": len(gained),
@@ -109,6 +117,8 @@ def scoreboard_rows(out_dir) -> tuple[list[dict], list[dict], dict]:
             "drift": _ratio(sum(x["drift_tokens"] for x in r), emitted),
             "certified_fraction": _ratio(sum(x["certified_positions"] for x in r), checked),
             "identical": sum(x["tokens"] == strict[p]["tokens"] for p, x in zip(pids, r)),
+            "first_drift_step_median": _median([x["first_drift"]["step"] for x in drifts]),
+            "first_drift_margin_median": _median([x["first_drift"]["target_margin"] for x in drifts]),
             "emitted": emitted, "seconds": seconds,
         })
         for p, direction in [(p, "lost") for p in lost] + [(p, "gained") for p in gained]:
