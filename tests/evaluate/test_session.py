@@ -173,6 +173,14 @@ def test_a_rerun_with_other_settings_is_refused(tiny, tmp_path):
                        limits=LIMITS, settings={**SETTINGS, "max_new_tokens": 20})
 
 
+def test_problem_ids_sharing_a_file_name_are_refused(tiny, tmp_path):
+    model, tok = tiny
+    twins = [Problem("a/b", "x", answer="1"), Problem("a_b", "y", answer="2")]
+    with pytest.raises(ValueError, match="task: problem ids 'a/b' and 'a_b' share the file name"):
+        run_evaluation(model, tok, TextDrafter({}, tok), twins, ["strict"], tmp_path, k=3, max_new_tokens=4,
+                       limits=LIMITS, settings=SETTINGS)
+
+
 def test_saved_programs_give_the_same_verdict_by_hand(tiny, tmp_path):
     model, tok = tiny
     _run(tiny, TextDrafter(_texts(tok), tok), tmp_path, ["strict", "topm:259"], k=64, max_new_tokens=80)

@@ -177,6 +177,11 @@ def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: l
     settings written to ``evaluate.json``."""
     if not specs or specs[0] != CONTROL:
         raise ValueError("criteria: strict, the control, must come first")
+    names: dict[str, str] = {}
+    for p in problems:
+        if names.setdefault(slug(p.id), p.id) != p.id:
+            raise ValueError(f"task: problem ids {names[slug(p.id)]!r} and {p.id!r} share the file name {slug(p.id)!r}; "
+                             "give them ids that differ in letters or digits")
     out = Path(out_dir)
     settings = check_settings(out, {**settings, "criteria": list(specs), "problems": [p.id for p in problems]})
     runs = ([GREEDY] if baseline else []) + list(specs)
