@@ -31,13 +31,37 @@ def permute_like_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int]):
+# A byte-level BPE vocabulary of 96 tokens: the 94 printable ASCII characters but space, "Ġ" (a space,
+# GPT-2's byte map) and the end-of-text token, no merges
+TINY_TOKENS = [chr(c) for c in range(33, 127)] + ["\u0120", "<|endoftext|>"]
+TINY_MERGES: list[str] = []  # none: one token per character
+
+
+def add_tiny_tokenizer(w, vocab: int = 96, *, eos: int | None = None, pad_to: int | None = None) -> None:
+    """Write a GPT-2 style tokenizer of ``TINY_TOKENS`` (``vocab`` >= 96 tokens: the rest are
+    ``<extra_i>`` tokens) into GGUF writer ``w``; end of text (and bos) at ``eos`` (default 95)."""
+    tokens = TINY_TOKENS + [f"<extra_{i}>" for i in range(vocab - len(TINY_TOKENS))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 95 + [3] + [4] * (vocab - 96))
+    w.add_token_merges(TINY_MERGES)
+    w.add_token_scores([0.0] * vocab)
+    w.add_bos_token_id(95 if eos is None else eos)
+    w.add_eos_token_id(95 if eos is None else eos)
+
+
+def write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int], tokenizer: bool = False, arch: str = "llama",
+                     seed: int = 7, layers: int = 2):
     """A 2-layer llama GGUF: hidden 256 (the K-quants' block), 4 heads (2 kv), vocab 96. Weights of
-    type Q8_0/Q4_1/Q5_0 are quantised from random floats; Q4_K/Q6_K are random blocks."""
-    rng = np.random.default_rng(7)
-    H, I, V, L, nh, nkv = 256, 512, 96, 2, 4, 2
+    type Q8_0/Q4_1/Q5_0 are quantised from random floats; Q4_K/Q6_K are random blocks.  ``tokenizer``:
+    with ``add_tiny_tokenizer``'s vocabulary (what loading it as a target needs)."""
+    rng = np.random.default_rng(seed)
+    H, I, V, L, nh, nkv = 256, 512, 96, layers, 4, 2
     hd = H // nh
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    if tokenizer:
+        add_tiny_tokenizer(w)
     w.add_name("tiny-test")
     w.add_context_length(128)
     w.add_embedding_length(H)
