@@ -37,9 +37,10 @@ TINY_TOKENS = [chr(c) for c in range(33, 127)] + ["\u0120", "<|endoftext|>"]
 TINY_MERGES: list[str] = []  # none: one token per character
 
 
-def add_tiny_tokenizer(w, vocab: int = 96, *, eos: int | None = None, pad_to: int | None = None) -> None:
+def add_tiny_tokenizer(w, vocab: int = 96, *, eos: int | None = None, specials: bool = False) -> None:
     """Write a GPT-2 style tokenizer of ``TINY_TOKENS`` (``vocab`` >= 96 tokens: the rest are
-    ``<extra_i>`` tokens) into GGUF writer ``w``; end of text (and bos) at ``eos`` (default 95)."""
+    ``<extra_i>`` tokens) into GGUF writer ``w``; end of text (and bos) at ``eos`` (default 95);
+    ``specials``: unknown and padding ids too (the end of text), as some architectures' tokenizers need."""
     tokens = TINY_TOKENS + [f"<extra_{i}>" for i in range(vocab - len(TINY_TOKENS))]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -49,6 +50,9 @@ def add_tiny_tokenizer(w, vocab: int = 96, *, eos: int | None = None, pad_to: in
     w.add_token_scores([0.0] * vocab)
     w.add_bos_token_id(95 if eos is None else eos)
     w.add_eos_token_id(95 if eos is None else eos)
+    if specials:
+        w.add_unk_token_id(95 if eos is None else eos)
+        w.add_pad_token_id(95 if eos is None else eos)
 
 
 def write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int], tokenizer: bool = False, arch: str = "llama",
