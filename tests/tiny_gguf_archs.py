@@ -110,30 +110,37 @@ def write_tiny_arch(path, arch: str, *, qtype: int = int(QT.Q8_0), seed: int = 0
         model = AutoModelForCausalLM.from_config(config)
     gguf_arch = "llama" if arch == "mistral" else arch
     processor = TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=config.to_dict())
-    names = {hf: g for g, hf in get_gguf_hf_weights_map(model, processor).items()}
+    names: dict[str, list[str]] = {}  # parameter -> its GGUF tensors (two for merged expert gate/up weights)
+    for g, hf in get_gguf_hf_weights_map(model, processor).items():
+        names.setdefault(hf, []).append(g)
     rng = np.random.default_rng(seed)
     w = _writer(path, arch)
     written = set()
     for hf, p in model.state_dict().items():
-        g = names.get(processor.preprocess_name(hf))
-        if g is None or (tied and g.startswith("output.")):
-            continue
-        if g in written:
-            continue
-        written.add(g)
-        shape = tuple(p.shape)
-        if g.endswith("ffn_gate_inp_shexp.weight"):  # a [1, H] gate stored as one row of H (llama.cpp's layout)
-            shape = shape[1:]
-        if len(shape) == 1:
-            x = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32) if "norm" in g else \
-                (0.02 * rng.standard_normal(shape)).astype(np.float32)
-            w.add_tensor(g, x)
-            continue
-        x = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        if qtype and shape[-1] % gguf.GGML_QUANT_SIZES[QT(qtype)][0] == 0:
-            q = gguf.quants.quantize(x, QT(qtype))
-            w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=QT(qtype))
-        else:
-            w.add_tensor(g, x)
+        for g in names.get(processor.preprocess_name(hf), []):
+            if (tied and g.startswith("output.")) or g in written:
+                continue
+            written.add(g)
+            shape = tuple(p.shape)
+            if len(names[processor.preprocess_name(hf)]) == 2:  # gate and up experts: each half of dim 1
+                shape = (shape[0], shape[1] // 2, *shape[2:])
+            _add(w, g if g.endswith((".weight", ".bias")) else g + ".weight", shape, rng, qtype)  # experts: bare names
     _finish(w)
     return path
+
+
+def _add(w, g: str, shape: tuple, rng, qtype: int) -> None:
+    """A random tensor ``g`` of ``shape``: block type ``qtype`` where its rows are whole blocks."""
+    if g.endswith("ffn_gate_inp_shexp.weight"):  # a [1, H] gate stored as one row of H (llama.cpp's layout)
+        shape = shape[1:]
+    if len(shape) == 1:
+        x = (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32) if "norm" in g else \
+            (0.02 * rng.standard_normal(shape)).astype(np.float32)
+        w.add_tensor(g, x)
+        return
+    x = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    if qtype and shape[-1] % gguf.GGML_QUANT_SIZES[QT(qtype)][0] == 0:
+        q = gguf.quants.quantize(x, QT(qtype))
+        w.add_tensor(g, q, raw_shape=q.shape, raw_dtype=QT(qtype))
+    else:
+        w.add_tensor(g, x)
