@@ -131,3 +131,44 @@ def test_an_architecture_transformers_has_no_model_for_is_one_line(cache, capsys
     assert main(["decode", "--target", str(path), "--drafter", "prompt-lookup", "--prompt", "hi"]) == 2
     line = _one_error_line(capsys.readouterr().err, "--target:")
     assert str(path) in line and "transformers cannot read" in line
+
+
+def test_a_path_loads_as_the_presets_folder_does(cache):
+    """The presets' folder (``load_gguf_folder``: model.gguf with its config and tokenizer parsed once)
+    and the same file given as a path compute the same logits, bit for bit, with the same tokenizer."""
+    from draftcert.gguf.loader import GGUF_FILE, load_gguf_folder, write_gguf_metadata
+
+    folder = cache / "preset"
+    folder.mkdir()
+    write_tiny_llama(folder / GGUF_FILE, tied=True, tokenizer=True,
+                     qtypes={"emb": 8, "q": 12, "k": 3, "v": 6, "o": 14, "gate": 12, "up": 8, "down": 2})
+    write_gguf_metadata(folder, {"source": "test"})
+    preset, ptok = load_gguf_folder(folder, numerics="gguf-q8")
+    mine, tok = load_target(str(folder / GGUF_FILE), weights="gguf-q8")
+    assert tok.get_vocab() == ptok.get_vocab() and mine.draftcert_gguf == preset.draftcert_gguf
+    x = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert torch.equal(mine(x).logits, preset(x).logits)
+
+
+@pytest.mark.slow
+def test_the_pair_as_paths_profiles_the_same_trace_as_the_preset(tmp_path):
+    """`profile` of the Qwen pair's two cached GGUF files, given as paths, writes the same trace columns
+    as `--pair qwen2.5-coder` (needs the pair in the cache: skipped otherwise)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from draftcert.models.pair import gguf_ready, pair_gguf_dir
+    from draftcert.profile import profile
+
+    names = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")
+    if not all(gguf_ready(n) for n in names):
+        pytest.skip("the pair's GGUF files are not in the cache")
+    paths = [str(pair_gguf_dir(n) / "model.gguf") for n in names]
+    prompts = ["Write a Python function that reverses a string."]
+    profile(*paths, prompts, out=tmp_path / "paths", max_new_tokens=8, progress=False)
+    profile(*names, prompts, out=tmp_path / "preset", max_new_tokens=8, progress=False)
+    a, b = (pq.read_table(glob.glob(str(tmp_path / d / "trace" / "*.parquet"))[0]) for d in ("paths", "preset"))
+    assert a.num_rows == b.num_rows == 8 and a.schema.names == b.schema.names
+    assert all(a.column(n).to_pylist() == b.column(n).to_pylist() for n in a.schema.names)
