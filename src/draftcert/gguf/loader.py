@@ -130,7 +130,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     quantised: dict[str, tuple[torch.Tensor, int]] = {}  # hf module name -> (blocks, qtype)
     other_types: dict[str, int] = {}
     by_hf = {}
-    plain = (int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16), int(GGMLQuantizationType.BF16))
+    f32 = int(GGMLQuantizationType.F32)  # the one type a linear weight keeps as it is (F16 and BF16 are converted)
     parsed: dict = {"tensors": {}}  # what a processor assembles from several GGUF tensors (merged experts)
     merging = type(processor).perform_fallback_tensor_mapping is not TensorProcessor.perform_fallback_tensor_mapping
     for t in tensors.values():
@@ -158,7 +158,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
                     same = np.array_equal(order, np.arange(lin.out_features))
                     quantised[mod_name] = (torch.from_numpy(t.data if same else t.data[order]), t.qtype)
                     continue
-            if t.qtype not in plain:
+            if t.qtype != f32:
                 name = GGMLQuantizationType(t.qtype).name
                 other_types[name] = other_types.get(name, 0) + 1
         w = dequantize_gguf(t.data, t.qtype).reshape(t.shape)
