@@ -212,3 +212,23 @@ def test_read_gguf_raises_gguf_file_error_a_value_error(good, tmp_path):
     path.write_bytes(good)
     _, tensors = read_gguf(path)
     assert tensors["blk.0.attn_q.weight"].qtype == int(QT.Q8_0)
+
+
+@pytest.mark.parametrize("call", ["linear", "dequantize", "pack_q8"])
+def test_the_kernels_refuse_blocks_shorter_than_the_shape_says(call):
+    """The last guard: block_matmul's wrappers check the bytes against [n, k] before the C code runs."""
+    import torch
+
+    from draftcert.kernels import block_matmul
+
+    if not block_matmul.LIBRARY.available():
+        pytest.skip(f"no block_matmul kernel: {block_matmul.LIBRARY.reason()}")
+    n, k, qtype = 8, 64, int(QT.Q8_0)
+    short = torch.zeros(n, k // 32 * 34 - 1, dtype=torch.uint8)  # one byte short per row
+    with pytest.raises(ValueError, match="expected contiguous uint8 blocks"):
+        if call == "linear":
+            block_matmul.linear(torch.zeros(1, k), short, qtype, n, k)
+        elif call == "dequantize":
+            block_matmul.dequantize(short, qtype, n, k)
+        else:
+            block_matmul.pack_q8(short, qtype, n, k)
