@@ -124,13 +124,23 @@ def write_tiny_arch(path, arch: str, *, qtype: int = int(QT.Q8_0), seed: int = 0
             shape = tuple(p.shape)
             if len(names[processor.preprocess_name(hf)]) == 2:  # gate and up experts: each half of dim 1
                 shape = (shape[0], shape[1] // 2, *shape[2:])
-            _add(w, g if g.endswith((".weight", ".bias")) else g + ".weight", shape, rng, qtype)  # experts: bare names
+            if arch == "gpt2" and g.endswith(_GPT2_TRANSPOSED):  # Conv1D weights: GGUF stores them transposed
+                shape = shape[::-1]
+            if g.endswith("ssm_conv1d.weight"):  # [C, 1, K] stored as [C, K]
+                shape = (shape[0], shape[-1])
+            _add(w, g + ".weight" if g.endswith("_exps") else g, shape, rng, qtype)  # experts: named with .weight
     _finish(w)
     return path
 
 
+_GPT2_TRANSPOSED = ("attn_qkv.weight", "ffn_down.weight", "ffn_up.weight", "attn_output.weight")
+
+
 def _add(w, g: str, shape: tuple, rng, qtype: int) -> None:
     """A random tensor ``g`` of ``shape``: block type ``qtype`` where its rows are whole blocks."""
+    if g.endswith("ssm_a"):  # Mamba's A is stored as -exp(A_log): negative
+        w.add_tensor(g, -np.exp(0.1 * rng.standard_normal(shape)).astype(np.float32))
+        return
     if g.endswith("ffn_gate_inp_shexp.weight"):  # a [1, H] gate stored as one row of H (llama.cpp's layout)
         shape = shape[1:]
     if len(shape) == 1:

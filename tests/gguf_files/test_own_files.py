@@ -9,7 +9,7 @@ import torch
 
 from draftcert.cli import main
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.gguf.layers import GGUFLinear, numerics_of
+from draftcert.gguf.layers import GGUFEmbedding, GGUFLinear, numerics_of
 from draftcert.models import ModelUnavailable, load_target
 from tests.test_cli_errors import _one_error_line
 from tests.tiny_gguf import QT, write_tiny_llama
@@ -17,7 +17,8 @@ from tests.tiny_gguf_archs import write_tiny_arch
 
 # the architectures whose tiny files load through draftcert's GGUF loader and decode (tests/tiny_gguf_archs.py)
 DECODED = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "stablelm", "starcoder2", "nemotron",
-           "falcon", "qwen2moe", "qwen3moe", pytest.param("minimax-m2", marks=pytest.mark.slow)]  # 256 experts: slow
+           "falcon", "gpt2", "bloom", "mamba", "qwen2moe", "qwen3moe",
+           pytest.param("minimax-m2", marks=pytest.mark.slow), pytest.param("gemma4", marks=pytest.mark.slow)]  # slow: 256 experts; 20 s
 Q8 = {k: 8 for k in ("emb", "q", "k", "v", "o", "gate", "up", "down", "out")}
 
 
@@ -41,7 +42,8 @@ def test_a_tiny_gguf_of_each_architecture_decodes_lossless_from_its_path(arch, c
     target_path = write_tiny_arch(cache / f"{arch}-target.gguf", arch, seed=0)
     drafter_path = write_tiny_arch(cache / f"{arch}-drafter.gguf", arch, seed=1)
     target, tok = load_target(str(target_path))
-    assert any(isinstance(m, GGUFLinear) for m in target.modules())  # from its blocks, not dequantised
+    # from its blocks, not dequantised (gpt2's Conv1D projections are no nn.Linear: its embedding is blocks)
+    assert any(isinstance(m, (GGUFLinear, GGUFEmbedding)) for m in target.modules())
     ids = tok("the cat sat on")["input_ids"]
     ref = greedy_generate(target, ids, 12, eos_token_id=[])  # no end of text: every decode runs its 12 tokens
     out = speculative_generate(target, str(drafter_path), ids, "strict", k=3, max_new_tokens=12, tokenizer=tok,

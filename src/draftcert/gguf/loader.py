@@ -91,6 +91,8 @@ def _hf_names(model: nn.Module, arch: str, processor) -> dict[str, str]:
         if suffix not in ("weight", "bias"):
             base, dot, suffix = hf_name, "", ""
         g = tmap.get_name(base)
+        if g is None and base.startswith("transformer."):  # named as in the base model (Bloom's BloomModel)
+            g = tmap.get_name(base.removeprefix("transformer."))
         if g is not None:
             out[g + dot + suffix] = hf_name
         else:  # one-to-many names (mixture-of-experts weights merged from several GGUF tensors)
@@ -158,7 +160,7 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
                     same = np.array_equal(order, np.arange(lin.out_features))
                     quantised[mod_name] = (torch.from_numpy(t.data if same else t.data[order]), t.qtype)
                     continue
-            if t.qtype != f32:
+            if t.qtype != f32 and t.qtype not in KERNEL_TYPES:
                 name = GGMLQuantizationType(t.qtype).name
                 other_types[name] = other_types.get(name, 0) + 1
         w = dequantize_gguf(t.data, t.qtype).reshape(t.shape)
