@@ -173,3 +173,19 @@ def test_the_pair_as_paths_profiles_the_same_trace_as_the_preset(tmp_path):
     a, b = (pq.read_table(glob.glob(str(tmp_path / d / "trace" / "*.parquet"))[0]) for d in ("paths", "preset"))
     assert a.num_rows == b.num_rows == 8 and a.schema.names == b.schema.names
     assert all(a.column(n).to_pylist() == b.column(n).to_pylist() for n in a.schema.names)
+
+
+def test_a_hub_gguf_in_the_local_hugging_face_cache_loads_offline(cache, monkeypatch, capsys):
+    """``ORG/NAME:FILE.gguf`` is taken from the local Hugging Face cache first (works offline)."""
+    hub = cache / "hf-hub"
+    commit = "0" * 40
+    snap = hub / "models--some-org--tiny-GGUF" / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (hub / "models--some-org--tiny-GGUF" / "refs").mkdir()
+    (hub / "models--some-org--tiny-GGUF" / "refs" / "main").write_text(commit)
+    write_tiny_arch(snap / "tiny-Q8_0.gguf", "qwen3", seed=0)
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))  # read when a download is asked for
+    model, tok = load_target("some-org/tiny-GGUF:tiny-Q8_0.gguf")
+    assert model.draftcert_gguf["file"] == "tiny-Q8_0.gguf" and len(tok) == 96

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from .._cache import cache_root, install_dir_atomically
@@ -115,8 +116,6 @@ def _config_and_tokenizer(path: Path):
         try:
             install_dir_atomically(lambda tmp: _parse_metadata(path, tmp), final)
         except OSError:  # a cache that cannot be written: parse into a temporary folder instead
-            import tempfile
-
             with tempfile.TemporaryDirectory(prefix="draftcert-gguf-") as tmp:
                 _parse_metadata(path, Path(tmp))
                 return (AutoConfig.from_pretrained(tmp, local_files_only=True),
