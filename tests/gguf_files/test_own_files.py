@@ -189,3 +189,28 @@ def test_a_hub_gguf_in_the_local_hugging_face_cache_loads_offline(cache, monkeyp
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))  # read when a download is asked for
     model, tok = load_target("some-org/tiny-GGUF:tiny-Q8_0.gguf")
     assert model.draftcert_gguf["file"] == "tiny-Q8_0.gguf" and len(tok) == 96
+
+
+def test_profile_and_replay_calibrate_take_gguf_paths(cache, capsys):
+    """`profile --target T.gguf --drafter D.gguf`, then `replay --calibrate` reloads both from the run's paths."""
+    import json
+
+    write_tiny_arch(cache / "t.gguf", "llama", seed=0)
+    write_tiny_arch(cache / "d.gguf", "llama", seed=1)
+    (cache / "p.txt").write_text("the cat\nhello there\n")
+    assert main(["profile", "--target", "t.gguf", "--drafter", "d.gguf", "--prompts", "p.txt", "--out", "run",
+                 "--max-new-tokens", "6", "--criteria", "strict", "--no-progress"]) == 0
+    run = json.loads((cache / "run" / "run.json").read_text())
+    assert (run["target"], run["drafter"], run["model_dtype"]) == ("t.gguf", "d.gguf", numerics_of(load_target("t.gguf")[0]))
+    assert main(["replay", "run", "--calibrate", "--no-progress"]) == 0
+    replay = json.loads((cache / "run" / "replay.json").read_text())
+    assert (cache / "run" / "calibration.json").is_file() and replay["costs"]  # timed on the two files
+
+
+@pytest.mark.slow
+def test_train_drafter_takes_a_gguf_target(cache):
+    write_tiny_arch(cache / "t.gguf", "qwen2", seed=0)
+    (cache / "p.txt").write_text("\n".join(f"prompt number {i} about the cat" for i in range(8)) + "\n")
+    assert main(["train-drafter", "--target", "t.gguf", "--prompts", "p.txt", "--examples", "4", "--max-new-tokens", "8",
+                 "--draft-vocab", "32", "--epochs", "1", "--heldout-examples", "0", "--out", "tr", "--quiet"]) == 0
+    assert (cache / "tr" / "drafter.safetensors").is_file()
