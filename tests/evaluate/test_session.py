@@ -210,3 +210,15 @@ def test_mcnemar_exact_matches_scipy_and_the_exact_sum(lost, gained, monkeypatch
     want = 1.0 if n == 0 else binomtest(lost, n, 0.5).pvalue
     assert mcnemar_exact(lost, gained) == pytest.approx(want, rel=1e-12)
     assert scoreboard._binom_two_sided(lost, n) == pytest.approx(want, rel=1e-12)  # the fallback without scipy
+
+
+@pytest.mark.slow
+def test_on_the_embedded_model_strict_is_greedy_bit_for_bit(tmp_path, capsys):
+    """The command on the embedded target, 3 HumanEval problems: strict's completions are the target
+    alone's greedy ones (--baseline's check; exit status 1 otherwise)."""
+    out = tmp_path / "he"
+    code = main(["evaluate", "--out", str(out), "--limit", "3", "--criteria", "strict,topm:2", "--max-new-tokens", "48",
+                 "--baseline", "--execute-untrusted-code", "--no-progress"])
+    doc = json.loads((out / "evaluation.json").read_text())
+    assert code == 0 and doc["baseline_match"] is True and doc["baseline_compared"] == 3
+    assert [r["criterion"] for r in doc["rows"]] == ["strict", "topm:2"] and doc["rows"][0]["identical"] == 3

@@ -7,7 +7,7 @@ import sys
 
 from .. import models
 from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
-from ..evaluate.executor import NOT_A_SANDBOX, Limits
+from ..evaluate.executor import NOT_A_SANDBOX, Limits, blocks_forks, landlock_abi
 from ..evaluate.scoreboard import format_rows, write_scoreboard
 from ..evaluate.session import CONTROL, run_evaluation
 from ..evaluate.tasks import TASK_HELP, load_task
@@ -129,6 +129,12 @@ def run(args) -> int:
     settings = {"task": args.task, "target": args.target or "embedded", "drafter": dspec, "k": k,
                 "max_new_tokens": args.max_new_tokens, "model_dtype": numerics_of(target), "draft_vocab": None,
                 "timeout": args.timeout, "memory_bytes": limits.memory_bytes}
+    if any(p.runs_code for p in problems):
+        abi = landlock_abi()
+        print(f"evaluate: running model-written code (not a security sandbox): writes outside each program's folder "
+              f"{f'refused (Landlock ABI {abi})' if abi else 'NOT refused (no Landlock in this kernel)'}, new processes "
+              f"{'refused' if blocks_forks() else 'NOT refused (root, no seccomp filter on this platform)'}",
+              file=sys.stderr)
     from tqdm.auto import tqdm  # optional: the progress bar
 
     total = len(problems) * (len(specs) + bool(args.baseline))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import selectors
 import shutil
 import signal
@@ -44,7 +45,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-__all__ = ["Limits", "ExecResult", "run_program", "PASS_MARKER", "NOT_A_SANDBOX"]
+__all__ = ["Limits", "ExecResult", "run_program", "PASS_MARKER", "NOT_A_SANDBOX", "landlock_abi", "blocks_forks"]
 
 PASS_MARKER = "draftcert: tests passed"  # the last stdout line of a program that ran its tests through
 
@@ -156,6 +157,24 @@ if abi >= 1:  # Landlock: writes only beneath the folder (and /dev/null)
         os.close(rs)
 os.execv(sys.executable, [sys.executable, "-I", "-S", "-B", "program.py"])
 '''
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none, or not Linux): whether writes outside the folder are refused."""
+    if sys.platform != "linux":
+        return 0
+    import ctypes  # Linux only: the syscall
+
+    try:
+        abi = ctypes.CDLL(None, use_errno=True).syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except (OSError, AttributeError):
+        return 0
+    return max(int(abi), 0)
+
+
+def blocks_forks() -> bool:
+    """Whether a program's forks fail: the seccomp filter (x86-64 Linux), or RLIMIT_NPROC (not root)."""
+    return (sys.platform == "linux" and platform.machine() == "x86_64") or os.geteuid() != 0
 
 
 def _env(folder: str) -> dict[str, str]:

@@ -89,10 +89,8 @@ def humaneval_program(prompt: str, completion: str, test: str, entry_point: str,
 
 
 def tests_program(completion: str, test: str, entry_point: str | None = None, header: str = "") -> str:
-    """A user task's program: the completion's code (sanitized when the task names its entry point),
-    then ``test`` (then ``check(entry_point)``)."""
-    code = extract_code(completion, entry_point)
-    return header + (sanitize(code) if entry_point else code) + "\n\n" + test + _tail(entry_point)
+    """A user task's program: the completion's code, sanitized, then ``test`` (then ``check(entry_point)``)."""
+    return header + sanitize(extract_code(completion, entry_point)) + "\n\n" + test + _tail(entry_point)
 
 
 def normalize_answer(text: str) -> str:
