@@ -66,7 +66,7 @@ def check_gguf_file(path) -> dict:
     path = Path(path).expanduser()
     if not path.exists():
         raise GGUFFileError(f"{path}: no such file")
-    meta, _ = read_gguf(path)
+    meta, _ = read_gguf(path, keep=False)  # the check; the loader maps the file again for its blocks
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise GGUFFileError(f"{path}: no general.architecture in its metadata (not a model file)")
