@@ -79,6 +79,27 @@ def _bert_file(good: bytes) -> bytes:
         return p.read_bytes()
 
 
+def _with_key(good: bytes, key: str, value: int) -> bytes:
+    """``good`` with one more uint16 metadata key (the key count raised, the tensor table shifted: its
+    data offsets are relative to the aligned end of the table, so the padding is adjusted)."""
+    (n_tensors, n_kv) = struct.unpack_from("<QQ", good, 8)
+    entry = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IH", 2, value)
+    b = bytearray(good[:24] + entry + good[24:])
+    struct.pack_into("<Q", b, 16, n_kv + 1)
+    # the data section starts at the next multiple of 32 after the table: re-pad it
+    table_end = _tensor_table_end(good)
+    start = -(-table_end // 32) * 32
+    new_end = table_end + len(entry)
+    new_start = -(-new_end // 32) * 32
+    return bytes(b[:new_end]) + b"\0" * (new_start - new_end) + good[start:]
+
+
+def _tensor_table_end(data: bytes) -> int:
+    """Offset just past the last tensor entry of the table (the writer's order: the last added tensor)."""
+    at, nd, _ = _dims_of(data, "output.weight")
+    return at + 4 + 8 * nd + 12
+
+
 def _damage(good: bytes, case: str) -> tuple[bytes, str]:
     """(the damaged bytes, a phrase the error line must hold)."""
     if case == "text-file":
@@ -141,6 +162,8 @@ def _damage(good: bytes, case: str) -> tuple[bytes, str]:
         return bytes(b), "architecture 'zzzzz' is not one transformers reads"
     if case == "architecture-transformers-lacks":
         return _bert_file(good), "architecture 'bert' is not one transformers reads"
+    if case == "split-file":  # the first of two parts (llama-gguf-split): its tensors are not all here
+        return _with_key(good, "split.count", 2), "part 1 of a GGUF split into 2 files"
     if case == "shape-the-model-does-not-expect":  # same bytes, transposed shape: the checks pass, the model refuses it
         at, nd, dims = _dims_of(good, "blk.0.ffn_up.weight")
         return _set(good, at + 4, "<2Q", dims[1], dims[0]), "cannot be loaded"
@@ -151,7 +174,7 @@ CASES = ["text-file", "empty", "safetensors-bytes", "header-cut", "version-1", "
          "cut-in-data", "one-byte-short", "tensor-count-huge", "kv-count-huge", "key-length-huge",
          "token-array-count-huge", "unknown-value-type", "unknown-tensor-type", "too-many-dims", "zero-dim",
          "row-not-whole-blocks", "data-shorter-than-shape", "offset-past-end", "offset-misaligned",
-         "unknown-architecture", "architecture-transformers-lacks", "shape-the-model-does-not-expect"]
+         "unknown-architecture", "architecture-transformers-lacks", "split-file", "shape-the-model-does-not-expect"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -201,6 +224,15 @@ def test_every_command_refuses_a_damaged_target_in_one_line(argv, good, cache, c
     assert main([*argv, "--target", str(path)]) == 2
     line = _one_error_line(capsys.readouterr().err, "--target:")
     assert "past the end of the file" in line and not (cache / "runs").exists()
+
+
+def test_one_more_metadata_key_keeps_the_file_whole(good, tmp_path):
+    """The control of the split-file case: the helper that adds a key leaves every tensor's bytes as they were."""
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    a.write_bytes(good)
+    b.write_bytes(_with_key(good, "test.extra", 7))
+    (_, ta), (mb, tb) = read_gguf(a), read_gguf(b)
+    assert mb["test.extra"] == 7 and all(np.array_equal(ta[k].data, tb[k].data) for k in ta)
 
 
 def test_read_gguf_raises_gguf_file_error_a_value_error(good, tmp_path):

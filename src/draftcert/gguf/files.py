@@ -66,7 +66,11 @@ def check_gguf_file(path) -> dict:
     path = Path(path).expanduser()
     if not path.exists():
         raise GGUFFileError(f"{path}: no such file")
-    meta, _ = read_gguf(path)
+    meta, _ = read_gguf(path, keep=False)  # the check; the loader maps the file again for its blocks
+    parts = meta.get("split.count", 1)
+    if isinstance(parts, int) and parts > 1:
+        raise GGUFFileError(f"{path}: part {meta.get('split.no', 0) + 1} of a GGUF split into {parts} files; join "
+                            "them first (llama.cpp: llama-gguf-split --merge FIRST_PART OUT.gguf)")
     arch = meta.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         raise GGUFFileError(f"{path}: no general.architecture in its metadata (not a model file)")

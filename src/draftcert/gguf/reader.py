@@ -69,13 +69,15 @@ def release_file_pages(t: torch.Tensor) -> bool:
     return libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0
 
 
-def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
+def read_gguf(path: str | Path, *, keep: bool = True) -> tuple[dict, dict[str, GGUFTensor]]:
     """``(scalar and string metadata, {name: GGUFTensor})`` of a GGUF file (versions 2 and 3).
 
     Reads only the header and the tensor table, skipping metadata arrays (the tokenizer's): what
     ``gguf.GGUFReader`` gives as ``.tensors`` (``.data``, ``.tensor_type``), without the seconds it
     spends on building every metadata field (6 s for SmolLM2's vocabulary here).  A damaged file
     raises :class:`GGUFFileError` (see the module docstring) before any tensor view is made.
+    ``keep=False``: a check only; the mapping is not registered for :func:`release_file_pages` and
+    goes when the views do.
     """
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # optional: models extra (gguf, transformers)
 
@@ -204,5 +206,6 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
         if b0 < a1:
             raise bad(f"tensor {a!r} needs {a1 - a0} bytes from data offset {a0}, which runs into tensor {b!r} "
                       f"at {b0}: its data is shorter than its shape and type need")
-    _FILE_MAPS.append((mm.ctypes.data, mm.ctypes.data + mm.size, mm))  # never written: pages can be dropped
+    if keep:
+        _FILE_MAPS.append((mm.ctypes.data, mm.ctypes.data + mm.size, mm))  # never written: pages can be dropped
     return meta, tensors
