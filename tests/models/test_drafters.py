@@ -131,10 +131,14 @@ def test_check_compatible_refuses_mismatched_vocab(target, tmp_path):
     with pytest.raises(ValueError, match="differently"):
         check_compatible(model, tok, same_shape, alt)
     check_compatible(model, tok, same_shape, tok)  # identical vocabularies pass
-    # a separately loaded drafter goes through the same check in load_drafter
+    # a separately loaded drafter is compared in load_drafter (models.tokenizer_fit): the same tokenizer with
+    # 41 more output rows, past every token, is padding, fitted to the target's rows; another tokenizer is refused
     other.save_pretrained(tmp_path)
     otok.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="incompatible"):
+    fitted = load_drafter(str(tmp_path), model, tok)
+    assert fitted.get_output_embeddings().out_features == 259 == fitted.config.vocab_size
+    alt.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="incompatible with the target: token id"):
         load_drafter(str(tmp_path), model, tok)
 
 

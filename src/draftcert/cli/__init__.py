@@ -1,7 +1,7 @@
 """Command-line entry point: ``draftcert <command>``, the top layer.
 
 One module per subcommand group (``demo``, ``profile``, ``report``, ``decode``, ``replay``,
-``train``); each exposes ``add_parser(subparsers)`` and drives the layers below it.  Optional
+``train``, ``evaluate``); each exposes ``add_parser(subparsers)`` and drives the layers below it.  Optional
 heavy dependencies (transformers, pyarrow, matplotlib) load only when a command needs them.
 A subcommand module that fails to import is an error (a broken install), never a silently
 shorter ``--help``.
@@ -16,9 +16,9 @@ import sys
 
 from .. import __version__
 from ..criteria import SPEC_HELP
-from . import decode, demo, profile, replay, report, train
+from . import decode, demo, evaluate, profile, replay, report, train
 
-_COMMANDS = (demo, profile, report, decode, replay, train)
+_COMMANDS = (demo, profile, report, decode, replay, train, evaluate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -159,7 +159,7 @@ def apply_pair(args, option: str = "--pair") -> None:
     args.target, args.drafter = pair.target, pair.drafter
 
 
-WEIGHTS_HELP = ("what a GGUF-sourced model (the embedded target, the --pair models) computes from: gguf-q8 = the "
+WEIGHTS_HELP = ("what a GGUF-sourced model (the embedded target, the --pair models, a PATH.gguf) computes from: gguf-q8 = the "
                 "file's blocks with 8-bit activations, as llama.cpp computes them (integer block sums, batch "
                 "invariant; the default where the CPU runs it vectorised: AVX-512 VNNI, AVX-VNNI or AVX2), gguf = "
                 "the same blocks with the exact dequantised weights and float32 activations and sums (slower; the "

@@ -110,9 +110,9 @@ def add_parser(subparsers) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct (embedded), or a local path / hub id")
+    p.add_argument("--target", default=None, help="target model: omitted/'embedded' = SmolLM2-135M-Instruct (embedded), a local path / hub id, or a GGUF file: PATH.gguf or ORG/NAME:FILE.gguf")
     p.add_argument("--drafter", default=None, help="drafter: default | DRAFTER.safetensors (from train-drafter) | eagle:NAME | "
-                   "self:skip=N | self:quant=4 | prompt-lookup | suffix | path / hub id; DRAFTER+suffix (e.g. default+suffix) "
+                   "self:skip=N | self:quant=4 | prompt-lookup | suffix | path / hub id | PATH.gguf; DRAFTER+suffix (e.g. default+suffix) "
                    "adds suffix-match candidates to DRAFTER's tree (default for the embedded target: default+suffix, "
                    "the shipped feature drafter with suffix-match candidates)")
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)

@@ -120,11 +120,12 @@ def add_parser(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--target", default=None, metavar="MODEL",
-                   help="hub id or local checkpoint of the target (default: the embedded SmolLM2-135M-Instruct)")
+                   help="hub id, local checkpoint or GGUF file (PATH.gguf, ORG/NAME:FILE.gguf) of the target (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
     p.add_argument("--drafter", default=None, metavar="MODEL",
                    help="'default' (the shipped feature drafter of the embedded target), a DRAFTER.safetensors from "
                         "train-drafter, eagle:NAME, self:skip=L[,L...], self:quant=BITS, or a hub id/"
-                        "path sharing the target's tokenizer (default: none, radii only)")
+                        "path/GGUF file sharing the target's tokenizer (default: none, radii only)")
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
     p.add_argument("--prompts", required=True, metavar="SOURCE",
                    help="mt-bench, humaneval, sharegpt (held-out ShareGPT first turns), a .jsonl/.txt file, or a "

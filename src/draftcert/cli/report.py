@@ -1,9 +1,12 @@
-"""``draftcert report DIR``: summary.json, figures and report.md/html from a profile run."""
+"""``draftcert report DIR``: summary.json, figures and report.md/html from a profile run; the evaluation
+files of a ``draftcert evaluate`` folder (``evaluate.scoreboard``)."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from ..evaluate.scoreboard import FIGURE, format_rows, is_evaluation_dir, write_scoreboard
 from ..replay.report_section import section_for_report
 from ..report import write_report
 from .checks import check_run_dir_writable
@@ -21,7 +24,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
             "a self-contained report.html (with a drafter, a Replay section: `draftcert replay`'s "
             "tokens per forward and the rejections split).  Radii and epsilons are forward KL(p||q) in nats; "
             "summary.json writes non-finite numbers as null (a null radius is +inf).  "
-            "Safe to rerun at any time; every file is replaced atomically."
+            "Safe to rerun at any time; every file is replaced atomically.  A `draftcert evaluate` "
+            "folder (DIR/evaluate.json) gets its evaluation.json/.parquet/.md and "
+            f"{FIGURE} (next to a profile run's figures when DIR holds both)."
         ),
         epilog="Example: draftcert profile --out runs/smol && draftcert report runs/smol",
     )
@@ -32,6 +37,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_evaluation_dir(args.dir):
+        doc = write_scoreboard(args.dir)
+        if not args.quiet:
+            print(format_rows(doc["rows"]))
+            print(f"wrote {Path(args.dir) / 'evaluation.md'}")
+        if not (Path(args.dir) / "run.json").exists():  # an evaluation folder only
+            return 0
     check_run_dir_writable(args.dir, "report")  # a read-only run folder: one line, before any reading
     write_report(args.dir, replay=section_for_report(args.dir), verbose=not args.quiet)
     return 0

@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--target", default=None, help="target model (omitted/'embedded': SmolLM2-135M-Instruct), local path or hub id")
+    p.add_argument("--target", default=None, help="target model (omitted/'embedded': SmolLM2-135M-Instruct), local path, hub id or GGUF file (PATH.gguf)")
     add_weights_option(p)
     p.add_argument("--out", required=True, help="run directory (data, checkpoints, train.log, drafter.safetensors)")
     p.add_argument("--prompts", default=d.prompts,

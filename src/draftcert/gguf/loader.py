@@ -91,8 +91,12 @@ def _hf_names(model: nn.Module, arch: str, processor) -> dict[str, str]:
         if suffix not in ("weight", "bias"):
             base, dot, suffix = hf_name, "", ""
         g = tmap.get_name(base)
+        if g is None and base.startswith("transformer."):  # named as in the base model (Bloom's BloomModel)
+            g = tmap.get_name(base.removeprefix("transformer."))
         if g is not None:
             out[g + dot + suffix] = hf_name
+        else:  # one-to-many names (mixture-of-experts weights merged from several GGUF tensors)
+            processor.perform_fallback_tensor_mapping(out, dot + suffix, "", hf_name)
     return out
 
 
@@ -128,9 +132,16 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
     quantised: dict[str, tuple[torch.Tensor, int]] = {}  # hf module name -> (blocks, qtype)
     other_types: dict[str, int] = {}
     by_hf = {}
-    plain = (int(GGMLQuantizationType.F32), int(GGMLQuantizationType.F16), int(GGMLQuantizationType.BF16))
+    f32 = int(GGMLQuantizationType.F32)  # the one type a linear weight keeps as it is (F16 and BF16 are converted)
+    parsed: dict = {"tensors": {}}  # what a processor assembles from several GGUF tensors (merged experts)
+    merging = type(processor).perform_fallback_tensor_mapping is not TensorProcessor.perform_fallback_tensor_mapping
     for t in tensors.values():
         hf = name_map.get(t.name)
+        if hf is None and merging:  # an expert tensor: the processor puts it into its merged parameter
+            res = processor.process(weights=dequantize_gguf(t.data, t.qtype).reshape(t.shape), name=t.name,
+                                    tensor_key_mapping=name_map, parsed_parameters=parsed)
+            if res.name is None:
+                continue
         if hf is None:
             continue
         by_hf[hf] = t
@@ -149,12 +160,16 @@ def load_gguf_causal_lm(gguf_path: str | Path, config, *, quiet: bool = False, n
                     same = np.array_equal(order, np.arange(lin.out_features))
                     quantised[mod_name] = (torch.from_numpy(t.data if same else t.data[order]), t.qtype)
                     continue
-            if t.qtype not in plain:
+            if t.qtype != f32 and t.qtype not in KERNEL_TYPES:
                 name = GGMLQuantizationType(t.qtype).name
                 other_types[name] = other_types.get(name, 0) + 1
         w = dequantize_gguf(t.data, t.qtype).reshape(t.shape)
-        w = processor.process(weights=w, name=t.name, tensor_key_mapping=name_map, parsed_parameters={"tensors": {}}).weights
-        _set_param(model, hf, torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)))
+        res = processor.process(weights=w, name=t.name, tensor_key_mapping=name_map, parsed_parameters=parsed)
+        if res.name is None:  # taken into a merged parameter (set below)
+            continue
+        _set_param(model, hf, torch.from_numpy(np.ascontiguousarray(res.weights, dtype=np.float32)))
+    for hf, value in parsed["tensors"].items():
+        _set_param(model, hf, torch.as_tensor(value, dtype=torch.float32))
     if native and other_types:
         _log("GGUF linear weights of types without a kernel dequantised to float32 at load: "
              + ", ".join(f"{k} ({v})" for k, v in sorted(other_types.items())), quiet)

@@ -3,6 +3,13 @@
 :func:`read_gguf` maps the file copy-on-write and parses the header and tensor table itself (what
 ``gguf.GGUFReader`` gives as ``.tensors``, without the seconds it spends on building every metadata
 field); the tensors' bytes stay in the file's pages (:func:`release_file_pages` gives them back).
+
+Every size the header states is checked against the file before it is used: a file that is not
+GGUF, a truncated one, counts or string and array lengths that run past its end, an unknown value
+or tensor type, a tensor whose shape is not whole blocks of its type, and tensor data that runs
+past the end of the file or into the next tensor's each raise one :class:`GGUFFileError` (a
+ValueError) naming the file and what is wrong, so no view reaches a kernel with fewer bytes than
+its shape and type need.
 """
 
 from __future__ import annotations
@@ -16,7 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["GGUFTensor", "read_gguf", "release_file_pages"]
+__all__ = ["GGUFFileError", "GGUFTensor", "read_gguf", "release_file_pages"]
+
+
+class GGUFFileError(ValueError):
+    """A file that cannot be read as a GGUF model: the message names the file and what is wrong
+    (a ValueError: the command line prints it as one error line, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -57,75 +69,143 @@ def release_file_pages(t: torch.Tensor) -> bool:
     return libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0
 
 
-def read_gguf(path: str | Path) -> tuple[dict, dict[str, GGUFTensor]]:
+def read_gguf(path: str | Path, *, keep: bool = True) -> tuple[dict, dict[str, GGUFTensor]]:
     """``(scalar and string metadata, {name: GGUFTensor})`` of a GGUF file (versions 2 and 3).
 
     Reads only the header and the tensor table, skipping metadata arrays (the tokenizer's): what
     ``gguf.GGUFReader`` gives as ``.tensors`` (``.data``, ``.tensor_type``), without the seconds it
-    spends on building every metadata field (6 s for SmolLM2's vocabulary here).
+    spends on building every metadata field (6 s for SmolLM2's vocabulary here).  A damaged file
+    raises :class:`GGUFFileError` (see the module docstring) before any tensor view is made.
+    ``keep=False``: a check only; the mapping is not registered for :func:`release_file_pages` and
+    goes when the views do.
     """
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType  # optional: models extra (gguf, transformers)
 
-    mm = np.memmap(str(path), dtype=np.uint8, mode="c")
-    _FILE_MAPS.append((mm.ctypes.data, mm.ctypes.data + mm.size, mm))  # never written: pages can be dropped
+    path = Path(path)
+
+    def bad(what: str) -> GGUFFileError:
+        return GGUFFileError(f"{path}: {what}")
+
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise bad(f"cannot be read ({e.strerror})") from None
+    if not path.is_file():
+        raise bad("is not a file")
+    if size < 24:
+        raise bad(f"not a GGUF file ({size} bytes, shorter than a GGUF header)")
+    try:
+        mm = np.memmap(str(path), dtype=np.uint8, mode="c")
+    except (OSError, ValueError) as e:
+        raise bad(f"cannot be mapped ({e})") from None
     buf = memoryview(mm)
     if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file")
+        raise bad("not a GGUF file (it does not start with the bytes 'GGUF')")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version < 2:
-        raise ValueError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+    if version not in (2, 3):
+        raise bad(f"GGUF version {version} is not supported (2 or 3)")
+    # every key/value takes at least 13 bytes (key length, type, one byte), every tensor entry 24
+    if n_kv * 13 > size - 24 or n_tensors * 24 > size - 24:
+        raise bad(f"the header states {n_tensors} tensors and {n_kv} metadata keys, more than its "
+                  f"{size} bytes can hold (truncated or damaged)")
     pos = 24
 
-    def string(p):
-        (n,) = struct.unpack_from("<Q", buf, p)
+    def need(p: int, n: int, what: str) -> None:
+        if n < 0 or p + n > size:
+            raise bad(f"truncated or damaged: {what} needs {n} bytes at offset {p}, the file has {size}")
+
+    def unpack(fmt: str, p: int, what: str):
+        need(p, struct.calcsize(fmt), what)
+        return struct.unpack_from(fmt, buf, p)
+
+    def string(p, what):
+        (n,) = unpack("<Q", p, what)
+        need(p + 8, n, what)
         return bytes(buf[p + 8:p + 8 + n]).decode("utf-8", "replace"), p + 8 + n
 
-    def skip(p, vtype):
+    def skip(p, vtype, what):
         if vtype == 8:
-            (n,) = struct.unpack_from("<Q", buf, p)
-            return p + 8 + n
+            return string(p, what)[1]
         if vtype == 9:
-            itype, count = struct.unpack_from("<IQ", buf, p)
+            itype, count = unpack("<IQ", p, what)
             p += 12
             if itype in _SCALAR:
-                return p + count * np.dtype(_SCALAR[itype]).itemsize
+                n = count * np.dtype(_SCALAR[itype]).itemsize
+                need(p, n, what)
+                return p + n
+            if itype not in (8, 9):
+                raise bad(f"{what} has an unknown value type {itype}")
+            need(p, count * (8 if itype == 8 else 12), what)  # each item takes at least that: no long loop
             for _ in range(count):
-                p = skip(p, itype)
+                p = skip(p, itype, what)
             return p
+        if vtype not in _SCALAR:
+            raise bad(f"{what} has an unknown value type {vtype}")
+        need(p, np.dtype(_SCALAR[vtype]).itemsize, what)
         return p + np.dtype(_SCALAR[vtype]).itemsize
 
     meta = {}
-    for _ in range(n_kv):
-        key, pos = string(pos)
-        (vtype,) = struct.unpack_from("<I", buf, pos)
+    for i in range(n_kv):
+        key, pos = string(pos, f"metadata key {i}")
+        (vtype,) = unpack("<I", pos, f"metadata {key!r}")
         pos += 4
         if vtype == 8:
-            meta[key], pos = string(pos)
+            meta[key], pos = string(pos, f"metadata {key!r}")
         elif vtype in _SCALAR:
+            end = skip(pos, vtype, f"metadata {key!r}")
             meta[key] = np.frombuffer(buf, dtype=_SCALAR[vtype], count=1, offset=pos)[0].item()
-            pos = skip(pos, vtype)
+            pos = end
         else:
-            pos = skip(pos, vtype)
+            pos = skip(pos, vtype, f"metadata {key!r}")
     infos = []
-    for _ in range(n_tensors):
-        name, pos = string(pos)
-        (nd,) = struct.unpack_from("<I", buf, pos)
-        dims = struct.unpack_from(f"<{nd}Q", buf, pos + 4)
-        qtype, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * nd)
+    for i in range(n_tensors):
+        name, pos = string(pos, f"the name of tensor {i}")
+        (nd,) = unpack("<I", pos, f"tensor {name!r}")
+        if not 1 <= nd <= 4:
+            raise bad(f"tensor {name!r} has {nd} dimensions (GGUF tensors have 1 to 4)")
+        dims = unpack(f"<{nd}Q", pos + 4, f"tensor {name!r}")
+        qtype, offset = unpack("<IQ", pos + 4 + 8 * nd, f"tensor {name!r}")
         pos += 4 + 8 * nd + 12
         infos.append((name, qtype, dims, offset))
-    align = int(meta.get("general.alignment", 32))
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise bad(f"general.alignment {align!r} is not a power of two")
     start = -(-pos // align) * align
     tensors = {}
+    spans = []
     for name, qtype, dims, offset in infos:
-        elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        if name in tensors:
+            raise bad(f"tensor {name!r} is listed twice")
+        try:
+            elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            raise bad(f"tensor {name!r} has an unknown type {qtype} (not a GGML type this gguf-py knows)") from None
+        tname = GGMLQuantizationType(qtype).name
+        if any(d < 1 or d >= 1 << 40 for d in dims):
+            raise bad(f"tensor {name!r} has dimensions {list(dims)} (each must be 1 to 2**40)")
         shape = tuple(int(d) for d in reversed(dims))
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        if shape[-1] % elems:
+            raise bad(f"tensor {name!r}: a row of {shape[-1]} elements is not whole {tname} blocks of {elems}")
+        rows = int(np.prod(shape[:-1], dtype=object)) if len(shape) > 1 else 1
         row_bytes = shape[-1] // elems * nbytes
-        raw = mm[start + offset:start + offset + rows * row_bytes]
+        n = rows * row_bytes
+        if offset % align:
+            raise bad(f"tensor {name!r}: data offset {offset} is not a multiple of the alignment {align}")
+        if start + offset + n > size:
+            raise bad(f"tensor {name!r} ({tname} {list(shape)}) needs {n} bytes at offset {start + offset}, "
+                      f"past the end of the file ({size} bytes): truncated or damaged")
+        spans.append((offset, offset + n, name))
+        raw = mm[start + offset:start + offset + n]
         if qtype in (0, 1):  # F32, F16: the elements themselves (as GGUFReader gives them)
             data = raw.view({0: np.float32, 1: np.float16}[qtype]).reshape(shape)
         else:
             data = raw.reshape(*shape[:-1], row_bytes) if len(shape) > 1 else raw
         tensors[name] = GGUFTensor(name, qtype, shape, data)
+    spans.sort()
+    for (a0, a1, a), (b0, _, b) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise bad(f"tensor {a!r} needs {a1 - a0} bytes from data offset {a0}, which runs into tensor {b!r} "
+                      f"at {b0}: its data is shorter than its shape and type need")
+    if keep:
+        _FILE_MAPS.append((mm.ctypes.data, mm.ctypes.data + mm.size, mm))  # never written: pages can be dropped
     return meta, tensors

@@ -46,6 +46,7 @@ import torch.nn as nn
 from .eagle import load_eagle, resolve_spec
 from .hf import output_rows, parse_dtype
 from .loading import load_target
+from .tokenizer_fit import fit_drafter
 from ..gguf.layers import GGUFLinear
 
 # Chosen with benchmarks/bench_drafters.py on the embedded SmolLM2-135M-Instruct (Q4_1) target:
@@ -320,8 +321,9 @@ def load_drafter(spec, target, tokenizer, *, device="cpu", dtype=None):
     """The drafter model for ``spec`` (``default``, ``self:...`` derived from ``target``,
     ``eagle:NAME`` or a feature-drafter file, or a hub id / path; see ``parse_drafter_spec``).
 
-    A separately loaded drafter is checked with ``check_compatible`` against ``target`` and
-    ``tokenizer`` and rejected (ValueError) before it is used.  ``prompt-lookup`` has no model:
+    A separately loaded drafter is compared with ``target`` and ``tokenizer`` (``tokenizer_fit.fit_drafter``:
+    vocabulary, probe ids, special tokens, output rows; padding rows fitted) and ``check_compatible``,
+    and rejected (ValueError) before it is used.  ``prompt-lookup`` has no model:
     pass that spec to ``decode.speculative_generate`` or ``decode.make_drafter`` instead.
     """
     parsed = parse_drafter_spec(spec)
@@ -341,5 +343,6 @@ def load_drafter(spec, target, tokenizer, *, device="cpu", dtype=None):
         head_dtype = target.get_output_embeddings().weight.dtype
         return load_eagle(parsed.spec, target, dtype=head_dtype if torch_dtype is None else torch_dtype).to(device)
     drafter, dtok = load_target(parsed.spec, device=device, dtype=dtype, role="drafter")
+    fit_drafter(target, tokenizer, drafter, dtok)  # tokenizers compared, padding rows fitted (models/tokenizer_fit.py)
     check_compatible(target, tokenizer, drafter, dtok)
     return drafter

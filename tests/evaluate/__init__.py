@@ -1,0 +1,1 @@
+"""Tests of draftcert.evaluate: the executor, programs and answers, the evaluate run and its report."""
