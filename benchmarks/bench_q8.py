@@ -27,7 +27,7 @@ variant must give the same output bits on every layer and row count: ``<model>_<
 one-row forwards (``hf.model_forward``, as the engine calls them) after a fixed 34-token prompt, timed in turns with the kernels and with
 ``block_matmul.linear_q8`` replaced by a function that only allocates its output (what the model costs
 around the kernels: norms, rotary, attention, Python), and with the decoder layers given back to
-transformers' own modules (``models.decoder_layers``: what writing the layers out saves), ``--repeats`` x 10
+transformers' own modules (``lean.decoder_layers``: what writing the layers out saves), ``--repeats`` x 10
 of each, medians.
 
     python benchmarks/bench_q8.py [--models target,drafter,embedded] [--rows 1,2,3,4,8,16]
@@ -142,7 +142,7 @@ def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
 def forward_costs(model: str, repeats: int) -> list[str]:
     """One-row forwards of ``model`` under gguf-q8: with its kernels, with them stubbed out, and with
     its decoder layers given back to transformers' modules (``decoder_layers.restore_layers``)."""
-    from draftcert.models import decoder_layers
+    from draftcert.lean import decoder_layers
     from draftcert.models import load_target
     from draftcert.models.hf import model_forward, new_cache
     from draftcert.prompts import encode_prompt

@@ -1,4 +1,4 @@
-"""models/decoder_layers.py: Llama / Qwen2 / Qwen3 decoder layers written out give transformers' bits.
+"""lean/decoder_layers.py: Llama / Qwen2 / Qwen3 decoder layers written out give transformers' bits.
 
 Every comparison is ``torch.equal`` between the same model with its layers switched and with them
 given back (``restore_layers``), on the passes the engine and the profiler make: a prefill, one-row
@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from draftcert.models import decoder_layers  # noqa: E402
+from draftcert.lean import decoder_layers  # noqa: E402
 from draftcert.kernels.attention import use_grouped_sdpa, use_row_invariant_attention  # noqa: E402
 from draftcert.models.tree_attention import crop_cache  # noqa: E402
 from draftcert.models.hf import forward_with_hidden, model_forward, new_cache  # noqa: E402

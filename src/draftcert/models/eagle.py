@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from ..fileio import atomic_path
 from .hf import cache_kwarg, new_cache
-from .decoder_layers import use_lean_layers
+from ..lean.decoder_layers import use_lean_layers
 
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"
@@ -405,7 +405,7 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     d.to(dtype)
     d.eval()
     d.requires_grad_(False)
-    use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (models/decoder_layers.py)
+    use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (lean/decoder_layers.py)
     d.draftcert_spec = str(path)
     try:
         d.extra = json.loads(meta.get("extra", "{}"))

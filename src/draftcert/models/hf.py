@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from . import decoder_layers
+from ..lean import decoder_layers
 
 __all__ = [
     "cache_kwarg",

@@ -45,7 +45,7 @@ from ..gguf.files import hub_gguf_spec, is_gguf_spec, load_gguf_dequantised, loa
 from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metadata
 from ..gguf.reader import GGUFFileError
 from ..kernels.attention import use_grouped_sdpa
-from .decoder_layers import use_lean_layers
+from ..lean.decoder_layers import use_lean_layers
 from .hf import parse_dtype
 from .pair import MARKER as PAIR_MARKER
 from .pair import (PAIR_DTYPE, PAIR_MODELS, download_wheels, ensure_pair_checkpoint, ensure_pair_gguf, gguf_ready,
@@ -266,7 +266,7 @@ def _finish(model, device, fast_linear: bool | None = None):
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
         linear_chooser.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see linear_chooser
-    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (models/decoder_layers.py)
+    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (lean/decoder_layers.py)
     return model
 
 
