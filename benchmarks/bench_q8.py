@@ -142,7 +142,7 @@ def direct_linear(lib, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int
 def forward_costs(model: str, repeats: int) -> list[str]:
     """One-row forwards of ``model`` under gguf-q8: with its kernels, with them stubbed out, and with
     its decoder layers given back to transformers' modules (``decoder_layers.restore_layers``)."""
-    from draftcert.lean import decoder_layers
+    from draftcert.forward import decoder_layers
     from draftcert.models import load_target
     from draftcert.models.hf import model_forward, new_cache
     from draftcert.prompts import encode_prompt

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from draftcert.lean import decoder_layers  # noqa: E402
+from draftcert.forward import decoder_layers  # noqa: E402
 from draftcert.kernels.attention import use_grouped_sdpa, use_row_invariant_attention  # noqa: E402
 from draftcert.models.tree_attention import crop_cache  # noqa: E402
 from draftcert.models.hf import forward_with_hidden, model_forward, new_cache  # noqa: E402

@@ -13,7 +13,7 @@ Fast paths that replace transformers' module calls with the same operations:
 - ``linear_chooser.py``: per weight shape and row count, the linear kernel timed fastest on this CPU;
 - ``attention.py``: grouped-query SDPA without the KV copy, and the row-invariant attention switch.
 
-The Llama / Qwen2 / Qwen3 decoder layers written out as functions are ``draftcert.lean``.
+The Llama / Qwen2 / Qwen3 decoder layers written out as functions are ``draftcert.forward``.
 
 Nothing here imports a higher layer of draftcert: models and GGUF files (``draftcert.gguf``) use these.
 """

@@ -40,7 +40,7 @@ import torch.nn as nn
 
 from ..fileio import atomic_path
 from .hf import cache_kwarg, new_cache
-from ..lean.decoder_layers import use_lean_layers
+from ..forward.decoder_layers import use_lean_layers
 
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..lean import decoder_layers
+from ..forward import decoder_layers
 
 __all__ = [
     "cache_kwarg",
@@ -50,14 +50,14 @@ def cache_kwarg(model) -> str:
 
     transformers 5.x calls it ``cache`` (``past_key_values`` is a deprecated alias there, which warns);
     older releases, and any forward whose signature cannot be read, ``past_key_values``.  A decoder or
-    layer ``lean.py`` switched to its written-out forward (``(*args, **kwargs)``) is read as the
+    layer ``forward.decoder_layers`` switched to its written-out forward (``(*args, **kwargs)``) is read as the
     transformers class it replaced: that forward hands any call it does not write out to the original.
     """
     try:
         return _CACHE_KWARG[model]
     except (KeyError, TypeError):  # TypeError: an object that cannot be weakly referenced
         pass
-    # a class lean.py switched (its ``_BASE`` attribute names the class it replaced): the original's arguments
+    # a class forward.decoder_layers switched (its ``_BASE`` attribute names the class it replaced): the original's arguments
     base = vars(type(model)).get("_draftcert_lean_base")
     try:
         params = inspect.signature(model.forward if base is None else base.forward).parameters

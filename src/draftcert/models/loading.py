@@ -45,7 +45,7 @@ from ..gguf.files import hub_gguf_spec, is_gguf_spec, load_gguf_dequantised, loa
 from ..gguf.loader import GGUF_FILE, MARKER, load_gguf_folder, write_gguf_metadata
 from ..gguf.reader import GGUFFileError
 from ..kernels.attention import use_grouped_sdpa
-from ..lean.decoder_layers import use_lean_layers
+from ..forward.decoder_layers import use_lean_layers
 from .hf import parse_dtype
 from .pair import MARKER as PAIR_MARKER
 from .pair import (PAIR_DTYPE, PAIR_MODELS, download_wheels, ensure_pair_checkpoint, ensure_pair_gguf, gguf_ready,
