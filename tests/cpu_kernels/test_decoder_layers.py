@@ -1,4 +1,4 @@
-"""lean/decoder_layers.py: Llama / Qwen2 / Qwen3 decoder layers written out give transformers' bits.
+"""forward/decoder_layers.py: Llama / Qwen2 / Qwen3 decoder layers written out give transformers' bits.
 
 Every comparison is ``torch.equal`` between the same model with its layers switched and with them
 given back (``restore_layers``), on the passes the engine and the profiler make: a prefill, one-row

@@ -405,7 +405,7 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     d.to(dtype)
     d.eval()
     d.requires_grad_(False)
-    use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (lean/decoder_layers.py)
+    use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (forward/decoder_layers.py)
     d.draftcert_spec = str(path)
     try:
         d.extra = json.loads(meta.get("extra", "{}"))

@@ -266,7 +266,7 @@ def _finish(model, device, fast_linear: bool | None = None):
         fast_linear = _linear_weight_bytes(model) <= FAST_LINEAR_AUTO_MAX_BYTES
     if fast_linear:
         linear_chooser.enable(model)  # CPU only: the linear kernels measured fastest here per shape and rows, see linear_chooser
-    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (lean/decoder_layers.py)
+    use_lean_layers(model)  # Llama / Qwen2 / Qwen3 layers without module calls inside them, same bits (forward/decoder_layers.py)
     return model
 
 
