@@ -194,6 +194,20 @@ def test_max_new_tokens_is_exact(tiny, prompts, refs):
             assert res.tokens == refs[0][:n]
 
 
+def test_greedy_stop_keeps_what_it_returns_as_speculative_does(tiny, prompts, refs):
+    target, drafter, _ = tiny
+    seen = []
+
+    def stop(out):  # fires once 7 tokens are out, keeping 5; rounds of up to 5 tokens overshoot 7
+        seen.append(len(out))
+        return 5 if len(out) >= 7 else None
+
+    assert greedy_generate(target, prompts[0], N_NEW, stop=stop) == refs[0][:5]
+    assert seen == list(range(1, 8))  # after every token
+    res = speculative_generate(target, target, prompts[0], "strict", k=4, max_new_tokens=N_NEW, stop=stop)
+    assert res.tokens == refs[0][:5]
+
+
 def test_prompt_lookup_drafter(tiny):
     target, _, _ = tiny
     # A prompt with repeats, and a target whose greedy output repeats: lookup finds matches.

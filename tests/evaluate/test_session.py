@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftcert.cli import main
-from draftcert.decode.engine import greedy_generate
+from draftcert.decode.engine import greedy_generate, speculative_generate
 from draftcert.drafting.protocol import Drafter
 from draftcert.evaluate.executor import PASS_MARKER, Limits
 from draftcert.evaluate.scoreboard import FIGURE, mcnemar_exact, scoreboard_rows, write_scoreboard
@@ -222,3 +222,70 @@ def test_on_the_embedded_model_strict_is_greedy_bit_for_bit(tmp_path, capsys):
     doc = json.loads((out / "evaluation.json").read_text())
     assert code == 0 and doc["baseline_match"] is True and doc["baseline_compared"] == 3
     assert [r["criterion"] for r in doc["rows"]] == ["strict", "topm:2"] and doc["rows"][0]["identical"] == 3
+
+
+PROSE = "Here:\n```python\n" + SOLUTION + "```\nIt adds a and b, e.g. add(2, 3) == 5, and add(1, 1) == 2 too.\n"
+
+
+def test_a_decode_stops_right_after_the_closing_fence_and_counts_only_the_tokens_kept(tiny, tmp_path):
+    model, tok = tiny
+    n_add = len(encode_prompt(tok, PROBLEMS[0].prompt))
+    drafter = TextDrafter({n_add: PROSE}, tok)
+    # one round drafts 79 tokens of the text (all accepted), the target adds the 80th: the stop fires inside it
+    _run(tiny, drafter, tmp_path / "stop", ["strict", "topm:259"], k=128, max_new_tokens=80)
+    _run(tiny, drafter, tmp_path / "full", ["strict", "topm:259"], k=128, max_new_tokens=80, stop=False)
+    stopped, full = (read_results(tmp_path / d, "topm:259")["user/add"] for d in ("stop", "full"))
+    assert full["completion"].startswith(PROSE[:79]) and not full["stopped"] and full["emitted"] == 80
+    assert stopped["completion"] == "Here:\n```python\n" + SOLUTION + "```\n" and stopped["stopped"]
+    assert stopped["tokens"] == full["tokens"][:len(stopped["tokens"])]
+    assert stopped["passed"] and full["passed"]  # the same verdict
+    n = len(stopped["tokens"])
+    assert stopped["emitted"] == n < stopped["decoded_tokens"] == 80  # the round's tail is not counted
+    assert stopped["tokens_per_forward"] == pytest.approx(n / stopped["target_forwards"])
+    assert stopped["tokens_per_second"] == pytest.approx(n / stopped["seconds"])
+    assert json.loads((tmp_path / "stop" / "evaluate.json").read_text())["stop"] == "code-block"
+    assert json.loads((tmp_path / "full" / "evaluate.json").read_text())["stop"] is None
+    with pytest.raises(ValueError, match="out: .*stop: was 'code-block', now None"):  # no resume across the stop
+        _run(tiny, drafter, tmp_path / "stop", ["strict", "topm:259"], k=128, max_new_tokens=80, stop=False)
+    # a round ending at an accepted EOS is not shown to the stop during the decode: the result is cut after it
+    _run(tiny, drafter, tmp_path / "eos", ["strict", "topm:259"], k=128, max_new_tokens=160)
+    at_eos = read_results(tmp_path / "eos", "topm:259")["user/add"]
+    assert at_eos["decoded_tokens"] == len(tok(PROSE)["input_ids"]) + 1 and at_eos["tokens"] == stopped["tokens"]
+    answer = read_results(tmp_path / "stop", "topm:259")["user/answer"]
+    assert not answer["stopped"]  # {prompt, answer}: no stop
+
+
+class _TextOf:
+    """A stand-in tokenizer for the stop: each token id's text from a table ("\\n" for the rest)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.table.get(i, "\n") for i in ids)
+
+
+def test_strict_is_greedy_bit_for_bit_under_a_stop_that_fires(tiny, tmp_path, monkeypatch):
+    """The random target writes no code; a stand-in text for its greedy tokens puts a closed block
+    defining the entry point in it, so that the stop fires inside a round."""
+    from draftcert.evaluate import session
+    from draftcert.evaluate.stopping import CodeBlockStop
+
+    model, tok = tiny
+    problem = PROBLEMS[1]  # entry point: total
+    greedy = greedy_generate(model, encode_prompt(tok, problem.prompt), 40)
+    assert EOS not in greedy[:30]
+    firsts = [i for i, t in enumerate(greedy) if t not in greedy[:i]]  # first occurrences
+    a = firsts[1]
+    ends, drafter = [0], model  # the target as its own drafter: rounds of k + 1 = 4 tokens
+    speculative_generate(model, drafter, encode_prompt(tok, problem.prompt), "strict", k=3, max_new_tokens=40,
+                         on_round=lambda log: ends.append(ends[-1] + len(log.emitted)))
+    b = next(i for i in firsts if i >= a + 2 and i + 1 not in ends)  # the stop fires inside a round
+    text = _TextOf({greedy[a]: "```python\ndef total(xs):\n    return sum(xs)\n", greedy[b]: "```\n"})
+    monkeypatch.setattr(session, "stop_for", lambda p, tokenizer: CodeBlockStop(text, p.entry_point) if p.test else None)
+    _run(tiny, drafter, tmp_path, ["strict", "additive:0.5"], baseline=True)
+    strict, alone = read_results(tmp_path, "strict")[problem.id], read_results(tmp_path, "greedy")[problem.id]
+    assert strict["tokens"] == alone["tokens"] == greedy[:b + 1] and strict["stopped"] and alone["stopped"]
+    assert alone["emitted"] == alone["target_forwards"] == b + 1
+    assert strict["decoded_tokens"] > b + 1  # the round that stopped emitted more
+    assert write_scoreboard(tmp_path, figure=False)["baseline_match"] is True

@@ -27,7 +27,9 @@ _EXAMPLES = f"""examples:
 Strict is the control (added first when --criteria leaves it out): its completions are the target's
 greedy ones (--baseline also runs the target alone and checks them bit for bit).  Every (problem,
 rule) result is written atomically under --out as it is scored; rerunning the same command skips
-what is done (resume; more rules or a larger --limit add to the folder).  At the end the folder
+what is done (resume; more rules or a larger --limit add to the folder).  Every decode (the target
+alone's too) stops right after the fence line closing the code block that is scored, which leaves
+every verdict as it is (--no-stop: it runs to EOS or the limit).  At the end the folder
 gets evaluation.json, evaluation.parquet, completions.parquet, evaluation.md and the figure
 (`draftcert report DIR` writes them again).
 
@@ -72,6 +74,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("-k", type=int, default=None, help=f"draft tokens per round (tree depth for tree:M; default "
                    f"{FEATURE_K} with a feature drafter, else {MODEL_K})")
     p.add_argument("--max-new-tokens", type=int, default=384, help="tokens per completion (default 384)")
+    p.add_argument("--no-stop", action="store_true", help="run every completion to EOS or --max-new-tokens (default: "
+                   "stop right after the fence line closing the code block that is scored, which leaves every "
+                   "verdict as it is; {prompt, answer} tasks never stop early)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--dtype", default=None, help="compute dtype of the target and of a drafter model (float32 default)")
     add_weights_option(p)
@@ -148,7 +153,7 @@ def run(args) -> int:
     try:
         run_evaluation(target, tok, drafter, problems, specs, args.out, k=k, max_new_tokens=args.max_new_tokens,
                        limits=limits, settings=settings, baseline=args.baseline, on_result=on_result,
-                       rescore=args.rescore)
+                       rescore=args.rescore, stop=not args.no_stop)
     finally:
         bar.close()
     doc = write_scoreboard(args.out)

@@ -128,8 +128,10 @@ def check_drafter_vocab(target, drafter, tokenizer=None) -> None:
 # the decoding loops
 
 
-def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id=None) -> list[int]:
-    """The target's own greedy decoding with a KV cache (the lossless reference)."""
+def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id=None,
+                    stop: Callable[[list[int]], int | None] | None = None) -> list[int]:
+    """The target's own greedy decoding with a KV cache (the lossless reference).  ``stop``: as
+    ``speculative_generate``'s, called after each token not ending the decode by EOS."""
     prompt = as_prompt_ids(input_ids)
     check_max_new_tokens(max_new_tokens)
     eos = eos_token_ids(target, explicit=eos_token_id)
@@ -140,6 +142,9 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
             tok = int(model_forward(target, cache, ids, 1)[0].argmax())  # lowest index among ties
             out.append(tok)
             if tok in eos:
+                break
+            if stop is not None and (keep := stop(out)) is not None:
+                del out[keep:]
                 break
             ids = [tok]
     return out

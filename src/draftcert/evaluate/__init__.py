@@ -8,6 +8,7 @@ drift, certified fraction, and the flips with the step where the rule first left
 * ``executor.py``   run one model-written program in a subprocess under limits (NOT a security sandbox)
 * ``programs.py``   a completion -> the program that runs the tests, or the answer compared
 * ``tasks.py``      the problems: HumanEval from the pinned wheel, a user's JSONL
+* ``stopping.py``   the stop every decode uses: right after the fence line closing the scored code block
 * ``session.py``    the resumable run: one decode per problem and rule, scored, written atomically
 * ``scoreboard.py`` the table, McNemar's test, the flips, evaluation.json / .parquet / .md, the figure
 """

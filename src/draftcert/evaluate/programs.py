@@ -32,7 +32,7 @@ from decimal import Decimal, InvalidOperation
 
 from .executor import PASS_MARKER
 
-__all__ = ["extract_code", "sanitize", "humaneval_program", "tests_program", "normalize_answer", "answer_matches"]
+__all__ = ["extract_code", "code_closed", "sanitize", "humaneval_program", "tests_program", "normalize_answer", "answer_matches"]
 
 _FENCE_LINE = re.compile(r"^[ \t]*```[ \t]*([A-Za-z0-9_+.-]*).*$", re.MULTILINE)
 _CODE_LANGS = ("", "python", "py", "python3")
@@ -43,23 +43,48 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
-def extract_code(completion: str, entry_point: str | None = None) -> str:
-    """The code of a completion (module docstring)."""
+def _pieces(completion: str) -> list[tuple[str, str, bool]]:
+    """The completion split at its fence lines: (the language of the fence line before the piece ("" for
+    the first piece), the piece, whether a complete fence line (its newline included) follows it)."""
     fences = list(_FENCE_LINE.finditer(completion))
-    if not fences:
-        return completion
-    pieces = [("", completion[: fences[0].start()])]  # (the fence line's language before the piece, the piece)
+    closed = [m.end() < len(completion) for m in fences]  # the fence line's newline is there
+    pieces = [("", completion[: fences[0].start()] if fences else completion, bool(closed[:1]) and closed[0])]
     for i, m in enumerate(fences):
         end = fences[i + 1].start() if i + 1 < len(fences) else len(completion)
-        pieces.append((m.group(1).lower(), completion[m.end() + 1: end]))
+        pieces.append((m.group(1).lower(), completion[m.end() + 1: end], i + 1 < len(fences) and closed[i + 1]))
+    return pieces
+
+
+def _code_piece(pieces, entry_point: str | None, closed_only: bool = False) -> str | None:
     if entry_point is not None:
-        for _, piece in pieces:
+        for _, piece, closed in pieces:
             if _defines(piece, entry_point):
-                return piece
-    for j, (lang, piece) in enumerate(pieces[1:], 1):
+                return piece if closed or not closed_only else None
+        if closed_only:  # a later piece may still define it
+            return None
+    for j, (lang, piece, closed) in enumerate(pieces[1:], 1):
         if lang in _CODE_LANGS and j % 2 == 1 and piece.strip():  # after an opening fence (1st, 3rd, ...)
-            return piece
-    return completion
+            return piece if closed or not closed_only else None
+    return None
+
+
+def extract_code(completion: str, entry_point: str | None = None) -> str:
+    """The code of a completion (module docstring)."""
+    pieces = _pieces(completion)
+    if len(pieces) == 1:
+        return completion
+    code = _code_piece(pieces, entry_point)
+    return completion if code is None else code
+
+
+def code_closed(completion: str, entry_point: str | None = None) -> bool:
+    """True when the piece ``extract_code`` takes is followed by a complete fence line (its newline
+    included): then ``extract_code`` returns the same piece for every text that begins with
+    ``completion`` (the pieces up to that fence line cannot change), so the program built from it and
+    its verdict are final.  With ``entry_point``: the first piece defining it is closed; without: the
+    first non-empty piece after a code fence is closed.  False when no such piece is closed yet (with
+    ``entry_point``, a fenced block that does not define it never decides: a later one may)."""
+    return _code_piece(_pieces(completion), entry_point, closed_only=True) is not None
 
 
 def sanitize(code: str) -> str:

@@ -18,7 +18,8 @@ A row counts the problems that strict and the rule both have (paired):
   (``mcnemar_exact``): the chance of a split at least this uneven if the rule changed nothing;
 * ``tokens_per_forward`` = sum of emitted / sum of target forwards; ``tokens_per_second`` = sum of
   emitted / sum of decode seconds (each decode timed once); ``speedup`` = that over the target
-  alone's (``--baseline``); ``drift`` = drift_tokens / emitted (accepted tokens that are not the
+  alone's (``--baseline``); emitted counts the tokens kept (a stopped decode's, ``session``); ``drift``
+  = drift_tokens / the tokens the rounds emitted (``decoded_tokens``; accepted tokens that are not the
   target's greedy token at their prefix); ``certified_fraction`` = certified / checked positions;
   ``identical`` = completions equal to strict's, token for token; ``first_drift_step_median`` and
   ``first_drift_margin_median``: the median step and target top-2 margin of the first non-greedy
@@ -114,7 +115,7 @@ def scoreboard_rows(out_dir) -> tuple[list[dict], list[dict], dict]:
             "mcnemar_p": mcnemar_exact(len(lost), len(gained)),
             "tokens_per_forward": _ratio(emitted, sum(x["target_forwards"] for x in r)),
             "tokens_per_second": tps, "speedup": _ratio(tps, base_tps) if tps is not None and base_tps else None,
-            "drift": _ratio(sum(x["drift_tokens"] for x in r), emitted),
+            "drift": _ratio(sum(x["drift_tokens"] for x in r), sum(x.get("decoded_tokens", x["emitted"]) for x in r)),
             "certified_fraction": _ratio(sum(x["certified_positions"] for x in r), checked),
             "identical": sum(x["tokens"] == strict[p]["tokens"] for p, x in zip(pids, r)),
             "first_drift_step_median": _median([x["first_drift"]["step"] for x in drifts]),

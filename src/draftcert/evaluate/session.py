@@ -6,7 +6,14 @@ every other rule (``decode.engine.speculative_generate``; ``tree:M`` drafts a wi
 k), scores each completion (``score``) and writes ``out_dir/results/<rule>/<problem>.json``.
 A rerun skips every result already written (resume; ``rescore`` scores their completions again), so an
 interrupted run continues where it stopped; ``evaluate.json`` records the settings that make results comparable (target, drafter, k,
-length limit, task, numerics) and a rerun with other settings is refused.  With ``baseline``, the
+length limit, the stop, task, numerics) and a rerun with other settings is refused.
+
+Every decode (the target alone's too) ends at EOS, the length limit, or where ``stopping.CodeBlockStop``
+fires: right after the fence line that closes the code block the scored code is taken from (the
+verdict is then the one the full completion would get; ``stop=False``: no stop).  A result's
+``emitted``, ``tokens_per_forward`` and ``tokens_per_second`` count the tokens kept;
+``decoded_tokens`` the tokens the rounds emitted (a stopped round is counted whole there and in the
+drift and certificate counters), ``stopped`` whether the stop fired.  With ``baseline``, the
 target's own greedy decoding (``engine.greedy_generate``) is run too and strict's tokens are checked
 against it bit for bit by the report (``scoreboard``: ``baseline_match``; its tokens/s are the speedup's
 reference).
@@ -40,6 +47,7 @@ from ..models.hf import model_forward, new_cache
 from ..prompts import encode_prompt
 from .executor import Limits, run_program
 from .programs import answer_matches, humaneval_program, tests_program
+from .stopping import STOP_RULE, stop_for
 from .tasks import Problem
 
 __all__ = ["run_evaluation", "slug", "SETTINGS_FILE", "RESULTS_DIR", "PROGRAMS_DIR", "GREEDY", "CONTROL",
@@ -52,7 +60,7 @@ GREEDY = "greedy"  # the target alone (--baseline): results/greedy/
 CONTROL = "strict"
 TEXT_CONTEXT = 160  # characters of text shown on either side of a first drift
 # the settings a folder's results depend on: a rerun that changes one is refused
-RESULT_KEYS = ("task", "target", "drafter", "k", "max_new_tokens", "model_dtype", "draft_vocab", "timeout",
+RESULT_KEYS = ("task", "target", "drafter", "k", "max_new_tokens", "stop", "model_dtype", "draft_vocab", "timeout",
                "memory_bytes")
 # the DecodeStats.summary() figures kept per result (their names in decode --json)
 KEPT = ("emitted", "target_forwards", "tokens_per_forward", "seconds", "tokens_per_second", "drift", "drift_tokens",
@@ -127,20 +135,39 @@ def _header(problem: Problem, spec: str) -> str:
             "# and its last line of output is the pass line printed at the end (after the tests).\n")
 
 
-def _decode(target, tokenizer, drafter, ids, spec: str, k: int, max_new_tokens: int, draft_margin) -> tuple[list[int], dict]:
+def _stopped(tokens: list[int], stop) -> tuple[list[int], bool]:
+    """``tokens`` cut where ``stop`` fires (a round or token ended by EOS is not shown to it during the
+    decode), and whether it fired."""
+    keep = None if stop is None else stop(tokens)
+    return (tokens, False) if keep is None else (tokens[:keep], True)
+
+
+def _decode(target, tokenizer, drafter, ids, spec: str, k: int, max_new_tokens: int, draft_margin,
+            stop=None) -> tuple[list[int], dict]:
     crit = parse_criterion(spec)
     tree = (crit.m, k) if isinstance(crit, TreeCoverage) else None
     res = speculative_generate(target, drafter, ids, crit, k=k, tree=tree, max_new_tokens=max_new_tokens,
-                               tokenizer=tokenizer, draft_margin=draft_margin)
+                               tokenizer=tokenizer, draft_margin=draft_margin, stop=stop)
+    tokens, stopped = _stopped(res.tokens, stop)
     s = res.stats.summary()
-    return res.tokens, {key: s[key] for key in KEPT}
+    figures = {key: s[key] for key in KEPT}
+    # the rounds emitted s["emitted"] tokens; a stopped decode keeps fewer (its last round counted whole in
+    # the other counters): the speed figures count the tokens kept
+    n, sec = len(tokens), s["seconds"]
+    figures.update(emitted=n, decoded_tokens=s["emitted"], stopped=stopped,
+                   tokens_per_forward=n / s["target_forwards"] if s["target_forwards"] else 0.0,
+                   tokens_per_second=n / sec if sec > 0 else None)
+    return tokens, figures
 
 
-def _greedy(target, ids, max_new_tokens: int) -> tuple[list[int], dict]:
+def _greedy(target, ids, max_new_tokens: int, stop=None) -> tuple[list[int], dict]:
     t0 = time.perf_counter()
-    tokens = greedy_generate(target, ids, max_new_tokens)
+    tokens = greedy_generate(target, ids, max_new_tokens, stop=stop)
     sec = time.perf_counter() - t0
-    return tokens, {"emitted": len(tokens), "target_forwards": len(tokens), "tokens_per_forward": 1.0, "seconds": sec,
+    forwards = len(tokens)  # one target forward per token decoded
+    tokens, stopped = _stopped(tokens, stop)
+    return tokens, {"emitted": len(tokens), "decoded_tokens": forwards, "stopped": stopped, "target_forwards": forwards,
+                    "tokens_per_forward": len(tokens) / forwards if forwards else 0.0, "seconds": sec,
                     "tokens_per_second": len(tokens) / sec if sec > 0 else None, "drift": 0.0, "drift_tokens": 0}
 
 
@@ -170,10 +197,12 @@ def read_results(out_dir, spec: str) -> dict[str, dict]:
 def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: list[str], out_dir, *, k: int,
                    max_new_tokens: int, limits: Limits, settings: dict, baseline: bool = False,
                    draft_margin: float | None = None, on_result: Callable[[str, str, bool], None] | None = None,
-                   rescore: bool = False) -> dict:
+                   rescore: bool = False, stop: bool = True) -> dict:
     """Decode and score every (problem, rule) not yet in ``out_dir`` (module docstring).  ``specs``
     must start with ``strict``.  ``rescore``: score the completions already written again (after a
-    change to the scoring; nothing is decoded again).  ``on_result(problem id, rule, skipped)`` after each.  Returns the
+    change to the scoring; nothing is decoded again).  ``stop``: every decode, the target alone's
+    included, ends where ``stopping.CodeBlockStop`` fires (evaluate.json's ``"stop"``: ``"code-block"``,
+    else null).  ``on_result(problem id, rule, skipped)`` after each.  Returns the
     settings written to ``evaluate.json``."""
     if not specs or specs[0] != CONTROL:
         raise ValueError("criteria: strict, the control, must come first")
@@ -183,7 +212,8 @@ def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: l
             raise ValueError(f"task: problem ids {names[slug(p.id)]!r} and {p.id!r} share the file name {slug(p.id)!r}; "
                              "give them ids that differ in letters or digits")
     out = Path(out_dir)
-    settings = check_settings(out, {**settings, "criteria": list(specs), "problems": [p.id for p in problems]})
+    settings = check_settings(out, {**settings, "stop": STOP_RULE if stop else None, "criteria": list(specs),
+                                    "problems": [p.id for p in problems]})
     runs = ([GREEDY] if baseline else []) + list(specs)
     for p in problems:
         ids = encode_prompt(tokenizer, p.prompt)
@@ -200,10 +230,12 @@ def run_evaluation(target, tokenizer, drafter, problems: list[Problem], specs: l
                 if on_result is not None:
                     on_result(p.id, spec, True)
                 continue
+            stopper = stop_for(p, tokenizer) if stop else None  # a new one per decode
             if spec == GREEDY:
-                tokens, figures = _greedy(target, ids, max_new_tokens)
+                tokens, figures = _greedy(target, ids, max_new_tokens, stopper)
             else:
-                tokens, figures = _decode(target, tokenizer, drafter, ids, spec, k, max_new_tokens, draft_margin)
+                tokens, figures = _decode(target, tokenizer, drafter, ids, spec, k, max_new_tokens, draft_margin,
+                                          stopper)
             completion = tokenizer.decode(tokens, skip_special_tokens=True)
             rec = {"prompt_id": p.id, "criterion": spec, "completion": completion, "tokens": tokens, **figures}
             _rescore(out, p, spec, rec, limits)
