@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from draftcert.kernels import row_attention
+from draftcert.models.hf import cache_kwarg
 
 needs_kernel = pytest.mark.skipif(not row_attention.LIBRARY.available(), reason=f"no row_attention kernel: {row_attention.LIBRARY.reason()}")
 
@@ -129,11 +130,12 @@ def test_a_model_scores_a_token_the_same_in_a_pass_of_any_size():
             if isinstance(child, torch.nn.Linear):
                 setattr(mod, attr, RowLinear(child))
     ids = torch.randint(0, 64, (1, 14))
+    kw = cache_kwarg(model)  # past_key_values is deprecated in newer transformers (FutureWarning)
     with torch.no_grad():
         c = DynamicCache()
-        model(ids[:, :8], past_key_values=c, use_cache=True)
-        together = model(ids[:, 8:], past_key_values=c, use_cache=True).logits[0]
+        model(ids[:, :8], use_cache=True, **{kw: c})
+        together = model(ids[:, 8:], use_cache=True, **{kw: c}).logits[0]
         c2 = DynamicCache()
-        model(ids[:, :8], past_key_values=c2, use_cache=True)
-        steps = torch.cat([model(ids[:, i:i + 1], past_key_values=c2, use_cache=True).logits[0] for i in range(8, 14)])
+        model(ids[:, :8], use_cache=True, **{kw: c2})
+        steps = torch.cat([model(ids[:, i:i + 1], use_cache=True, **{kw: c2}).logits[0] for i in range(8, 14)])
     assert torch.equal(together, steps)
