@@ -12,7 +12,7 @@ from draftcert.decode.config import DecodeConfig
 from draftcert.decode.costs import Costs
 from draftcert.decode.engine import decode_loop
 from draftcert.drafting import as_drafter
-from draftcert.models.tree_attention import DraftTree
+from tests.chain_round import chain_draft
 
 N_NEW = 40
 
@@ -36,12 +36,8 @@ class _Scripted:
     def propose(self, seq, widths, expand_all=False):
         self.proposed += 1
         t = len(seq) - self.n_prompt
-        tree = DraftTree()
-        for i in range(min(len(widths), len(self.greedy) - t)):
-            g = self.greedy[t + i]
-            tree.add(g if self.right else (g + 1) % self.vocab, i - 1)
-        tree.expanded, tree.widths = list(range(-1, len(tree) - 1)), [1] * len(tree)
-        return tree
+        greedy = self.greedy[t: t + len(widths)]
+        return chain_draft(greedy if self.right else [(g + 1) % self.vocab for g in greedy])
 
     def accept(self, path):
         pass

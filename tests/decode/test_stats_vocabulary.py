@@ -15,6 +15,7 @@ from draftcert.cli import main
 from draftcert.decode import DecodeStats, greedy_generate, speculative_generate
 from draftcert.decode.bench import bench_row
 from draftcert.models.tree_attention import DraftTree
+from tests.chain_round import chain_draft
 from draftcert.replay.api import replay
 
 from ..report import tracegen
@@ -51,10 +52,7 @@ class ScriptedDrafter:
         chain = self.greedy[t : t + min(a, len(widths))]
         if a < len(widths):  # wrong (the greedy token is greedy[t + a]), then filler to the full chain
             chain += [(self.greedy[t + a] + 1) % VOCAB] * (len(widths) - a)
-        for i, tok in enumerate(chain):
-            tree.add(tok, i - 1)
-        tree.expanded, tree.widths = list(range(-1, len(chain) - 1)), [1] * len(chain)
-        return tree
+        return chain_draft(chain)
 
     def accept(self, path):
         pass

@@ -19,7 +19,7 @@ from draftcert.evaluate.scoreboard import FIGURE, mcnemar_exact, scoreboard_rows
 from draftcert.evaluate.session import read_results, run_evaluation
 from draftcert.evaluate.tasks import Problem
 from draftcert.models import derive_drafter
-from draftcert.models.tree_attention import DraftTree
+from tests.chain_round import chain_draft
 from draftcert.prompts import encode_prompt
 
 from tests.tiny_models import tiny_qwen3
@@ -58,12 +58,7 @@ class TextDrafter(Drafter):
 
     def propose(self, seq, widths, expand_all=False):
         t = len(seq) - self.n_prompt
-        tree = DraftTree()
-        chain = self.text[t: t + len(widths)]
-        for i, tok in enumerate(chain):
-            tree.add(tok, i - 1)
-        tree.expanded, tree.widths = list(range(-1, len(chain) - 1)), [1] * len(chain)
-        return tree
+        return chain_draft(self.text[t: t + len(widths)])
 
     def accept(self, path):
         pass
