@@ -64,6 +64,8 @@ def add_parser(subparsers) -> None:
                         "and train.json records heldout_eval_fp16 and draft_vocab_coverage as null, not evaluated)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help=f"response length per example (default {d.max_new_tokens})")
     p.add_argument("--draft-vocab", type=int, default=d.draft_vocab, help=f"draft vocabulary size (default {d.draft_vocab})")
+    p.add_argument("--mlp-width", type=int, default=None,
+                   help="the drafter layer's MLP width (default: the target's; a narrower layer drafts cheaper)")
     p.add_argument("--epochs", type=float, default=d.epochs, help=f"passes over the data (default {d.epochs})")
     p.add_argument("--ttt", type=int, default=d.ttt, help=f"unrolled drafting steps in training (default {d.ttt})")
     p.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help=f"tokens per batch (default {d.batch_tokens})")
@@ -97,6 +99,8 @@ def run(args) -> int:
     for name in ("examples", "max_new_tokens", "draft_vocab", "ttt", "batch_tokens", "user_eval_depth"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: expected an integer >= 1, got {getattr(args, name)}")
+    if args.mlp_width is not None and args.mlp_width < 1:
+        raise ValueError(f"--mlp-width: expected an integer >= 1, got {args.mlp_width}")
     if args.batch_tokens < 2:
         raise ValueError(f"--batch-tokens: expected an integer >= 2, got {args.batch_tokens}")
     if args.heldout_examples < 0:
@@ -119,7 +123,7 @@ def run(args) -> int:
                       max_new_tokens=args.max_new_tokens, draft_vocab=args.draft_vocab, epochs=args.epochs, ttt=args.ttt,
                       batch_tokens=args.batch_tokens, lr=args.lr, min_radius=args.min_radius, seed=args.seed,
                       data=args.data, prompts=args.prompts, user_eval_prompts=args.user_eval_prompts,
-                      user_eval_depth=args.user_eval_depth)
+                      user_eval_depth=args.user_eval_depth, mlp_width=args.mlp_width)
     try:
         path = train_drafter(cfg, args.out, progress=not (args.quiet or args.no_progress), quiet=args.quiet,
                              stage_minutes=args.stage_minutes)

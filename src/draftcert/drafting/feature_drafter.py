@@ -48,13 +48,13 @@ class FeatureDrafter(Drafter):
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = self.model.new_cache()
-        self._head = self.model.head_weight()  # the draft-vocabulary rows of the target's head, gathered once
+        self._head = self.model.head_layer()  # the draft vocabulary's rows of the target's head, gathered once
         self.feats = None
         self.n_valid = 0  # pairs (x_{s+1}, f_s), s < n_valid, are in the drafter's cache
 
     def observe(self, hidden: torch.Tensor) -> None:
         """Target features of the positions the target's cache just gained (in order)."""
-        h = hidden.detach().to(self.model.fc.weight.dtype)
+        h = hidden.detach().to(self.model.dtype)
         self.feats = h if self.feats is None else torch.cat([self.feats, h], 0)
 
     @property
@@ -63,7 +63,7 @@ class FeatureDrafter(Drafter):
 
     def _step(self, tokens, feats, pos, mask):
         self.forwards += 1
-        dev = self.model.fc.weight.device
+        dev = self.model.device
         g, red, tail = self.model.step(
             torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask, cache=self.cache,
             head_weight=self._head,
@@ -77,7 +77,7 @@ class FeatureDrafter(Drafter):
         if n_feat > len(seq) - 1:
             raise RuntimeError(f"feature drafter: {n_feat} features for a sequence of {len(seq)} tokens")
         m = self.model
-        dev, dt = m.fc.weight.device, m.fc.weight.dtype
+        dev, dt = m.device, m.dtype
         # Depth 0: the new pairs (x_{s+1}, f_s) for s in [n_valid, n_feat), causal over the cache.
         new = n_feat - self.n_valid
         if new <= 0:

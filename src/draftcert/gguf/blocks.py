@@ -17,7 +17,7 @@ import torch
 
 from ..kernels import block_matmul
 
-__all__ = ["BlockType", "KERNEL_TYPES", "block_type", "block_types", "dequantize_gguf", "decode_rows", "check_blocks"]
+__all__ = ["BlockType", "KERNEL_TYPES", "block_type", "block_types", "dequantize_gguf", "decode_rows", "quantize_rows", "check_blocks"]
 
 # GGMLQuantizationType values of the types block_matmul.c decodes (its dq_block answers for exactly these)
 KERNEL_TYPES = frozenset({3, 6, 8, 12, 14})  # Q4_1, Q5_0, Q8_0, Q4_K, Q6_K
@@ -74,6 +74,20 @@ def dequantize_gguf(data, qtype: int) -> np.ndarray:
 def decode_rows(blocks: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
     """float32 ``[n, k]`` values of ``n`` rows of GGUF blocks (CPU uint8 ``[n, row_bytes]``)."""
     return torch.from_numpy(dequantize_gguf(blocks.cpu().contiguous().numpy(), qtype)).reshape(blocks.shape[0], k)
+
+
+def quantize_rows(weight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """GGUF blocks (CPU uint8 ``[n, row_bytes]``) of a float ``[n, k]`` weight in type ``qtype``, by
+    gguf-py's own quantiser (what ``llama-quantize`` writes for Q8_0: per 32 weights, ``d = amax / 127``
+    in float16 and ``round(w / d)``); ``decode_rows`` of them is the weight the blocks hold."""
+    from gguf import GGMLQuantizationType  # optional: models extra (gguf)
+    from gguf.quants import quantize
+
+    w = weight.detach().to(torch.float32).cpu().contiguous()
+    if w.ndim != 2 or w.shape[1] % block_type(qtype).elements:
+        raise ValueError(f"quantize_rows: a {block_type(qtype).name} weight needs [n, k] with k a multiple of "
+                         f"{block_type(qtype).elements}, got {tuple(w.shape)}")
+    return torch.from_numpy(np.ascontiguousarray(quantize(w.numpy(), GGMLQuantizationType(int(qtype)))))
 
 
 def check_blocks(who: str, blocks: torch.Tensor, qtype: int, n: int, k: int) -> None:

@@ -21,7 +21,17 @@ logit space is the target's, so matching the target's feature matches its distri
 rows are not stored in the weights file (only their token ids), which keeps the file small and
 guarantees it uses exactly the target's head.  The embedding is the target's too (frozen, not
 stored).  The weights file (safetensors) stores ``fc``, the decoder layer, the norm, the tail row,
-the draft vocabulary ids and a fingerprint of the target, checked at load time.
+the draft vocabulary ids and a fingerprint of the target, checked at load time.  The decoder
+layer is the target's class with its MLP width ``intermediate_size`` (the target's own unless a
+smaller one is asked for: a drafter of a 1.5B target with the target's width would cost 50M
+weights a step).
+
+On a target computed from GGUF blocks (``gguf.layers.numerics_of``: ``gguf-exact-f32`` or
+``gguf-q8``) a loaded drafter computes as the target does (``run_from_blocks``): its linear
+weights as Q8_0 blocks (``DRAFTER_BLOCKS``; stored so in the file when saved with ``blocks=True``,
+else quantised at load) and its head as the draft vocabulary's rows of the target's own output
+blocks, each a ``GGUFLinear`` under the target's contract.  A drafted token then reads about
+``(layer + fc + V_d x H)`` bytes of blocks, a few percent of a target pass.
 """
 
 from __future__ import annotations
@@ -41,9 +51,12 @@ import torch.nn as nn
 from ..fileio import atomic_path
 from .hf import cache_kwarg, new_cache
 from ..forward.decoder_layers import use_lean_layers
+from ..gguf.blocks import check_blocks, decode_rows, quantize_rows
+from ..gguf.layers import CONTRACTS, GGUFLinear, group_siblings, numerics_of
 
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"
+DRAFTER_BLOCKS = 8  # Q8_0 (GGML type 8): a drafter's linear weights on a GGUF target
 
 __all__ = [
     "EagleDrafter",
@@ -132,10 +145,15 @@ def target_features(target, input_ids, attention_mask=None, position_ids=None, c
     return f, f @ head.weight.T
 
 
-def _layer_config(target):
-    """A copy of the target's config describing one decoder layer (cache slot 0, full attention)."""
+def _layer_config(target, intermediate_size: int | None = None):
+    """A copy of the target's config describing one decoder layer (cache slot 0, full attention),
+    with MLP width ``intermediate_size`` where given."""
     cfg = copy.deepcopy(target.config)
     cfg.num_hidden_layers = 1
+    if intermediate_size is not None:
+        if not hasattr(cfg, "intermediate_size"):
+            raise ValueError(f"eagle drafter: {type(target).__name__}'s layer has no MLP width to set")
+        cfg.intermediate_size = int(intermediate_size)
     types = getattr(cfg, "layer_types", None)
     if types is not None:
         cfg.layer_types = ["full_attention"]
@@ -147,8 +165,10 @@ def _layer_config(target):
 class EagleDrafter(nn.Module):
     """The feature drafter (see the module docstring).  ``bind(target)`` before use."""
 
-    def __init__(self, target, vocab_ids, *, init_from_last_layer: bool = False):
+    def __init__(self, target, vocab_ids, *, init_from_last_layer: bool = False, intermediate_size: int | None = None):
         super().__init__()
+        if intermediate_size is not None and (int(intermediate_size) < 1 or init_from_last_layer):
+            raise ValueError("eagle drafter: intermediate_size must be >= 1, and not given with init_from_last_layer")
         dec, emb, norm, head = _parts(target)
         V, H = _head_shape(head)
         ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()
@@ -157,7 +177,7 @@ class EagleDrafter(nn.Module):
         if int(ids.min()) < 0 or int(ids.max()) >= V or torch.unique(ids).numel() != ids.numel():
             raise ValueError(f"eagle drafter: draft vocabulary ids must be distinct and lie in [0, {V})")
         self.vocab_size, self.hidden_size = V, H
-        self.layer_config = _layer_config(target)
+        self.layer_config = _layer_config(target, intermediate_size)
         self.fc = nn.Linear(2 * H, H, bias=False)
         layer = copy.deepcopy(dec.layers[-1]) if init_from_last_layer else type(dec.layers[-1])(self.layer_config, 0)
         for mod in layer.modules():
@@ -180,6 +200,7 @@ class EagleDrafter(nn.Module):
             self.tail.bias.fill_(-4.0)
         self.register_buffer("vocab_ids", ids.clone(), persistent=True)
         self._target = None
+        self._block_head = None  # run_from_blocks: the draft vocabulary's rows of the target's output blocks
         self.fingerprint = target_fingerprint(target)
         self.bind(target)
 
@@ -194,7 +215,70 @@ class EagleDrafter(nn.Module):
                              + "); train one for this target with `draftcert train-drafter`")
         object.__setattr__(self, "_target", target)
         self.__dict__.pop("_head_rows", None)
+        if self._block_head is not None:
+            object.__setattr__(self, "_block_head", self._head_blocks(self._block_head.numerics))
         return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the drafter computes in (its norm's: linears run from blocks have no float weight)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
+    @property
+    def intermediate_size(self) -> int | None:
+        return getattr(self.layer_config, "intermediate_size", None)
+
+    def block_linears(self) -> dict[str, nn.Module]:
+        """The linears of ``fc`` and the decoder layer by their ``trainable_state`` names (without
+        ``.weight``): those run from (and stored as) Q8_0 blocks; one whose input size is not a multiple
+        of the block's 32 stays float."""
+        out = {}
+        for prefix, mod in (("fc", self.fc), ("layer", self.layer)):
+            for name, m in ([("", mod)] if isinstance(mod, (nn.Linear, GGUFLinear)) else mod.named_modules()):
+                if isinstance(m, (nn.Linear, GGUFLinear)) and m.in_features % 32 == 0:
+                    out[prefix + ("." + name if name else "")] = m
+        return out
+
+    def _head_blocks(self, numerics: str):
+        """A ``GGUFLinear`` of the draft vocabulary's rows of the target's output blocks, or None where
+        the target's head is not one."""
+        head = self.target.get_output_embeddings()
+        if not isinstance(head, GGUFLinear):
+            return None
+        ids = self.vocab_ids.cpu()
+        return GGUFLinear(head.qweight.cpu().index_select(0, ids), head.qtype, head.in_features, int(ids.numel()),
+                          numerics=numerics)
+
+    def run_from_blocks(self, numerics: str, stored: dict[str, torch.Tensor] | None = None) -> "EagleDrafter":
+        """Compute as a GGUF target does (module docstring): each of ``block_linears`` becomes a
+        ``GGUFLinear`` of Q8_0 blocks (``stored[name]`` where given, else its float weight quantised now)
+        under ``numerics``, and the head the draft vocabulary's rows of the target's output blocks.
+        For inference only (float32, CPU): the blocks are not trained."""
+        if numerics not in CONTRACTS:
+            raise ValueError(f"eagle drafter: numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
+        if self.dtype != torch.float32 or self.device.type != "cpu":
+            raise ValueError("eagle drafter: run_from_blocks needs a float32 drafter on the CPU")
+        for name, lin in self.block_linears().items():
+            if isinstance(lin, GGUFLinear):
+                lin.set_numerics(numerics)
+                continue
+            blocks = stored[name] if stored is not None and name in stored else quantize_rows(lin.weight, DRAFTER_BLOCKS)
+            new = GGUFLinear(blocks, DRAFTER_BLOCKS, lin.in_features, lin.out_features, bias=lin.bias, numerics=numerics)
+            parent, _, attr = name.rpartition(".")
+            setattr(self.get_submodule(parent) if parent else self, attr, new)
+        group_siblings(self.layer)  # q/k/v and gate/up: one pass each, as the target's
+        object.__setattr__(self, "_block_head", self._head_blocks(numerics))  # not a submodule: never saved
+        self.requires_grad_(False)
+        return self
+
+    def head_layer(self):
+        """What maps the drafter's feature to its draft-vocabulary logits: the target's output blocks'
+        rows (``run_from_blocks``), else the float rows of ``head_weight``."""
+        return self._block_head if self._block_head is not None else self.head_weight()
 
     @property
     def target(self):
@@ -203,14 +287,14 @@ class EagleDrafter(nn.Module):
         return self._target
 
     def _embed(self, ids):
-        return self.target.get_input_embeddings()(ids).to(self.fc.weight.dtype)
+        return self.target.get_input_embeddings()(ids).to(self.dtype)
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
         dtype), gathered once per bound target, dtype and device: every decode starts from them, and
         a GGUF head's ``.weight`` is a full decode of its blocks (``weight_rows`` decodes just these)."""
         head = self.target.get_output_embeddings()
-        key = (id(head), self.fc.weight.dtype, self.fc.weight.device)
+        key = (id(head), self.dtype, self.device)
         cached = self.__dict__.get("_head_rows")
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -220,7 +304,7 @@ class EagleDrafter(nn.Module):
         else:
             w = head.weight
             w = w.index_select(0, self.vocab_ids.to(w.device))
-        w = w.to(self.fc.weight.dtype)
+        w = w.to(self.dtype)
         self.__dict__["_head_rows"] = (key, w)
         return w
 
@@ -242,16 +326,17 @@ class EagleDrafter(nn.Module):
         """One drafting step for rows (B, T): returns (feature g (B,T,H), reduced logits (B,T,V_d), tail (B,T)).
 
         ``mask`` is an additive 4-D attention mask (B or 1, 1, T, cached + T) over the cache.
+        ``head_weight``: the float rows ``[V_d, H]`` or a layer (``head_layer``); default ``head_layer()``.
         """
-        x = self.fc(torch.cat([self._embed(tokens), feats.to(self.fc.weight.dtype)], -1))
+        x = self.fc(torch.cat([self._embed(tokens), feats.to(self.dtype)], -1))
         pe = self.rotary(x, position_ids=position_ids)
         kw = {cache_kwarg(self.layer): cache, "use_cache": True} if cache is not None else {}
         x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
         if isinstance(x, tuple):
             x = x[0]
         g = self.norm(x)
-        w = self.head_weight() if head_weight is None else head_weight
-        return g, g @ w.T, self.tail(g).squeeze(-1)
+        w = self.head_layer() if head_weight is None else head_weight
+        return g, (g @ w.T if isinstance(w, torch.Tensor) else w(g)), self.tail(g).squeeze(-1)
 
     def full_logits(self, reduced, tail):
         """Full-vocabulary logits (..., V): out-of-vocabulary tokens share the tail mass equally."""
@@ -275,7 +360,7 @@ class EagleDrafter(nn.Module):
         B, T = input_ids.shape
         with torch.no_grad():
             f, _ = target_features(self.target, input_ids, attention_mask, position_ids)
-        dt = self.fc.weight.dtype
+        dt = self.dtype
         keyok = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
         causal = torch.ones(T - 1, T - 1, dtype=torch.bool, device=input_ids.device).tril()
         # pair row s = (token s + 1, feature s) is real iff both are: with left padding, iff token s is
@@ -331,8 +416,13 @@ def is_eagle_path(spec) -> bool:
     return p.suffix == ".safetensors"
 
 
-def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict | None = None) -> Path:
-    """Write the drafter atomically as safetensors (``dtype`` for float tensors); returns the file."""
+def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict | None = None,
+               blocks: bool = False) -> Path:
+    """Write the drafter atomically as safetensors (``dtype`` for float tensors); returns the file.
+
+    ``blocks``: the weights of ``block_linears`` as Q8_0 blocks (uint8 ``[out, in / 32 * 34]``, listed in
+    the metadata's ``blocks``), what a GGUF target's drafter computes from: about half the bytes of
+    float16.  A drafter trained in float is quantised here."""
     from safetensors.torch import save_file  # optional: models extra
 
     path = Path(path)
@@ -344,10 +434,21 @@ def save_eagle(drafter: EagleDrafter, path, *, dtype=torch.float16, extra: dict 
     for k, v in drafter.trainable_state().items():
         v = v.detach().cpu()
         sd[k] = (v.to(dtype) if v.is_floating_point() and dtype is not None else v).contiguous()
+    as_blocks = {}
+    for name, lin in drafter.block_linears().items():
+        if isinstance(lin, GGUFLinear):  # run from blocks: its blocks, or their values as floats
+            sd.pop(name + ".qweight", None)
+            sd[name + ".weight"] = lin.qweight.cpu().contiguous() if blocks else lin.dequantized().to(dtype or torch.float32)
+        elif blocks:
+            sd[name + ".weight"] = quantize_rows(lin.weight, DRAFTER_BLOCKS)
+        if blocks:
+            as_blocks[name + ".weight"] = DRAFTER_BLOCKS
     meta = {
         "format": FORMAT,
         "fingerprint": json.dumps(drafter.fingerprint, sort_keys=True),
         "n_draft_vocab": str(drafter.n_draft_vocab),
+        "intermediate_size": json.dumps(drafter.intermediate_size),
+        "blocks": json.dumps(as_blocks, sort_keys=True),
         "extra": json.dumps(getattr(drafter, "extra", {}) if extra is None else extra, sort_keys=True),
     }
     with atomic_path(path) as tmp:
@@ -360,6 +461,8 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
 
     Raises ValueError (before any decoding) for a missing/corrupt file, a file of another format,
     or a drafter trained for a different target (architecture, sizes, vocabulary or weights).
+    On a target computed from GGUF blocks, a float32 drafter runs from blocks too
+    (``EagleDrafter.run_from_blocks``: the file's own blocks where it stores them).
     """
     from safetensors import safe_open  # optional: models extra
 
@@ -387,8 +490,25 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
         raise ValueError(f"eagle drafter {str(p)!r} was trained for another target (" + "; ".join(bad) + ")")
     if "vocab_ids" not in sd:
         raise ValueError(f"eagle drafter: {str(p)!r} lacks vocab_ids")
-    d = EagleDrafter(target, sd["vocab_ids"])
+    try:
+        width = json.loads(meta.get("intermediate_size", "null"))
+        stored_blocks = json.loads(meta.get("blocks", "{}"))
+    except ValueError:
+        raise ValueError(f"eagle drafter: {str(p)!r} has unreadable metadata (intermediate_size, blocks)") from None
+    if width is not None and width == getattr(target.config, "intermediate_size", None):
+        width = None  # the target's own width
+    d = EagleDrafter(target, sd["vocab_ids"], intermediate_size=width)
     state = {k: v for k, v in sd.items() if k != "vocab_ids"}
+    linears = d.block_linears()
+    blocks = {}
+    for k, qtype in stored_blocks.items():
+        name = k.removesuffix(".weight")
+        if name not in linears or qtype != DRAFTER_BLOCKS or k not in state or state[k].dtype != torch.uint8:
+            raise ValueError(f"eagle drafter {str(p)!r}: stored blocks {k!r} do not fit the drafter's layer")
+        lin = linears[name]
+        check_blocks(f"eagle drafter {str(p)!r}: stored {k!r}", state[k], DRAFTER_BLOCKS, lin.out_features, lin.in_features)
+        blocks[name] = state[k]
+        state[k] = decode_rows(state[k], DRAFTER_BLOCKS, lin.in_features)
     expected = {k: v for k, v in d.trainable_state().items() if k != "vocab_ids"}
     missing, unexpected = set(expected) - set(state), set(state) - set(expected)
     wrong = [k for k in set(expected) & set(state) if tuple(expected[k].shape) != tuple(state[k].shape)]
@@ -405,6 +525,9 @@ def load_eagle(path, target, *, dtype=torch.float32) -> EagleDrafter:
     d.to(dtype)
     d.eval()
     d.requires_grad_(False)
+    numerics = numerics_of(target)
+    if numerics in CONTRACTS and dtype == torch.float32 and d.device.type == "cpu":
+        d.run_from_blocks(numerics, blocks)
     use_lean_layers(d)  # its decoder layer written out, as the target's: the same bits (forward/decoder_layers.py)
     d.draftcert_spec = str(path)
     try:

@@ -57,8 +57,8 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
     b sits at ``[b, index[b] + t]``.
     """
     timer = timer or StepTimer()
-    dev = draft.fc.weight.device
-    dt = draft.fc.weight.dtype
+    dev = draft.device
+    dt = draft.dtype
     seqs = [list(p) + list(c) for p, c in zip(prompts, continuations)]
     lens = [len(c) for c in continuations]
     T = max(lens)
@@ -70,7 +70,7 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
         ids, mask, pos = left_pad(seqs, pad_id, dev)
         L = ids.shape[1]
         f, _ = target_features(draft.target, ids, mask, pos)
-        head = draft.head_weight()
+        head = draft.head_layer()
         cache = draft.new_cache()
         # Depth 1: the teacher-forced pass (pair (x_{s+1}, f_s) at row s, position pos[s]), as
         # EagleDrafter.forward computes it, keeping its KV cache for the rollouts.

@@ -28,6 +28,7 @@ import torch
 from ..criteria import parse_criterion
 from ..fileio import atomic_path, dumps_json, settings_changes, write_json
 from ..models import load_target
+from ..gguf.layers import CONTRACTS, numerics_of
 from ..models.eagle import EagleDrafter, load_eagle, save_eagle
 from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
@@ -50,6 +51,7 @@ class TrainConfig:
     max_prompt_tokens: int = 48
     max_new_tokens: int = 128
     draft_vocab: int = 4096
+    mlp_width: int | None = None  # the drafter layer's MLP width (None: the target's intermediate size)
     epochs: float = 2.0
     ttt: int = 2
     batch_tokens: int = 1024
@@ -189,7 +191,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     V = vocab_size_of(target)
     vocab_ids = radii_and_vocabulary(cfg, target, tokenizer, examples, train_ex, out / "radii.pt", log, progress)
     torch.manual_seed(cfg.seed)
-    drafter = EagleDrafter(target, vocab_ids)
+    drafter = EagleDrafter(target, vocab_ids, intermediate_size=cfg.mlp_width)
     dtype = target.get_output_embeddings().weight.dtype
     drafter.to(dtype)
     drafter.train()
@@ -252,7 +254,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
                 break
             order = flat_order()
             idx = order[step]
-            batch = collate(train_ex, idx, dtype, drafter.fc.weight.device)
+            batch = collate(train_ex, idx, dtype, drafter.device)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             loss = batch_loss(drafter, batch, cfg, head_w, vocab_dev, V)
@@ -289,11 +291,12 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
         return None
     seconds = seconds_before + time.perf_counter() - t_run
     final = out / "drafter.safetensors"
+    # on a GGUF target the file holds Q8_0 blocks, what decoding computes from (models.eagle)
     save_eagle(drafter, final, extra={"objective": cfg.objective, "criterion": cfg.criterion, "steps": step,
-                                      "train_seconds": round(seconds, 1)})
-    shipped = load_eagle(final, target, dtype=dtype)  # evaluate exactly what was written (fp16-rounded)
+                                      "train_seconds": round(seconds, 1)}, blocks=numerics_of(target) in CONTRACTS)
+    shipped = load_eagle(final, target, dtype=dtype)  # evaluate exactly what was written, as decoding computes it
     # null: not evaluated (--heldout-examples 0), never a loss of 0 over no examples
-    ev = evaluate(shipped, held_ex, cfg, shipped.head_weight(), shipped.vocab_ids, V) if held_ex else None
+    ev = evaluate(shipped, held_ex, cfg, shipped.head_layer(), shipped.vocab_ids, V) if held_ex else None
     result = {"objective": cfg.objective, "criterion": cfg.criterion, "prompts": cfg.prompts, "steps": step,
               "train_seconds": round(seconds, 1), "tokens_seen": tokens_seen, "data": data.get("info"),
               "draft_vocab_coverage": coverage, "heldout_eval_fp16": ev}

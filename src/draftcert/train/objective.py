@@ -95,7 +95,7 @@ def unrolled(drafter, ids, feats, lengths, ttt, head_w):
         tok_idx = (rows + j).clamp(max=T - 1)
         tokens = ids[:, tok_idx]
         pos = (rows + j - 1)[None].expand(B, -1)
-        mask = _ttt_mask(Tp, j, drafter.fc.weight.dtype, dev)
+        mask = _ttt_mask(Tp, j, drafter.dtype, dev)
         g, red, tail = drafter.step(tokens, g, pos, mask, cache=cache, head_weight=head_w)
         valid = (rows[None] + j) <= (lengths[:, None] - 1)
         yield j, red, tail, valid, tok_idx
@@ -151,9 +151,9 @@ def evaluate(drafter, examples, cfg, head_w, vocab_ids, V):
     drafter.eval()
     stats: dict = {}
     losses = []
-    dtype = drafter.fc.weight.dtype
+    dtype = drafter.dtype
     for i in range(len(examples)):
-        b = collate(examples, [i], dtype, drafter.fc.weight.device)
+        b = collate(examples, [i], dtype, drafter.device)
         losses.append(float(batch_loss(drafter, b, cfg, head_w, vocab_ids, V, stats)))
     drafter.train(was)
     out = {"loss": sum(losses) / max(len(losses), 1)}

@@ -61,9 +61,9 @@ def acceptance_by_depth(drafter, examples, depth: int) -> dict:
     """``accept@d``, ``reach@d`` (d = 1..depth), ``mean_run`` and ``positions`` (see the module docstring)."""
     was = drafter.training
     drafter.eval()
-    dtype = drafter.fc.weight.dtype
-    dev = drafter.fc.weight.device
-    head_w = drafter.head_weight()
+    dtype = drafter.dtype
+    dev = drafter.device
+    head_w = drafter.head_layer()  # what decoding computes (the target's blocks where it runs from them)
     tried = torch.zeros(depth + 1, dtype=torch.long)  # tried[d]: rows whose drafts 1..d-1 were accepted, d exists
     hit = torch.zeros(depth + 1, dtype=torch.long)  # hit[d]: ... and draft d was accepted too
     for e in examples:
