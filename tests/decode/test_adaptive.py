@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.decode.adaptive import AdaptiveDraftLength
+from draftcert.decode.adaptive import PLAIN_MEASURES, RATIO_CLIP, TIMED_WEIGHT, AdaptiveDraftLength
 from draftcert.decode.config import DecodeConfig
 from draftcert.decode.costs import Costs
 from draftcert.decode.engine import decode_loop
@@ -114,3 +114,66 @@ def test_bad_controller_settings_are_refused():
         AdaptiveDraftLength(_costs(), (1.5,))
     with pytest.raises(ValueError, match="max_k"):
         AdaptiveDraftLength(_costs(), (0.5,), max_k=0)
+
+
+def _run_rounds(ctl: AdaptiveDraftLength, rounds: int, seconds_of, accepted: bool = True) -> list[int]:
+    """The lengths ``ctl`` picks over ``rounds`` rounds whose cost is ``seconds_of(k)`` and whose drafts
+    are all accepted (or all rejected)."""
+    ks = []
+    for _ in range(rounds):
+        k = ctl.next_k()
+        ks.append(k)
+        ctl.observe([accepted] * k)
+        ctl.observe_seconds(k, seconds_of(k))
+    return ks
+
+
+def test_timed_rounds_overrule_a_prediction_that_drafting_pays():
+    """The calibrated costs say a drafted token costs 0.1 of a pass; on this decode it costs 0.9.  A
+    drafter right at depth 1 every other round is then slower than the target alone: the timed
+    controller finds it out, the untimed one keeps trusting the prediction."""
+    truth = lambda k: 1.0 + 0.05 * k + 0.9 * k  # noqa: E731  (the target alone: 1.0)
+    for timed, want_plain in ((True, True), (False, False)):
+        ctl = AdaptiveDraftLength(_costs(0.1), (0.5,), timed=timed)
+        ks = []
+        for i in range(80):
+            k = ctl.next_k()
+            ks.append(k)
+            ctl.observe([i % 2 == 0] + [False] * (k - 1) if k else [])
+            ctl.observe_seconds(k, truth(k))
+        plain = ks[-30:].count(0)
+        assert (plain >= 27 if want_plain else plain == 0), (timed, ks)
+
+
+def test_timed_rounds_keep_drafting_where_it_does_pay():
+    """Rounds that cost what was predicted change nothing: an always-right drafter keeps drafting, and
+    the plain rounds that measure the target alone come once, after the first timed draft."""
+    ctl = AdaptiveDraftLength(_costs(0.1), (0.5,), timed=True)
+    ks = _run_rounds(ctl, 40, lambda k: 1.0 + 0.05 * k + 0.1 * k)
+    assert ks[0] >= 1 and ks[1] >= 1  # round 1 holds the prefill: not timed, so no plain round yet
+    assert ks.count(0) == PLAIN_MEASURES and ks[2:2 + PLAIN_MEASURES] == [0] * PLAIN_MEASURES
+    assert min(ks[2 + PLAIN_MEASURES:]) >= 3
+    assert ctl.timed_n[0] == PLAIN_MEASURES and sum(ctl.timed_n) == 39  # the prefill's round is not a cost
+
+
+def test_a_stretched_round_moves_the_estimate_by_a_bounded_amount():
+    ctl = AdaptiveDraftLength(_costs(0.1), (0.5,), timed=True)
+    ctl.observe_seconds(2, 1.0)  # the prefill's round: skipped
+    before = ctl.round_seconds()
+    ctl.observe_seconds(2, 1000.0)  # a page fault, another process: clipped to RATIO_CLIP
+    after = ctl.round_seconds()
+    assert after[2] == pytest.approx(before[2] * (TIMED_WEIGHT * 3.0 + 3.0) / (TIMED_WEIGHT + 1))
+    assert after[2] <= before[2] * RATIO_CLIP
+
+
+def test_only_strict_is_steered_by_its_timing(tiny):
+    """Relaxed rules keep the predicted costs: their tokens depend on the draft lengths, and a decode
+    steered by timing could not be repeated."""
+    from draftcert.decode.engine import auto_draft
+
+    target, tok, _ = tiny
+    seen = {}
+    for crit in ("strict", "relaxed:2:0.1", "typical:0.09:0.3"):
+        _, _, _, factory, line = auto_draft(target, "prompt-lookup", tok, crit, None)
+        seen[crit] = factory().timed
+    assert seen == {"strict": True, "relaxed:2:0.1": False, "typical:0.09:0.3": False}

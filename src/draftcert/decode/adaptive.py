@@ -22,24 +22,45 @@ A prompt whose drafts are mostly rejected drives ``a_1`` down until ``k = 0`` wi
 plain mode sees no attempts, so every ``probe_every`` plain rounds one round drafts with the best
 ``k >= 1`` again (its cost, a few percent of the plain rounds, is what lets a decode that turns
 predictable speculate again).  Relaxed rules accept more than strict: the posterior learns it.
+
+**Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
+draft lengths).  The calibrated ``round_seconds`` is a prediction made once per machine, under
+whatever load the machine had then; a decode also times its own rounds (``observe_seconds``)::
+
+    seconds(k) = predicted(k) * r_k,   r_k = (W_k * r + sum of measured/predicted over k's rounds) / (W_k + n_k)
+
+where ``n_k`` is the number of timed rounds of length k and ``r`` the mean measured/predicted ratio
+of the drafting rounds (for k >= 1) or of every round (for k = 0), 1 before any: a length not run
+yet follows the others' drift, one that has run converges to what it costs in this decode.  The
+first timed drafting round is followed by ``PLAIN_MEASURES`` plain rounds (``k = 0``), so that the
+target alone's step is measured, not only predicted; its prior weighs less (``W_0 = PLAIN_WEIGHT``
+against ``W_k = TIMED_WEIGHT``) because a drafting round's drift (a drafter that costs more than
+calibrated) says little about a plain round.  Ratios are clipped to ``[1/RATIO_CLIP, RATIO_CLIP]`` (a round
+that a page fault or another process stretched says little about the next).  Relaxed rules keep
+the predicted costs: their tokens depend on the draft lengths, and a decode that timing steered
+could not be repeated.
 """
 
 from __future__ import annotations
 
 from .costs import Costs, round_key, round_seconds
 
-__all__ = ["AdaptiveDraftLength", "PRIOR_WEIGHT", "PROBE_EVERY", "MAX_K"]
+__all__ = ["AdaptiveDraftLength", "PRIOR_WEIGHT", "PROBE_EVERY", "MAX_K", "TIMED_WEIGHT"]
 
 PRIOR_WEIGHT = 2.0  # a depth's prior counts as this many observed rounds
 PROBE_EVERY = 16  # plain rounds between two probing drafts
 MAX_K = 6
+TIMED_WEIGHT = 1.0  # a drafting length's predicted seconds count as this many timed rounds
+PLAIN_WEIGHT = 0.5  # ... and the target alone's
+PLAIN_MEASURES = 2  # plain rounds that measure the target alone, after the first timed drafting round
+RATIO_CLIP = 3.0
 
 
 class AdaptiveDraftLength:
     """The draft length of each round (module docstring); one instance per decode."""
 
     def __init__(self, costs: Costs, prior: tuple[float, ...], *, max_k: int = MAX_K,
-                 prior_weight: float = PRIOR_WEIGHT, probe_every: int = PROBE_EVERY):
+                 prior_weight: float = PRIOR_WEIGHT, probe_every: int = PROBE_EVERY, timed: bool = False):
         if not prior or any(not 0.0 <= a <= 1.0 for a in prior):
             raise ValueError(f"adaptive draft length: prior acceptance must be probabilities, got {prior!r}")
         if max_k < 1 or prior_weight <= 0 or probe_every < 1:
@@ -52,6 +73,35 @@ class AdaptiveDraftLength:
         # the predicted seconds of a round of each length; plain: the target alone's step
         self.seconds = [costs.target_step or round_seconds(costs, 0, [], False, "")]
         self.seconds += [round_seconds(costs, k, [1] * k, False, round_key((1,) * k, False)) for k in range(1, max_k + 1)]
+        self.timed = timed
+        self.ratio_sum = [0.0] * (max_k + 1)  # measured / predicted seconds, summed per draft length
+        self.timed_n = [0] * (max_k + 1)
+        self.rounds_seen = 0  # observe_seconds calls, the prefill's included
+        self.plain_measures = 0  # plain rounds run to measure the target alone (PLAIN_MEASURES)
+
+    def observe_seconds(self, k: int, seconds: float) -> None:
+        """A round of ``k`` drafted tokens took ``seconds`` (wall clock, drafting to acceptance); the
+        first call (the round holding the prefill) is not a round's cost and is skipped."""
+        self.rounds_seen += 1
+        if self.rounds_seen == 1 or not 0 <= k <= self.max_k or not seconds > 0:
+            return
+        r = min(max(seconds / self.seconds[k], 1.0 / RATIO_CLIP), RATIO_CLIP)
+        self.ratio_sum[k] += r
+        self.timed_n[k] += 1
+
+    def round_seconds(self) -> list[float]:
+        """Seconds of a round of k = 0..max_k drafted tokens: predicted, corrected by the timed rounds
+        (module docstring; the prediction itself where ``timed`` is off)."""
+        if not self.timed:
+            return list(self.seconds)
+        n, n_draft = sum(self.timed_n), sum(self.timed_n[1:])
+        drift_all = sum(self.ratio_sum) / n if n else 1.0
+        drift = sum(self.ratio_sum[1:]) / n_draft if n_draft else drift_all
+        out = []
+        for k, (s, rs, nk) in enumerate(zip(self.seconds, self.ratio_sum, self.timed_n)):
+            w, r = (PLAIN_WEIGHT, drift_all) if k == 0 else (TIMED_WEIGHT, drift)
+            out.append(s * (w * r + rs) / (w + nk))
+        return out
 
     def acceptance(self) -> list[float]:
         """a_d for d = 1..max_k, the posterior means (module docstring)."""
@@ -63,17 +113,21 @@ class AdaptiveDraftLength:
 
     def rates(self) -> list[float]:
         """Predicted tokens/s of k = 0..max_k."""
-        out, tokens, reach = [1.0 / self.seconds[0]], 1.0, 1.0
+        seconds = self.round_seconds()
+        out, tokens, reach = [1.0 / seconds[0]], 1.0, 1.0
         for k, a in enumerate(self.acceptance(), start=1):
             reach *= a
             tokens += reach
-            out.append(tokens / self.seconds[k])
+            out.append(tokens / seconds[k])
         return out
 
     def next_k(self) -> int:
         """The draft length of the next round."""
         rates = self.rates()
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the shorter draft
+        if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
+            self.plain_measures += 1  # after the first timed drafting round: measure the target alone
+            return 0
         if best == 0:
             self.plain_run += 1
             if self.plain_run > self.probe_every:  # probe: draft once with the best length

@@ -41,7 +41,7 @@ from ..drafting import Drafter, ModelDrafter, make_drafter
 from ..models import check_compatible
 from ..models.cache_state import CacheState, chain_of
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
-from ..criteria import TreeCoverage
+from ..criteria import Strict, TreeCoverage
 from ..models.tree_attention import DraftTree
 from .adaptive import MAX_K
 from .config import DecodeConfig, check_max_new_tokens, resolve_criterion
@@ -166,7 +166,9 @@ def auto_draft(target, drafter, tokenizer, criterion, tree, *, spec: str | None 
     if isinstance(resolve_criterion(criterion, 1, None)[0], TreeCoverage):
         args, choice, source = auto_engine_args(target, obj, spec, criterion, on_note=on_note)
         return args["k"], args["tree"], obj, None, f"-k auto: {choice.why()}; {source}"
-    factory, line = adaptive_draft_length(target, obj, spec, on_note=on_note)
+    # strict's tokens do not depend on the draft lengths: its rounds may be steered by their own timing
+    timed = isinstance(resolve_criterion(criterion, 1, None)[1], Strict)
+    factory, line = adaptive_draft_length(target, obj, spec, on_note=on_note, timed=timed)
     return MAX_K, None, obj, factory, f"-k auto: {line}"
 
 
@@ -302,6 +304,8 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
             row.n_cached = state.keep(len(seq), verdict.path, len(draft))
+            if lengths is not None and lengths.timed:  # strict's -k auto: the round's own cost (adaptive.py)
+                lengths.observe_seconds(len(draft), clock() - t0)
             spent[0] += t1 - t0
             spent[1] += t2 - t1
             spent[4] += clock() - t3

@@ -208,11 +208,14 @@ def auto_engine_args(target, drafter, drafter_spec: str, criterion, *, on_note=N
     return {"k": args["k"], "tree": None if width is not None else args["tree"]}, choice, source
 
 
-def adaptive_draft_length(target, drafter, drafter_spec: str, *, use_cache: bool = True, on_note=None):
+def adaptive_draft_length(target, drafter, drafter_spec: str, *, use_cache: bool = True, on_note=None,
+                          timed: bool = False):
     """``-k auto`` for a chain rule: (a factory of ``adaptive.AdaptiveDraftLength``, one per decode;
     the line that says where its figures came from).  The cost curve of chains 1..``MAX_K`` is
     measured on first use (``engine_costs``; ``on_note(msg)`` hears of it) and cached; the prior
-    acceptance is the drafter's shipped one (``acceptance_of``)."""
+    acceptance is the drafter's shipped one (``acceptance_of``).  ``timed``: each decode corrects the
+    costs by timing its own rounds (``AdaptiveDraftLength``; for rules whose tokens do not depend on
+    the draft lengths)."""
     shapes = [((1,) * k, False) for k in range(1, MAX_K + 1)]
     costs, source = engine_costs(target, drafter, drafter_spec, shapes, use_cache=use_cache, on_note=on_note)
     acc = acceptance_of(drafter_spec)
@@ -220,8 +223,9 @@ def adaptive_draft_length(target, drafter, drafter_spec: str, *, use_cache: bool
     first = AdaptiveDraftLength(costs, prior)
     rates = first.rates()
     start = max(range(len(rates)), key=lambda k: (rates[k], -k))
-    line = (f"adaptive draft length, k = 0..{MAX_K} chosen before each round from the acceptance seen so far; "
+    line = (f"adaptive draft length, k = 0..{MAX_K} chosen before each round from the acceptance "
+            f"{'and round times ' if timed else ''}seen so far; "
             f"it starts at k={start} (predicted {rates[start]:.1f} tokens/s; the target alone {rates[0]:.1f}); "
             f"prior acceptance from {acc.source}; costs {source}")
-    return (lambda: AdaptiveDraftLength(costs, prior)), line
+    return (lambda: AdaptiveDraftLength(costs, prior, timed=timed)), line
 
