@@ -28,6 +28,8 @@ prompt is the median of its repeats, and its tokens/s is total tokens over the s
     chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D);
     ``dc:RULE:SHAPE:vN``: the drafter proposes only the first N token ids (``decode --draft-vocab N``:
     its output layer computes N of 151,936 rows; no certificates).
+    ``dc:...@SPEC``: the same with the drafter ``SPEC`` (a ``--drafter`` spec, e.g.
+    ``dc:strict:auto@eagle:qwen2.5-coder-1.5b``, the pair's feature drafter), loaded once.
 (d) llama.cpp (``benchmarks/_llamacpp.py``), one process per run, on the same GGUF files
     (``models.pair.ensure_pair_gguf``), ``-t --threads``, greedy (``--temp 0 --top-k 1``):
     ``llamacpp:target`` (``llama-completion -no-cnv``, the target alone),
@@ -92,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -146,16 +149,28 @@ def prompt_text(tok, text: str) -> str:
 _AUTO: dict = {}  # rule -> (k, draft_length factory): ``-k auto``'s adaptive draft length, made once per rule
 
 
-def _auto(target, tok, drafter, rule):
-    """``draftcert decode``'s default ``-k auto`` for ``rule`` with the pair's drafter (its spec names its
-    shipped acceptance, ``models.pair.PAIR_DRAFTER_ACCEPTANCE``): (k, tree, the draft_length factory)."""
+def _auto(target, tok, drafter, rule, spec=DRAFTER):
+    """``draftcert decode``'s default ``-k auto`` for ``rule`` with the drafter ``spec`` (which names its
+    shipped acceptance: ``models.pair.PAIR_DRAFTER_ACCEPTANCE``, a packaged drafter's ``train.json``):
+    (k, tree, the draft_length factory)."""
     from draftcert.decode.engine import auto_draft
 
-    if rule not in _AUTO:
-        k, tree, _, factory, line = auto_draft(target, drafter, tok, rule, None, spec=DRAFTER)
-        print(f"dc:{rule}:auto: {line}", file=sys.stderr, flush=True)
-        _AUTO[rule] = (k, tree, factory)
-    return _AUTO[rule]
+    if (rule, spec) not in _AUTO:
+        k, tree, _, factory, line = auto_draft(target, drafter, tok, rule, None, spec=spec)
+        print(f"dc:{rule}:auto@{spec}: {line}", file=sys.stderr, flush=True)
+        _AUTO[rule, spec] = (k, tree, factory)
+    return _AUTO[rule, spec]
+
+
+_DRAFTERS: dict = {}  # spec -> a drafter loaded for ``dc:...@SPEC`` methods
+
+
+def _drafter_named(spec, target, tok):
+    from draftcert.models import load_drafter
+
+    if spec not in _DRAFTERS:
+        _DRAFTERS[spec] = load_drafter(spec, target, tok)
+    return _DRAFTERS[spec]
 
 
 def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
@@ -183,12 +198,15 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
                                   pad_token_id=pad, **extra)  # fmt: skip
             toks, st = out[0, len(ids) :].tolist(), None
         else:
+            method, _, spec = method.partition("@")
+            if spec:
+                drafter = _drafter_named(spec, target, tok)
             base, vocab = split_vocab(method)
             rule, kw = parse_dc(base, {"k": "auto", "tree": None})
             if vocab is not None:  # the drafter over the first ``vocab`` token ids (decode --draft-vocab)
                 drafter = ModelDrafter(drafter, vocab)
             if kw["k"] == "auto":  # decode's defaults: the adaptive draft length, timed as decode times itself
-                k, tree, factory = _auto(target, tok, drafter, rule)
+                k, tree, factory = _auto(target, tok, drafter, rule, spec or DRAFTER)
                 res = timed_generate(target, drafter, ids, rule, k, tree, n_new, tokenizer=tok, draft_length=factory)
             else:
                 res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
@@ -537,18 +555,19 @@ def goal_figures(methods, prompts, sets, rate) -> None:
     its tokens/s over llama.cpp's target alone and over our own target alone (``greedy``, what ``decode
     --baseline`` times), then the geometric mean over every prompt and per set, and the smallest.
     ``rate(method, i)``: a method's tokens/s on prompt i."""
-    if "dc:strict:auto" not in methods:
-        return
     peers = [(name, m) for name, m in (("llamacpp_target", "llamacpp:target"), ("target", "greedy")) if m in methods]
-    for name, m in peers:
-        ratios = [rate("dc:strict:auto", i) / rate(m, i) for i in range(len(prompts))]
-        for p, r in zip(prompts, ratios):
-            print(f"pair_default_vs_{name}[{p.id}]={r:.3f}")
-        print(f"pair_default_vs_{name}_geomean={statistics.geometric_mean(ratios):.3f}")
-        for set_name, idx in sets:
-            if len(idx):
-                print(f"pair_default_vs_{name}_{set_name}={statistics.geometric_mean([ratios[i] for i in idx]):.3f}")
-        print(f"pair_default_vs_{name}_min={min(ratios):.3f}")
+    for auto in [m for m in methods if m == "dc:strict:auto" or m.startswith("dc:strict:auto@")]:
+        spec = auto.partition("@")[2]  # dc:strict:auto@eagle:NAME -> pair_feature_..., else pair_default_...
+        label = "default" if not spec else "feature" if spec.startswith("eagle:") else re.sub(r"\W+", "_", spec)
+        for name, m in peers:
+            ratios = [rate(auto, i) / rate(m, i) for i in range(len(prompts))]
+            for p, r in zip(prompts, ratios):
+                print(f"pair_{label}_vs_{name}[{p.id}]={r:.3f}")
+            print(f"pair_{label}_vs_{name}_geomean={statistics.geometric_mean(ratios):.3f}")
+            for set_name, idx in sets:
+                if len(idx):
+                    print(f"pair_{label}_vs_{name}_{set_name}={statistics.geometric_mean([ratios[i] for i in idx]):.3f}")
+            print(f"pair_{label}_vs_{name}_min={min(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ All on a tiny random Qwen3 target built in code (float64, so that a k-token veri
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -306,3 +307,44 @@ def test_features_collected_while_generating_match_a_teacher_forced_pass(tiny, t
         # and the response is the target's greedy continuation: argmax at each response position
         resp = e["ids"][e["n_prompt"]:]
         assert logits[0, e["n_prompt"] - 1 : len(e["ids"]) - 1].argmax(-1).tolist() == resp
+
+
+@pytest.mark.parametrize("tree", [None, [8, 2]])
+def test_tokens_outside_the_draft_vocabulary_are_never_proposed(tiny, trained, tree):
+    """A drafter whose tail logit outranks its whole draft vocabulary (bias +100) still proposes only
+    draft-vocabulary tokens, in a chain and in a tree of width PROPOSAL_WIDTH; the cap binds there,
+    and q stays a distribution on the full vocabulary."""
+    import copy
+
+    from draftcert.models.eagle import PROPOSAL_WIDTH
+
+    target, _ = tiny
+    d = copy.deepcopy(trained[0]).bind(target)
+    with torch.no_grad():
+        d.tail.bias.fill_(100.0)
+    assert tree is None or tree[0] == PROPOSAL_WIDTH
+    seen = []
+
+    class Spy(FeatureDrafter):
+        def propose(self, *a, **kw):
+            t = super().propose(*a, **kw)
+            seen.extend(t.tokens)
+            return t
+
+    prompt = list(range(5, 14))
+    ref = greedy_generate(target, prompt, 12, eos_token_id=[])
+    res = speculative_generate(target, Spy(d), prompt, "strict", k=3, tree=tree, max_new_tokens=12, eos_token_id=[])
+    assert res.tokens == ref and seen
+    assert set(seen) <= set(d.vocab_ids.tolist())
+    # the cap is what kept them out: uncapped, the tail's share per token outranks every draft logit
+    ids = torch.tensor([prompt])
+    f, _ = target_features(target, ids)
+    T = len(prompt) - 1
+    mask = torch.triu(torch.full((T, T), torch.finfo(d.dtype).min, dtype=d.dtype), 1)[None, None]
+    g, red, tail = d.step(ids[:, 1:], f[:, :-1], torch.arange(T)[None], mask)
+    raw = d.tail(g).squeeze(-1)
+    spread = math.log(d.vocab_size - d.n_draft_vocab)
+    assert bool((raw - spread > red.max(-1).values).all()) and bool((tail < raw).all())
+    q = torch.softmax(d.full_logits(red, tail), -1)
+    torch.testing.assert_close(q.sum(-1), torch.ones_like(q.sum(-1)))
+    assert bool((q > 0).all())

@@ -15,6 +15,12 @@ next drafting step, so a chain of k drafts costs k one-layer steps.
 Full-vocabulary distribution: the V - V_d tokens outside the draft vocabulary share the tail mass
 equally, i.e. each gets the logit ``t - log(V - V_d)``.  q is then a proper distribution on the
 whole vocabulary with q(y) > 0 everywhere, so KL(p||q) is finite and the certificates exact.
+A token outside the draft vocabulary is never worth drafting (the drafter knows nothing of it), so
+the tail logit is capped: ``t <= z_(w) + log(V - V_d) - margin`` with ``z_(w)`` the
+``w = PROPOSAL_WIDTH``-th largest draft logit and a margin of a few ulps, which keeps every token
+outside the vocabulary strictly below the top ``w`` of q: a chain, and a tree up to ``w`` children
+wide, proposes only draft-vocabulary tokens.  The cap is part of q (training, certificates, profile
+and decoding all see the capped tail); it binds only where the tail would outrank the w-th draft token.
 
 The draft-vocabulary head rows are *frozen copies* of the target's LM head rows: the drafter's
 logit space is the target's, so matching the target's feature matches its distribution; and the
@@ -57,6 +63,7 @@ from ..gguf.layers import CONTRACTS, GGUFLinear, group_siblings, numerics_of
 FORMAT = "draftcert-eagle-1"
 WEIGHTS_NAME = "drafter.safetensors"
 DRAFTER_BLOCKS = 8  # Q8_0 (GGML type 8): a drafter's linear weights on a GGUF target
+PROPOSAL_WIDTH = 8  # the top this many tokens of q are always draft-vocabulary tokens (module docstring)
 
 __all__ = [
     "EagleDrafter",
@@ -336,7 +343,20 @@ class EagleDrafter(nn.Module):
             x = x[0]
         g = self.norm(x)
         w = self.head_layer() if head_weight is None else head_weight
-        return g, (g @ w.T if isinstance(w, torch.Tensor) else w(g)), self.tail(g).squeeze(-1)
+        red = g @ w.T if isinstance(w, torch.Tensor) else w(g)
+        return g, red, self.capped_tail(red, self.tail(g).squeeze(-1))
+
+    def capped_tail(self, red, tail):
+        """``min(tail, z_(w) + log(V - V_d) - margin)`` (module docstring): no token outside the draft
+        vocabulary reaches the top ``PROPOSAL_WIDTH`` of q.  ``red`` (..., V_d), ``tail`` (...)."""
+        V, Vd = self.vocab_size, self.n_draft_vocab
+        if Vd == V:
+            return tail
+        floor = red.topk(min(PROPOSAL_WIDTH, Vd), dim=-1).values[..., -1]
+        spread = math.log(V - Vd)
+        # a margin of 8 ulps of the largest magnitude involved survives the later ``tail - log(V - V_d)``
+        margin = 8 * torch.finfo(red.dtype).eps * (1 + floor.detach().abs() + spread)
+        return torch.minimum(tail, (floor + spread - margin).to(tail.dtype))
 
     def full_logits(self, reduced, tail):
         """Full-vocabulary logits (..., V): out-of-vocabulary tokens share the tail mass equally."""
