@@ -412,7 +412,8 @@ class EagleDrafter(nn.Module):
 
 
 # Drafters shipped inside the package (models/weights/), by name: ``eagle:NAME``.
-PACKAGED = {"smollm2-135m-instruct": "smollm2-135m-instruct.safetensors"}
+PACKAGED = {"smollm2-135m-instruct": "smollm2-135m-instruct.safetensors",
+            "qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b/drafter.safetensors"}  # the pair's target (models/pair.py)
 
 
 def packaged_path(name: str) -> Path:
