@@ -35,10 +35,14 @@ def drafters(target_factory):
     target, _ = target_factory()
     lm = copy.deepcopy(target)
     lm.lm_head.register_forward_hook(_odd_ids_on_top)
-    # a feature drafter whose draft vocabulary is the even ids: the odd ones share the tail logit
-    eagle = EagleDrafter(target, torch.arange(0, target.config.vocab_size, 2)).to(torch.float64).eval()
+    # a feature drafter over the whole vocabulary whose head layer puts the odd ids on top (a tail
+    # logit cannot: it is capped below the draft vocabulary's top, models/eagle.py)
+    eagle = EagleDrafter(target, torch.arange(target.config.vocab_size)).to(torch.float64).eval()
+    head = torch.nn.Linear(eagle.hidden_size, eagle.n_draft_vocab, bias=False).to(torch.float64)
     with torch.no_grad():
-        eagle.tail.bias.fill_(TOP)
+        head.weight.copy_(eagle.head_weight())
+    head.register_forward_hook(_odd_ids_on_top)
+    eagle.head_layer = lambda: head  # what FeatureDrafter computes its logits with
     return ModelDrafter(lm), FeatureDrafter(eagle), target
 
 
