@@ -33,6 +33,11 @@ def _drafter(target, width=64, seed=0):
     return d.eval().requires_grad_(False)
 
 
+def _block_drafter(target, tmp_path):
+    """A block drafter as a file holds it, loaded for the target."""
+    return load_eagle(save_eagle(_drafter(target), tmp_path / "d.safetensors", blocks=True), target)
+
+
 def test_saved_blocks_round_trip_and_are_what_runs(target, tmp_path):
     d = _drafter(target)
     want = {name: quantize_rows(lin.weight, DRAFTER_BLOCKS) for name, lin in d.block_linears().items()}
@@ -54,8 +59,8 @@ def test_saved_blocks_round_trip_and_are_what_runs(target, tmp_path):
     assert all(isinstance(m, GGUFLinear) for m in from_f16.block_linears().values())
 
 
-def test_head_is_the_targets_own_rows(target):
-    d = load_eagle_fresh(target)
+def test_head_is_the_targets_own_rows(target, tmp_path):
+    d = _block_drafter(target, tmp_path)
     head = d.head_layer()
     out = target.get_output_embeddings()
     assert isinstance(head, GGUFLinear) and head.qtype == out.qtype
@@ -64,19 +69,10 @@ def test_head_is_the_targets_own_rows(target):
     assert torch.equal(head(g), out(g)[:, VOCAB_IDS])  # a row's output depends on its blocks only
 
 
-def load_eagle_fresh(target):
-    """A block drafter as a file holds it, loaded for the target."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as t:
-        return load_eagle(save_eagle(_drafter(target), Path(t) / "d.safetensors", blocks=True), target)
-
-
-def test_block_drafter_computes_the_dequantised_weights(target):
+def test_block_drafter_computes_the_dequantised_weights(target, tmp_path):
     """Under gguf-exact-f32 the block drafter's step equals a float drafter holding the blocks' values,
     up to float32 summation order."""
-    d = load_eagle_fresh(target)
+    d = _block_drafter(target, tmp_path)
     ref = _drafter(target)
     with torch.no_grad():
         for name, lin in ref.block_linears().items():
@@ -97,9 +93,9 @@ def test_block_drafter_computes_the_dequantised_weights(target):
 
 @pytest.mark.parametrize("numerics", ["gguf-exact-f32", "gguf-q8"])
 @pytest.mark.parametrize("tree", [None, (2, 2)])
-def test_strict_with_a_block_drafter_is_greedy(target, numerics, tree):
+def test_strict_with_a_block_drafter_is_greedy(target, numerics, tree, tmp_path):
     set_numerics(target, numerics)
-    d = load_eagle_fresh(target)
+    d = _block_drafter(target, tmp_path)
     assert d.fc.numerics == numerics and d.head_layer().numerics == numerics
     g = torch.Generator().manual_seed(1)
     for n in (3, 9):
