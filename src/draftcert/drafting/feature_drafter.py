@@ -25,6 +25,8 @@ from .protocol import Drafter
 
 __all__ = ["FeatureDrafter"]
 
+FEATURE_SPARE = 256  # spare rows of the feature buffer when it is (re)allocated
+
 
 class FeatureDrafter(Drafter):
     """Drafter interface (start / propose / observe / accept / fork) around an ``EagleDrafter``."""
@@ -36,6 +38,7 @@ class FeatureDrafter(Drafter):
         self.forwards = 0
         self.cache = None
         self.feats = None
+        self._feat_buffer = None
         self.n_valid = 0
 
     @property
@@ -50,12 +53,25 @@ class FeatureDrafter(Drafter):
         self.cache = self.model.new_cache()
         self._head = self.model.head_layer()  # the draft vocabulary's rows of the target's head, gathered once
         self.feats = None
+        self._feat_buffer = None
         self.n_valid = 0  # pairs (x_{s+1}, f_s), s < n_valid, are in the drafter's cache
 
     def observe(self, hidden: torch.Tensor) -> None:
-        """Target features of the positions the target's cache just gained (in order)."""
+        """Target features of the positions the target's cache just gained (in order).
+
+        ``feats`` [n_feat, H] is a prefix view of a buffer with spare rows, appended in place (a
+        ``torch.cat`` per round would copy every feature of the decode so far, in every round)."""
         h = hidden.detach().to(self.model.dtype)
-        self.feats = h if self.feats is None else torch.cat([self.feats, h], 0)
+        n, t = self.n_feat, h.shape[0]
+        buf = self._feat_buffer
+        if (buf is None or buf.dtype != h.dtype or buf.device != h.device or buf.shape[1] != h.shape[1]
+                or n + t > buf.shape[0] or (n and self.feats.data_ptr() != buf.data_ptr())):
+            buf = torch.empty(n + t + max(FEATURE_SPARE, (n + t) // 2), h.shape[1], dtype=h.dtype, device=h.device)
+            if n:
+                buf[:n].copy_(self.feats)
+            self._feat_buffer = buf
+        buf[n : n + t].copy_(h)
+        self.feats = buf[: n + t]
 
     @property
     def n_feat(self) -> int:

@@ -33,7 +33,7 @@ A layer is switched only when it and its children are exactly the classes writte
 (``FAMILIES``), silu MLPs, no sliding window, no kernels-hub replacement; per call it hands back to
 the original forward whenever something is outside the written-out case: autograd or training
 mode, hooks on a child, attention weights requested, an eager attention, a cache layer that is
-not a plain ``DynamicLayer``.  ``DRAFTCERT_LEAN=0`` leaves every model as transformers built it.
+not a plain ``DynamicLayer`` (or ``kv_buffer``'s in-place one).  ``DRAFTCERT_LEAN=0`` leaves every model as transformers built it.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module  # the global hook registries
+
+from .kv_buffer import spare_layer
 
 __all__ = ["FAMILIES", "CAUSAL_LMS", "DECODERS", "enabled", "use_lean_layers", "restore_layers", "lean_layers",
            "decoder_ready", "lean_decoder", "lean_model_forward"]
@@ -123,9 +125,9 @@ def _hooked(*mods: torch.nn.Module) -> bool:
 
 
 def _plain_cache_layer(cache, idx: int, plain: type) -> bool:
-    """Is layer ``idx`` of ``cache`` a plain ``DynamicLayer`` (a cache of another kind: no)?"""
+    """Is layer ``idx`` of ``cache`` a plain ``DynamicLayer``, or ``kv_buffer``'s (a cache of another kind: no)?"""
     layers = getattr(cache, "layers", None)
-    return isinstance(layers, list) and 0 <= idx < len(layers) and type(layers[idx]) is plain
+    return isinstance(layers, list) and 0 <= idx < len(layers) and type(layers[idx]) in (plain, spare_layer())
 
 
 def _global_hooks() -> bool:

@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..forward import decoder_layers
+from ..forward import decoder_layers, kv_buffer
 
 __all__ = [
     "cache_kwarg",
@@ -80,6 +80,9 @@ def new_cache(model=None, *, config=None):
     speculative round must do.  The window is still applied: by the model's own sliding mask (it
     measures the window in cache indices, which a full layer keeps equal to positions) or by the
     engine's masks (``models.cache_state.layer_masks``).  The price is a full layer's memory.
+
+    Full layers append in place (``forward.kv_buffer.spare_layer``: no copy of the cached keys and
+    values per pass), holding the same values as transformers' ``DynamicLayer``.
     """
     from transformers import DynamicCache  # optional: models extra
     from transformers.cache_utils import (DynamicLayer, DynamicSlidingWindowLayer,
@@ -87,9 +90,10 @@ def new_cache(model=None, *, config=None):
                                           LinearAttentionAndSlidingWindowAttentionLayer)
 
     cache = DynamicCache(config=model.config if config is None else config)
+    spare = kv_buffer.spare_layer()
     for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer:
-            cache.layers[i] = DynamicLayer()
+        if type(layer) in (DynamicLayer, DynamicSlidingWindowLayer):
+            cache.layers[i] = spare()
         elif type(layer) is LinearAttentionAndSlidingWindowAttentionLayer:
             cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=layer.number_of_states)
     return cache

@@ -1,0 +1,97 @@
+"""A KV cache layer that appends in place: transformers' ``DynamicLayer`` without the copy per step.
+
+Why: ``DynamicLayer.update`` appends a pass's keys and values with ``torch.cat``, a fresh copy of the
+whole cached K and V in every layer of every pass.  A one-row pass after S cached positions then
+moves 2 * S * layers * heads * head_dim floats that its attention only has to read once; on a CPU
+that grows the pass by about a quarter of its own cost per 1,000 positions on the pair's 1.5B
+target, and doubles the embedded target's at 2,000 (``benchmarks/bench_kv_buffer.py``).
+
+``spare_layer()`` is ``DynamicLayer`` with spare room: its ``keys`` / ``values`` are prefix views
+``buffer[..., :n, :]`` of buffers ``[B, H_kv, capacity, D]``.  An update writes the new positions
+into the room after ``n`` and returns the longer views::
+
+    buffer[..., n : n + t, :] = new       # in place: no cached position moves
+    keys = buffer[..., : n + t, :]        # the view attention reads (stride capacity * D per head)
+
+When the room is short the buffers are reallocated at ``GROWTH`` times the length plus
+``MIN_SPARE`` positions, so appends cost amortised O(t).  The values stored and read are the same as
+``DynamicLayer``'s; only their place in memory differs.  Everything transformers and draftcert do
+to a ``DynamicLayer`` keeps working on the views: a ``crop`` (a shorter view: the next update writes
+over the cropped positions), the in-place gather of ``models.tree_attention.keep_cache``, and any
+code that assigns ``keys`` / ``values`` a tensor of its own (a batch roll-back's gather, a
+``batch_select_indices``): a layer whose ``keys`` is not a prefix view of its buffer copies it into
+a new buffer on its next update.  States that carry gradients (a drafter in training) are
+appended as ``DynamicLayer`` appends them: autograd needs every pass's tensors unchanged.  A view handed out before a crop sees the positions written after
+it: nothing in a pass keeps one (attention reads them within the layer call).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["spare_layer", "GROWTH", "MIN_SPARE"]
+
+GROWTH = 1.5  # a reallocated buffer holds this many times the positions it must hold ...
+MIN_SPARE = 256  # ... and at least this many more
+
+_CLASS: list[type] = []  # the class, built on first use (transformers is optional: the models extra)
+
+
+def spare_layer() -> type:
+    """The ``DynamicLayer`` subclass that appends in place (module docstring)."""
+    if _CLASS:
+        return _CLASS[0]
+    from transformers.cache_utils import DynamicLayer  # optional: models extra
+
+    class SpareLayer(DynamicLayer):
+        """``DynamicLayer`` whose keys and values are prefix views of buffers with spare positions
+        (``draftcert.forward.kv_buffer``)."""
+
+        _key_buffer = _value_buffer = None  # [B, H_kv, capacity, D] each
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if key_states.requires_grad or value_states.requires_grad:  # training: autograd needs the copies
+                return super().update(key_states, value_states, *args, **kwargs)
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            keys, values = self.keys, self.values
+            n = keys.shape[-2] if keys.dim() == 4 else 0
+            t = key_states.shape[-2]
+            kb, vb = self._key_buffer, self._value_buffer
+            if not (_prefix_view(keys, kb, key_states) and _prefix_view(values, vb, value_states)
+                    and n + t <= kb.shape[-2]):
+                cap = n + t + max(MIN_SPARE, int((GROWTH - 1.0) * (n + t)))
+                kb, vb = _buffer(key_states, cap), _buffer(value_states, cap)
+                if n:
+                    kb[..., :n, :].copy_(keys)
+                    vb[..., :n, :].copy_(values)
+                self._key_buffer, self._value_buffer = kb, vb
+            kb[..., n : n + t, :].copy_(key_states)
+            vb[..., n : n + t, :].copy_(value_states)
+            self.keys, self.values = kb[..., : n + t, :], vb[..., : n + t, :]
+            return self.keys, self.values
+
+        def reset(self) -> None:
+            self._key_buffer = self._value_buffer = None
+            super().reset()
+
+    _CLASS.append(SpareLayer)
+    return SpareLayer
+
+
+def _buffer(like: torch.Tensor, capacity: int) -> torch.Tensor:
+    b, h, _, d = like.shape
+    return torch.empty(b, h, capacity, d, dtype=like.dtype, device=like.device)
+
+
+def _prefix_view(t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> bool:
+    """Is ``t`` (empty, or 4-D) ``buf[..., :n, :]`` for a buffer that can take ``new`` after it?"""
+    if buf is None or buf.dtype != new.dtype or buf.device != new.device:
+        return False
+    b, h, _, d = buf.shape
+    if tuple(new.shape[:2]) != (b, h) or new.shape[-1] != d:
+        return False
+    if t.dim() != 4:
+        return t.numel() == 0
+    return (tuple(t.shape[:2]) == (b, h) and t.shape[-1] == d and t.data_ptr() == buf.data_ptr()
+            and t.stride() == buf.stride())
