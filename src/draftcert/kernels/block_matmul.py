@@ -159,15 +159,31 @@ def packed_bytes(qtype: int, n: int, k: int) -> int:
     return size
 
 
+_PACKED_BYTES: dict[tuple[int, int, int], int] = {}  # (qtype, n, k) -> packed_bytes, asked of the library once
+
+
 def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int, bias, threads: bool):
+    # A decode step makes ~100 of these calls for a few microseconds of kernel each: the checks and
+    # operands below cost what they must (a dict lookup for the packing's size, no copies of
+    # tensors already in the kernel's layout).
     lib = LIBRARY.require()
-    if packed.dtype != torch.uint8 or packed.numel() != lib.dq8_packed_bytes(int(qtype), n, k) or not packed.is_contiguous():
+    key = (int(qtype), int(n), int(k))
+    size = _PACKED_BYTES.get(key)
+    if size is None:
+        size = _PACKED_BYTES[key] = int(lib.dq8_packed_bytes(*key))
+    if packed.dtype != torch.uint8 or packed.numel() != size or not packed.is_contiguous():
         raise ValueError(f"block_matmul.linear_q8: {packed.numel()} packed bytes are not a GGML type {qtype} [{n}, {k}] pack_q8")
-    x2, b, y = _operands(x, bias, n, k, "block_matmul.linear_q8")
-    if x2 is None:
+    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
+        raise ValueError(f"block_matmul.linear_q8: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
+    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+    rows = x.numel() // max(k, 1)
+    if rows == 0:
         return y
-    rows = x2.shape[0]
-    args = [int(qtype), packed.data_ptr(), n, k, x2.data_ptr(), rows, b.data_ptr() if b is not None else None, y.data_ptr()]
+    if not x.is_contiguous():
+        x = x.contiguous()  # [..., k] contiguous: the kernel reads it as [rows, k]
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.device.type != "cpu"):
+        bias = bias.detach().to("cpu", torch.float32).contiguous()
+    args = [key[0], packed.data_ptr(), n, k, x.data_ptr(), rows, bias.data_ptr() if bias is not None else None, y.data_ptr()]
     rc = getattr(lib, fn)(*args, torch.get_num_threads()) if threads else getattr(lib, fn)(*args)
     if rc:
         raise RuntimeError(f"block_matmul {fn} refused the call ({rc}): GGML type {qtype} [{n}, {k}], {rows} rows")
