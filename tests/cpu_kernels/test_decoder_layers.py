@@ -35,7 +35,7 @@ def _config(family: str, **extra):
     return cls(**{**common, **extra})
 
 
-def _model(family: str, seed: int = 0, **extra):
+def tiny_lm(family: str, seed: int = 0, **extra):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -49,7 +49,7 @@ def _model(family: str, seed: int = 0, **extra):
     return model
 
 
-def _tree_pass(model, cache, n_cached: int):
+def tree_pass(model, cache, n_cached: int):
     """pending token p, node a its child, nodes b and c both children of a: [4, V] logits."""
     allowed = torch.zeros(4, n_cached + 4, dtype=torch.bool)
     allowed[:, :n_cached + 1] = True  # the prefix and the pending token
@@ -75,7 +75,7 @@ def _passes(model) -> list[torch.Tensor]:
             out.append(model_forward(model, cache, torch.randint(0, V, (rows,), generator=gen).tolist(), rows))
             crop_cache(cache, n)
         n = cache.get_seq_length()
-        out.append(_tree_pass(model, cache, n))
+        out.append(tree_pass(model, cache, n))
         crop_cache(cache, n)
         logits, hidden = forward_with_hidden(model, cache, [7, 8], 2)
         out += [logits, hidden]
@@ -126,10 +126,9 @@ def _same_bits_switched_and_not(model) -> None:
         assert torch.equal(a, b), f"pass {i}: max difference {(a - b).abs().max().item()}"
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("attention", ["sdpa", "grouped", "row_attention"])
-def test_switched_layers_give_the_same_bits(family, attention):
-    model = _model(family)
+def use_attention(model, attention: str):
+    """``model`` switched to one of the attentions the loaders use: ``sdpa`` (as built), ``grouped``
+    (the grouped sdpa) or ``row_attention`` (skips the test where the kernel is unavailable)."""
     if attention == "grouped":
         assert use_grouped_sdpa(model)
     elif attention == "row_attention":
@@ -138,13 +137,19 @@ def test_switched_layers_give_the_same_bits(family, attention):
         if not row_attention.LIBRARY.available():
             pytest.skip(f"no row_attention kernel: {row_attention.LIBRARY.reason()}")
         assert use_row_invariant_attention(model) > 0
-    _same_bits_switched_and_not(model)
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("attention", ["sdpa", "grouped", "row_attention"])
+def test_switched_layers_give_the_same_bits(family, attention):
+    _same_bits_switched_and_not(use_attention(tiny_lm(family), attention))
 
 
 def test_biases_and_a_scaled_rope_give_the_same_bits():
     # Qwen2's q/k/v biases; Llama with attention and MLP biases and a linear-scaled rope
-    _same_bits_switched_and_not(_model("qwen2", seed=3))
-    _same_bits_switched_and_not(_model("llama", seed=4, attention_bias=True, mlp_bias=True,
+    _same_bits_switched_and_not(tiny_lm("qwen2", seed=3))
+    _same_bits_switched_and_not(tiny_lm("llama", seed=4, attention_bias=True, mlp_bias=True,
                                        rope_scaling={"rope_type": "linear", "factor": 2.0}))
 
 
@@ -157,7 +162,7 @@ def test_gguf_layers_give_the_same_bits(tmp_path, contract):
 
 
 def test_outside_the_written_out_case_the_original_forward_runs():
-    model = _model("qwen2")
+    model = tiny_lm("qwen2")
     decoder_layers.use_lean_layers(model)
     calls = []
     handle = model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda *a: calls.append(1))
@@ -194,19 +199,19 @@ def test_outside_the_written_out_case_the_original_forward_runs():
 
 
 def test_which_layers_are_switched(monkeypatch):
-    assert decoder_layers.use_lean_layers(_model("llama")) == 2
-    model = _model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    assert decoder_layers.use_lean_layers(tiny_lm("llama")) == 2
+    model = tiny_lm("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     assert decoder_layers.use_lean_layers(model) == 0  # sliding windows are not written out
-    gelu = _model("llama", hidden_act="gelu")
+    gelu = tiny_lm("llama", hidden_act="gelu")
     assert decoder_layers.use_lean_layers(gelu) == 0
     monkeypatch.setenv("DRAFTCERT_LEAN", "0")
-    assert not decoder_layers.enabled() and decoder_layers.use_lean_layers(_model("llama")) == 0
+    assert not decoder_layers.enabled() and decoder_layers.use_lean_layers(tiny_lm("llama")) == 0
 
 
 def test_a_switched_layer_keeps_its_class_name_and_survives_deepcopy():
     from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-    model = _model("qwen2")
+    model = tiny_lm("qwen2")
     decoder_layers.use_lean_layers(model)
     layer = model.model.layers[0]
     assert type(layer) is not Qwen2DecoderLayer and isinstance(layer, Qwen2DecoderLayer)
@@ -239,7 +244,7 @@ def test_a_decoder_call_that_records_outputs_runs_transformers_forward():
     the call to the original forward, which records what was asked for (the same bits)."""
     from transformers import DynamicCache
 
-    model = _model("qwen2")
+    model = tiny_lm("qwen2")
     twin = copy.deepcopy(model)
     decoder_layers.use_lean_layers(model)
     assert type(model.model).forward is decoder_layers.lean_model_forward and type(twin.model).forward is not decoder_layers.lean_model_forward

@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer  # noqa: E402
 from draftcert.forward import kv_buffer  # noqa: E402
 from draftcert.models.hf import forward_with_hidden, model_forward, new_cache  # noqa: E402
 from draftcert.models.tree_attention import crop_cache, keep_cache  # noqa: E402
-from tests.cpu_kernels.test_decoder_layers import V, _model, _tree_pass  # noqa: E402
+from tests.cpu_kernels.test_decoder_layers import V, tiny_lm, tree_pass, use_attention  # noqa: E402
 
 
 class _Pair:
@@ -112,7 +112,7 @@ def _engine_passes(model, cache) -> list[torch.Tensor]:
         out.append(model_forward(model, cache, torch.randint(0, V, (rows,), generator=gen).tolist(), rows))
         keep_cache(cache, n, list(range(step % rows)))  # a chain accepted up to some depth
         n = cache.get_seq_length()
-        out.append(_tree_pass(model, cache, n))
+        out.append(tree_pass(model, cache, n))
         keep_cache(cache, n, [0, 1, 3])  # pending, a, then c (b rejected): gathered in place
     logits, hidden = forward_with_hidden(model, cache, [7, 8], 2)
     crop_cache(cache, 5)
@@ -122,19 +122,9 @@ def _engine_passes(model, cache) -> list[torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("attention", ["sdpa", "grouped", "row_attention"])
 def test_a_model_computes_the_same_bits_with_either_layer(monkeypatch, family, attention):
-    from draftcert.kernels.attention import use_grouped_sdpa, use_row_invariant_attention
-
     monkeypatch.setattr(kv_buffer, "MIN_SPARE", 1)
     monkeypatch.setattr(kv_buffer, "GROWTH", 1.0)
-    model = _model(family)
-    if attention == "grouped":
-        assert use_grouped_sdpa(model)
-    elif attention == "row_attention":
-        from draftcert.kernels import row_attention
-
-        if not row_attention.LIBRARY.available():
-            pytest.skip(f"no row_attention kernel: {row_attention.LIBRARY.reason()}")
-        assert use_row_invariant_attention(model) > 0
+    model = use_attention(tiny_lm(family), attention)
     with torch.inference_mode():
         spare = new_cache(model)
         assert all(type(layer) is kv_buffer.spare_layer() for layer in spare.layers)
