@@ -85,16 +85,18 @@ def _check(blocks: torch.Tensor, qtype: int, n: int, k: int) -> int:
 
 
 def _operands(x: torch.Tensor, bias, n: int, k: int, who: str):
-    """(x as contiguous [rows, k] or None when it has no rows, the float32 bias or None, the output
-    ``[..., n]`` to fill) for a kernel call; ValueError for an input the kernels do not take."""
+    """(x in the kernel's layout or None when it has no rows, the float32 bias or None, the output
+    ``[..., n]`` to fill) for a kernel call; ValueError for an input the kernels do not take.  A
+    contiguous ``[..., k]`` x is read as ``[rows, k]`` where it lies: a decode step makes ~100 calls
+    for a few microseconds of kernel each, so nothing already in that layout is copied."""
     if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
         raise ValueError(f"{who}: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
-    rows = x.numel() // max(k, 1)
     y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    if rows == 0:
+    if x.numel() == 0:
         return None, None, y
-    b = bias.detach().to(torch.float32).contiguous() if bias is not None else None
-    return x.reshape(rows, k).contiguous(), b, y
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.device.type != "cpu"):
+        bias = bias.detach().to("cpu", torch.float32).contiguous()
+    return (x if x.is_contiguous() else x.contiguous()), bias, y
 
 
 def linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int,
@@ -105,7 +107,7 @@ def linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, n: int, k: int,
     x2, b, y = _operands(x, bias, n, k, "block_matmul.linear")
     if x2 is None:
         return y
-    rows = x2.shape[0]
+    rows = x2.numel() // k
     rc = lib.dq_linear(int(qtype), blocks.data_ptr(), row_bytes, n, k, x2.data_ptr(), rows,
                        b.data_ptr() if b is not None else None, y.data_ptr(), torch.get_num_threads())
     if rc:
@@ -163,9 +165,6 @@ _PACKED_BYTES: dict[tuple[int, int, int], int] = {}  # (qtype, n, k) -> packed_b
 
 
 def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int, k: int, bias, threads: bool):
-    # A decode step makes ~100 of these calls for a few microseconds of kernel each: the checks and
-    # operands below cost what they must (a dict lookup for the packing's size, no copies of
-    # tensors already in the kernel's layout).
     lib = LIBRARY.require()
     key = (int(qtype), int(n), int(k))
     size = _PACKED_BYTES.get(key)
@@ -173,17 +172,11 @@ def _q8_call(fn: str, x: torch.Tensor, packed: torch.Tensor, qtype: int, n: int,
         size = _PACKED_BYTES[key] = int(lib.dq8_packed_bytes(*key))
     if packed.dtype != torch.uint8 or packed.numel() != size or not packed.is_contiguous():
         raise ValueError(f"block_matmul.linear_q8: {packed.numel()} packed bytes are not a GGML type {qtype} [{n}, {k}] pack_q8")
-    if x.dtype != torch.float32 or x.shape[-1] != k or x.device.type != "cpu":
-        raise ValueError(f"block_matmul.linear_q8: x {tuple(x.shape)} {x.dtype} on {x.device} does not fit a [{n}, {k}] weight")
-    y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
-    rows = x.numel() // max(k, 1)
-    if rows == 0:
+    x2, b, y = _operands(x, bias, n, k, "block_matmul.linear_q8")
+    if x2 is None:
         return y
-    if not x.is_contiguous():
-        x = x.contiguous()  # [..., k] contiguous: the kernel reads it as [rows, k]
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or bias.device.type != "cpu"):
-        bias = bias.detach().to("cpu", torch.float32).contiguous()
-    args = [key[0], packed.data_ptr(), n, k, x.data_ptr(), rows, bias.data_ptr() if bias is not None else None, y.data_ptr()]
+    rows = x2.numel() // k
+    args = [key[0], packed.data_ptr(), n, k, x2.data_ptr(), rows, b.data_ptr() if b is not None else None, y.data_ptr()]
     rc = getattr(lib, fn)(*args, torch.get_num_threads()) if threads else getattr(lib, fn)(*args)
     if rc:
         raise RuntimeError(f"block_matmul {fn} refused the call ({rc}): GGML type {qtype} [{n}, {k}], {rows} rows")
