@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import torch
 
-from draftcert.drafting import feature_drafter
+from draftcert.forward import kv_buffer
 from draftcert.drafting.feature_drafter import FeatureDrafter
 
 
 def test_observed_features_are_the_rounds_features_in_order(monkeypatch):
-    monkeypatch.setattr(feature_drafter, "FEATURE_SPARE", 3)  # reallocate often
+    monkeypatch.setattr(kv_buffer, "MIN_SPARE", 3)  # reallocate often
     d = FeatureDrafter(SimpleNamespace(dtype=torch.float32))
     g = torch.Generator().manual_seed(0)
     seen = []
@@ -31,7 +31,7 @@ def test_appends_within_the_spare_rows_move_nothing():
     d = FeatureDrafter(SimpleNamespace(dtype=torch.float32))
     d.observe(torch.zeros(10, 4))
     ptr = d.feats.data_ptr()
-    for i in range(feature_drafter.FEATURE_SPARE):
+    for i in range(kv_buffer.MIN_SPARE):
         d.observe(torch.full((1, 4), float(i)))
         assert d.feats.data_ptr() == ptr
-    assert torch.equal(d.feats[10:, 0], torch.arange(feature_drafter.FEATURE_SPARE, dtype=torch.float32))
+    assert torch.equal(d.feats[10:, 0], torch.arange(kv_buffer.MIN_SPARE, dtype=torch.float32))

@@ -20,12 +20,11 @@ from __future__ import annotations
 import torch
 
 from .tree_growth import grow_tree
+from ..forward.kv_buffer import append_rows
 from ..models.tree_attention import DraftTree, crop_cache
 from .protocol import Drafter
 
 __all__ = ["FeatureDrafter"]
-
-FEATURE_SPARE = 256  # spare rows of the feature buffer when it is (re)allocated
 
 
 class FeatureDrafter(Drafter):
@@ -62,16 +61,7 @@ class FeatureDrafter(Drafter):
         ``feats`` [n_feat, H] is a prefix view of a buffer with spare rows, appended in place (a
         ``torch.cat`` per round would copy every feature of the decode so far, in every round)."""
         h = hidden.detach().to(self.model.dtype)
-        n, t = self.n_feat, h.shape[0]
-        buf = self._feat_buffer
-        if (buf is None or buf.dtype != h.dtype or buf.device != h.device or buf.shape[1] != h.shape[1]
-                or n + t > buf.shape[0] or (n and self.feats.data_ptr() != buf.data_ptr())):
-            buf = torch.empty(n + t + max(FEATURE_SPARE, (n + t) // 2), h.shape[1], dtype=h.dtype, device=h.device)
-            if n:
-                buf[:n].copy_(self.feats)
-            self._feat_buffer = buf
-        buf[n : n + t].copy_(h)
-        self.feats = buf[: n + t]
+        self._feat_buffer, self.feats = append_rows(self._feat_buffer, self.feats, h)
 
     @property
     def n_feat(self) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["spare_layer", "GROWTH", "MIN_SPARE"]
+__all__ = ["spare_layer", "append_rows", "GROWTH", "MIN_SPARE"]
 
 GROWTH = 1.5  # a reallocated buffer holds this many times the positions it must hold ...
 MIN_SPARE = 256  # ... and at least this many more
@@ -95,3 +95,19 @@ def _prefix_view(t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -
         return t.numel() == 0
     return (tuple(t.shape[:2]) == (b, h) and t.shape[-1] == d and t.data_ptr() == buf.data_ptr()
             and t.stride() == buf.stride())
+
+
+def append_rows(buf: torch.Tensor | None, held: torch.Tensor | None, new: torch.Tensor):
+    """``(buffer, held + new)`` along dim 0, the result a prefix view of a buffer with spare rows:
+    ``new`` is written in place after ``held`` where ``held`` is the buffer's prefix and the room
+    suffices, else both go to a new buffer (``GROWTH``, ``MIN_SPARE``)."""
+    n, t = (0 if held is None else held.shape[0]), new.shape[0]
+    if (buf is None or buf.dtype != new.dtype or buf.device != new.device or buf.shape[1:] != new.shape[1:]
+            or n + t > buf.shape[0] or (n and (held.data_ptr() != buf.data_ptr() or held.stride() != buf.stride()))):
+        fresh = torch.empty(n + t + max(MIN_SPARE, int((GROWTH - 1.0) * (n + t))), *new.shape[1:], dtype=new.dtype,
+                            device=new.device)
+        if n:
+            fresh[:n].copy_(held)
+        buf = fresh
+    buf[n : n + t].copy_(new)
+    return buf, buf[: n + t]
