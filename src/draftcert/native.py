@@ -9,7 +9,8 @@ build leave it unavailable, with the reason in :meth:`NativeLibrary.reason`; cal
 
 Libraries (each exports only ``<prefix>*`` symbols): ``logit_pass.c`` (``lp_``, the certificates'
 float64 row pass), ``kernels/block_matmul.c`` (``dq``: ``dq_`` and ``dq8_``), ``kernels/packed_matmul.c``
-(``pm_``), ``kernels/row_attention.c`` (``ra_``).
+(``pm_``), ``kernels/row_attention.c`` (``ra_``), ``forward/layer_kernel.c`` (``dl_``: a decoder layer
+under ``gguf-q8``, with ``block_matmul.c`` and ``row_attention.c`` included and hidden).
 """
 
 from __future__ import annotations
@@ -57,13 +58,13 @@ def _flags(source_flags: tuple[str, ...]) -> list[str]:
     return [*FLAGS, *source_flags, *extra_flags()]
 
 
-def library_path(cc: str, source: Path, source_flags: tuple[str, ...] = ()) -> Path:
-    """Where the compiled library for this source, compiler, flags and CPU lives."""
+def library_path(cc: str, source: Path, source_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()) -> Path:
+    """Where the compiled library for this source (and the files it includes), compiler, flags and CPU lives."""
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         version = ""
-    ident = b"\0".join([source.read_bytes(), version.encode(), cpu_flags().encode(),
+    ident = b"\0".join([source.read_bytes(), *(Path(f).read_bytes() for f in includes), version.encode(), cpu_flags().encode(),
                         " ".join(_flags(source_flags)).encode()])
     return cache_root() / "kernels" / f"{source.stem}-{hashlib.sha256(ident).hexdigest()[:16]}.so"
 
@@ -83,16 +84,18 @@ def _compile(cc: str, out: Path, source: Path, source_flags: tuple[str, ...]) ->
     raise RuntimeError(f"{cc} could not build {source.name}: {errors[0][0]}")
 
 
-def build_native(source: Path, source_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str, str]:
+def build_native(source: Path, source_flags: tuple[str, ...] = (),
+                 includes: tuple[Path, ...] = ()) -> tuple[ctypes.CDLL | None, str, str]:
     """Compile (once, cached) and load ``source``: (the library, "", its build id) or (None, why
-    it is unavailable, "").  ``source_flags`` go after :data:`FLAGS` (a later flag wins)."""
+    it is unavailable, "").  ``source_flags`` go after :data:`FLAGS` (a later flag wins); ``includes``:
+    the sources it ``#include``s (part of the build's key: editing one rebuilds it)."""
     if native_disabled():
         return None, "disabled by DRAFTCERT_NATIVE=0", ""
     cc = shutil.which(os.environ.get("CC") or "cc")
     if cc is None:
         return None, f"no C compiler found ({os.environ.get('CC') or 'cc'} is not on PATH; set CC)", ""
     try:
-        path = library_path(cc, source, source_flags)
+        path = library_path(cc, source, source_flags, includes)
         if not path.exists():
             _compile(cc, path, source, source_flags)
         return ctypes.CDLL(str(path)), "", path.stem
@@ -106,15 +109,16 @@ class NativeLibrary:
     ``signatures``: ``{symbol: (argument codes, return code)}`` in the codes of ``_CTYPES`` (``"PLLI"``
     is pointer, long, long, int); every symbol starts with ``prefix``.  A symbol the loaded build
     lacks (an older source, for benchmarks) is left undeclared.  ``source_flags``: compiler flags of
-    this source only, after :data:`FLAGS`.
+    this source only, after :data:`FLAGS`; ``includes``: the sources it ``#include``s.
     """
 
     def __init__(self, source: Path, prefix: str, signatures: dict[str, tuple[str, str]],
-                 source_flags: tuple[str, ...] = ()):
+                 source_flags: tuple[str, ...] = (), includes: tuple[Path, ...] = ()):
         bad = [name for name in signatures if not name.startswith(prefix)]
         if bad:
             raise ValueError(f"{source.name}: symbols {bad} lack the library's prefix {prefix!r}")
         self.source, self.prefix, self.signatures, self.source_flags = Path(source), prefix, signatures, source_flags
+        self.includes = tuple(Path(f) for f in includes)
         self._loaded: tuple[ctypes.CDLL | None, str, str] | None = None
 
     def _declare(self, lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -126,7 +130,7 @@ class NativeLibrary:
 
     def _load(self) -> tuple[ctypes.CDLL | None, str, str]:
         if self._loaded is None:
-            lib, why, ident = build_native(self.source, self.source_flags)
+            lib, why, ident = build_native(self.source, self.source_flags, self.includes)
             self._loaded = (self._declare(lib) if lib is not None else None), why, ident
         return self._loaded
 
@@ -161,7 +165,7 @@ class NativeLibrary:
     def load_other(self, source: str | Path) -> ctypes.CDLL:
         """Another revision of this source (for benchmarks against it), built and declared as this
         library is; RuntimeError if it does not build."""
-        lib, why, _ = build_native(Path(source), self.source_flags)
+        lib, why, _ = build_native(Path(source), self.source_flags, self.includes)
         if lib is None:
             raise RuntimeError(f"{source}: {why}")
         return self._declare(lib)

@@ -4,7 +4,8 @@ Every comparison is ``torch.equal`` between the same model with its layers switc
 given back (``restore_layers``), on the passes the engine and the profiler make: a prefill, one-row
 decode steps, a chain verification, a tree pass (additive 4-D mask, own positions), the final hidden
 states, and a left-padded batch; under each attention the loaders use (sdpa, the grouped sdpa,
-row_attention) and for GGUF weights under both contracts.
+row_attention) and for GGUF weights under both contracts (under ``gguf-q8`` with the native layer
+off: ``test_native_layer.py`` tests that one).
 """
 
 from __future__ import annotations
@@ -154,10 +155,13 @@ def test_biases_and_a_scaled_rope_give_the_same_bits():
 
 
 @pytest.mark.parametrize("contract", ["gguf-exact-f32", "gguf-q8"])
-def test_gguf_layers_give_the_same_bits(tmp_path, contract):
+def test_gguf_layers_give_the_same_bits(tmp_path, contract, monkeypatch):
     pytest.importorskip("gguf")
     from tests.tiny_gguf import tiny_gguf_llama
 
+    # under gguf-q8 a layer runs natively (forward/native_layer.py, its own arithmetic: tested in
+    # test_native_layer.py); the torch layer it replaces is checked here
+    monkeypatch.setenv("DRAFTCERT_NATIVE_LAYERS", "0")
     _same_bits_switched_and_not(tiny_gguf_llama(tmp_path, numerics=contract))
 
 

@@ -38,6 +38,7 @@ from .._cache import cache_root
 from ..criteria import Strict
 from ..fileio import write_json
 from ..kernels.linear_chooser import cpu_model
+from ..forward import layer_kernel
 from ..kernels import block_matmul, packed_matmul
 from ..gguf.layers import numerics_of
 from ..models.hf import forward_with_hidden, model_forward, vocab_size_of
@@ -384,7 +385,8 @@ def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
     dmodel = getattr(drafter, "model", None)
     return {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "target": _fingerprint(target), "numerics": numerics_of(target),
-            "kernels": [block_matmul.LIBRARY.build_id(), packed_matmul.LIBRARY.build_id()], "drafter": drafter_name,
+            "kernels": [block_matmul.LIBRARY.build_id(), packed_matmul.LIBRARY.build_id(), layer_kernel.LIBRARY.build_id()],
+            "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
             "draft_vocab": getattr(drafter, "vocab", None),  # a prefix of the output layer costs less
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as _nn_module  # the global hook registries
 
+from . import native_layer
 from .kv_buffer import spare_layer
 
 __all__ = ["FAMILIES", "CAUSAL_LMS", "DECODERS", "enabled", "use_lean_layers", "restore_layers", "lean_layers",
@@ -156,6 +157,12 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
                        gate_proj, up_proj, down_proj, am.get("q_norm"), am.get("k_norm"))
             or _global_hooks()):
         return getattr(type(self), _BASE).forward(self, hidden_states, *args, **kwargs)
+    _, _, _, sliding_kwarg, qk_norm = FAMILIES[type(self).__name__]
+    plan = native_layer.plan_of(self, qk_norm)  # every projection gguf-q8: the layer in two native calls
+    if plan is not None:
+        out = native_layer.forward(plan, attn, hidden_states, cache, position_embeddings, kwargs.get("attention_mask"))
+        if out is not None:
+            return out
     # what the layer hands its attention module as **kwargs: everything but the named arguments
     attn_kwargs = {k: v for k, v in kwargs.items()
                    if k not in ("attention_mask", "position_embeddings", "cache", "past_key_values")}
@@ -163,7 +170,6 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     x = _rms(norm_in, hidden_states)  # [B, T, hidden]
     input_shape = x.shape[:-1]
     hidden_shape = (*input_shape, -1, attn.head_dim)
-    _, _, _, sliding_kwarg, qk_norm = FAMILIES[type(self).__name__]
     q = q_proj.forward(x).view(hidden_shape)  # [B, T, H, D]
     k = k_proj.forward(x).view(hidden_shape)  # [B, T, Hkv, D]
     if qk_norm:  # Qwen3: RMSNorm over each head's D values

@@ -1,0 +1,175 @@
+"""A written-out decoder layer whose projections all run ``gguf-q8``, computed natively
+(``layer_kernel``): two C calls and the cache append instead of ~120 torch operations.
+
+    qkv  = layer_kernel.qkv(plan, h, cos, sin')          # rms, q/k/v, (Qwen3: head norms), rotary   [B, T, (H + 2 Hkv) D]
+    K, V = cache.update(k, v, layer)                       # the model's own cache (DynamicLayer or kv_buffer's)
+    layer_kernel.attn_mlp(plan, h', qkv, K, V, visible)   # h' = h + o(attention) + mlp(rms(.)), in place
+
+``decoder_layers.lean_layer_forward`` takes this path whenever :func:`plan_of` gives a plan: every one
+of the layer's seven projections a ``GGUFLinear`` under ``gguf-q8`` on CPU, float32 norms.  That is a
+property of the model (its contract), not of the call, so every pass of a model (prefill, one-row
+step, chain, tree, batch) runs the same arithmetic.  Its bits are ``layer_kernel.c``'s (its norms and
+activation are its own, exactly specified, not torch's), the same for a row alone and inside any pass.
+Under ``gguf-exact-f32``, float32 weights or ``DRAFTCERT_NATIVE_LAYERS=0`` the written-out torch layer
+runs, which gives transformers' bits.
+
+A call it cannot take (a mask with a bias other than 0 / -inf, a per-head mask) returns None and the
+torch layer runs it; the engine's and transformers' passes never make one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..gguf.layers import CONTRACT_Q8, GGUFLinear
+from . import layer_kernel
+
+__all__ = ["enabled", "plan_of", "forward", "forget"]
+
+_PLAN = "_draftcert_native_plan"  # a layer's (key, Plan or None), in its __dict__
+_ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
+_VISIBLE = "_draftcert_visible"  # a mask's (B, uint8 visibility [B, T, S] or None where it has a bias)
+
+
+def enabled() -> bool:
+    """False under ``DRAFTCERT_NATIVE_LAYERS=0`` (read when a layer's plan is made) or without the kernel."""
+    return os.environ.get("DRAFTCERT_NATIVE_LAYERS", "1").strip() != "0" and layer_kernel.LIBRARY.available()
+
+
+def _q8(mod) -> bool:
+    return (isinstance(mod, GGUFLinear) and mod.numerics == CONTRACT_Q8 and mod.q8weight is not None
+            and mod.q8weight.device.type == "cpu" and mod.__dict__.get("_tied") is None
+            and (mod.bias is None or mod.bias.dtype == torch.float32))
+
+
+def _calls(mods: list) -> list[layer_kernel.Linear]:
+    """The linear calls computing ``mods``' outputs side by side: a ``Siblings`` group that is a run
+    of them in order is one call on its stacked weights (one quantisation of x), the rest one each."""
+    out, i = [], 0
+    while i < len(mods):
+        group = mods[i].__dict__.get("_siblings")
+        run = len(group.members) if group is not None else 0
+        if group is not None and group.q8 and list(group.members) == mods[i: i + run]:
+            bias = group.bias.contiguous() if group.bias is not None else None
+            out.append(layer_kernel.Linear(group.qtype, group.weight, group.n, group.k, bias))
+            i += run
+        else:
+            m = mods[i]
+            out.append(layer_kernel.Linear(m.qtype, m.q8weight, m.out_features, m.in_features, m.bias))
+            i += 1
+    return out
+
+
+def _sources(layer) -> list:
+    """The objects a plan depends on: each projection, its packed weight and its siblings group, and
+    each norm's weight (a plan is made again when one of them is replaced)."""
+    am, mm = layer.self_attn._modules, layer.mlp._modules
+    out = []
+    for m in (am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"], mm["up_proj"], mm["down_proj"]):
+        d = m.__dict__
+        out += (m, d.get("q8weight"), d.get("_siblings"), d.get("numerics"))
+    for name in ("q_norm", "k_norm"):
+        if name in am:
+            out.append(am[name]._parameters["weight"])
+    lm = layer._modules
+    out += (lm["input_layernorm"]._parameters["weight"], lm["post_attention_layernorm"]._parameters["weight"])
+    return out
+
+
+def _build(layer, qk_norm: bool) -> layer_kernel.Plan | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    am, mm = attn._modules, mlp._modules
+    proj = [am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"], mm["up_proj"], mm["down_proj"]]
+    if not all(_q8(m) for m in proj):
+        return None
+    norms = [layer.input_layernorm, layer.post_attention_layernorm] + ([am["q_norm"], am["k_norm"]] if qk_norm else [])
+    weights = [n._parameters["weight"] for n in norms]
+    if any(w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous() for w in weights):
+        return None
+    eps = [float(n.variance_epsilon) for n in norms]
+    q, k, v, o, gate, up, down = proj
+    D = attn.head_dim
+    try:
+        return layer_kernel.Plan(
+            hidden=q.in_features, heads=q.out_features // D, kv_heads=k.out_features // D, head_dim=D,
+            inter=gate.out_features, norms=[(weights[0], eps[0]), (weights[1], eps[1])],
+            head_norms=[(weights[2], eps[2]), (weights[3], eps[3])] if qk_norm else None,
+            qkv=_calls([q, k, v]), o=_calls([o])[0], gate_up=_calls([gate, up]), down=_calls([down])[0])
+    except ValueError:  # shapes the kernel does not take: the torch layer
+        return None
+
+
+def plan_of(layer, qk_norm: bool) -> layer_kernel.Plan | None:
+    """The layer's native plan (made once, made again when one of its tensors was replaced), or None
+    where the layer is not all ``gguf-q8`` (or the path is off)."""
+    memo = layer.__dict__.get(_PLAN)
+    sources = _sources(layer)
+    if memo is not None and len(memo[0]) == len(sources) and all(a is b for a, b in zip(memo[0], sources)):
+        return memo[1]
+    plan = _build(layer, qk_norm) if enabled() else None
+    layer.__dict__[_PLAN] = (sources, plan)
+    return plan
+
+
+def forget(model: torch.nn.Module) -> None:
+    """Drop every layer's plan (the next pass decides again, e.g. after ``DRAFTCERT_NATIVE_LAYERS`` changed)."""
+    for mod in model.modules():
+        mod.__dict__.pop(_PLAN, None)
+
+
+def _rows(position_embeddings, B: int, T: int):
+    """(cos, sin with its first half negated), contiguous ``[B * T, D]`` (kept on the sin tensor: the
+    decoder hands every layer the same one)."""
+    cos, sin = position_embeddings
+    memo = sin.__dict__.get(_ROWS)
+    if memo is None or memo[0] != B:
+        half = sin.shape[-1] // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        c = cos.to(torch.float32).expand(B, T, -1).reshape(B * T, -1).contiguous()
+        s = signed.to(torch.float32).expand(B, T, -1).reshape(B * T, -1).contiguous()
+        memo = sin.__dict__[_ROWS] = (B, c, s)
+    return memo[1], memo[2]
+
+
+def _visible(mask, B: int, T: int, S: int):
+    """(ok, uint8 ``[B, T, S]`` visibility or None for causal) of the mask the layer was handed."""
+    if mask is None:
+        return True, None
+    if mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[-2:] != (T, S) or mask.shape[0] not in (1, B):
+        return False, None
+    memo = mask.__dict__.get(_VISIBLE)
+    if memo is None or memo[0] != B:
+        m = mask[:, 0].expand(B, T, S)
+        if m.dtype == torch.bool:
+            vis = m.view(torch.uint8)
+        elif bool(((m == 0) | (m <= torch.finfo(m.dtype).min / 2)).all()):  # additive: 0 or "minus infinity"
+            vis = (m == 0).view(torch.uint8)
+        else:
+            vis = None  # a bias: not the kernel's case
+        memo = mask.__dict__[_VISIBLE] = (B, vis if vis is None or vis.stride(-1) == 1 else vis.contiguous())
+    return memo[1] is not None, memo[1]
+
+
+def forward(plan: layer_kernel.Plan, attn, hidden_states: torch.Tensor, cache, position_embeddings,
+            mask) -> torch.Tensor | None:
+    """The layer's output ``[B, T, hidden]`` (module docstring), or None for a call the kernel does not
+    take (before anything was written to the cache)."""
+    B, T, _ = hidden_states.shape
+    idx = attn.layer_idx
+    past = cache.get_seq_length(idx) if cache is not None else 0
+    ok, vis = _visible(mask, B, T, past + T)
+    if not ok:
+        return None
+    h = hidden_states.contiguous()
+    cos, sin_signed = _rows(position_embeddings, B, T)
+    qkv = layer_kernel.qkv(plan, h, cos, sin_signed)  # [B, T, (H + 2 Hkv) D]
+    H, Hkv, D = plan.heads, plan.kv_heads, plan.head_dim
+    k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+    v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
+    if cache is not None:
+        k, v = cache.update(k, v, idx)  # [B, Hkv, S, D]
+    out = h.clone()
+    layer_kernel.attn_mlp(plan, out, qkv, k, v, vis, attn.scaling)
+    return out

@@ -1,0 +1,232 @@
+"""forward/native_layer.py + forward/layer_kernel.c: a gguf-q8 decoder layer in two native calls.
+
+Its arithmetic is its own (the norms and the activation are not torch's), so the checks are:
+the kernel's norm and activation against their stated definitions; a row's logits the same bits
+alone (one-row decode steps) and inside a chain, a tree and a batch (what strict = greedy needs);
+stacked and separate projections the same bits; and the whole model close to the written-out torch
+layer on the same GGUF layers (transformers' bits), for Llama, Qwen2 (biases) and Qwen3 (head norms).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from draftcert.forward import decoder_layers, layer_kernel, native_layer  # noqa: E402
+from draftcert.gguf.layers import GGUFLinear, dissolve_siblings, group_siblings, row_invariant_attention  # noqa: E402
+from draftcert.models.hf import forward_with_hidden, model_forward, new_cache  # noqa: E402
+from draftcert.models.tree_attention import crop_cache  # noqa: E402
+
+from tests.cpu_kernels.test_decoder_layers import tiny_lm, tree_pass  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not layer_kernel.LIBRARY.available(),
+                                reason=f"no layer_kernel: {layer_kernel.LIBRARY.reason()}")
+
+
+# ----------------------------------------------------------------------------- the kernel's own operations
+
+
+def _rms_reference(h: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """layer_kernel.c's rms, step by step in numpy (IEEE float64 / float32 operations, the same order)."""
+    n = h.shape[-1]
+    out = np.empty_like(h)
+    for r, row in enumerate(h):
+        lanes = np.zeros(8)
+        full = n // 8 * 8
+        for v in range(0, full, 8):
+            lanes += row[v:v + 8].astype(np.float64) ** 2
+        s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]))
+        for i in range(full, n):
+            s += float(row[i]) ** 2
+        var = np.float32(s / n)
+        rr = np.float32(1.0) / np.sqrt(np.float32(var + np.float32(eps)))
+        out[r] = w * (row * rr)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 100, 1536])
+def test_rms_is_its_definition(n):
+    gen = torch.Generator().manual_seed(n)
+    h = torch.randn(5, n, generator=gen) * torch.tensor([1e-3, 1.0, 30.0, 1e4, 1.0])[:, None]
+    w = 1 + 0.3 * torch.randn(n, generator=gen)
+    got = layer_kernel.rms(h, w, 1e-6).numpy()
+    assert np.array_equal(got, _rms_reference(h.numpy(), w.numpy(), 1e-6))
+    # and close to the norm's value in float64
+    h64 = h.double()
+    ref = w.double() * h64 / torch.sqrt((h64 ** 2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.allclose(torch.from_numpy(got).double(), ref, rtol=2e-6, atol=0)
+
+
+def test_silu_is_within_a_few_ulps_and_the_same_at_every_position():
+    gen = torch.Generator().manual_seed(0)
+    g = torch.cat([torch.randn(300, generator=gen) * 4, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0, 103.9,
+                                                                      -103.9, 104.5, -104.5, 200.0, -200.0, 88.0, -88.0])])
+    u = torch.randn(g.shape, generator=gen)
+    got = layer_kernel.silu_mul(g, u)
+    g64 = g.double()
+    ref = g64 * torch.sigmoid(g64) * u.double()
+    ulp = torch.finfo(torch.float32).eps
+    # below float32's normal range (|silu| < 1e-38: g < -87) the exp's subnormal result is inexact
+    assert ((got.double() - ref).abs() <= 6 * ulp * ref.abs() + 1e-36).all()
+    # the vector lanes and the scalar tail compute the same values: each element alone is the same bits
+    alone = torch.stack([layer_kernel.silu_mul(g[i:i + 1], u[i:i + 1])[0] for i in range(len(g))])
+    assert torch.equal(alone, got)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _to_q8(model, qtype: int = 8) -> torch.nn.Module:
+    """Every decoder projection and the output layer of a tiny transformers model replaced by a GGUFLinear of its weights
+    quantised to ``qtype`` (Q8_0 / Q4_1 / Q5_0), under gguf-q8; row-invariant attention."""
+    from gguf import GGMLQuantizationType as QT
+
+    parents = [(model, ["lm_head"])] + [(p, None) for layer in model.model.layers for p in (layer.self_attn, layer.mlp)]
+    for parent, names in parents:  # the output layer too: F.linear's bits follow the number of rows
+        for name, mod in list(parent.named_children()):
+            if isinstance(mod, torch.nn.Linear) and (names is None or name in names):
+                w = mod.weight.detach().float().numpy()
+                blocks = torch.from_numpy(gguf.quants.quantize(w, QT(qtype)).copy())
+                bias = mod.bias.detach().float() if mod.bias is not None else None
+                setattr(parent, name, GGUFLinear(blocks, qtype, w.shape[1], w.shape[0], bias, numerics="gguf-q8"))
+    row_invariant_attention(model, "gguf-q8")
+    decoder_layers.use_lean_layers(model)
+    return model
+
+
+def _counting(monkeypatch) -> list:
+    calls = []
+    original = native_layer.forward
+
+    def counted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(native_layer, "forward", counted)
+    return calls
+
+
+def _row_invariance(model) -> None:
+    """One-row steps == the rows of a chain verification, a tree pass and a batch, bit for bit."""
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, V, (9,), generator=gen).tolist()
+    toks = torch.randint(0, V, (5,), generator=gen).tolist()
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model_forward(model, cache, prompt, 1)
+        n = cache.get_seq_length()
+        chain = model_forward(model, cache, toks, len(toks))  # [5, V]
+        crop_cache(cache, n)
+        steps = torch.cat([model_forward(model, cache, [t], 1) for t in toks])
+        assert torch.equal(chain, steps)
+        crop_cache(cache, n)
+        tree = tree_pass(model, cache, n)  # [p, a, b, c]: b and c children of a
+        crop_cache(cache, n)
+        ab = model_forward(model, cache, [5, 17, 33], 3)
+        crop_cache(cache, n)
+        ac = model_forward(model, cache, [5, 17, 60], 3)
+        crop_cache(cache, n)
+        assert torch.equal(tree[:3], ab) and torch.equal(tree[3], ac[2])
+        # a batch of two prompts (the same length) == each alone
+        other = torch.randint(0, V, (9,), generator=gen).tolist()
+        both = model(input_ids=torch.tensor([prompt, other])).logits
+        alone = [model(input_ids=torch.tensor([p])).logits[0] for p in (prompt, other)]
+        assert torch.equal(both[0], alone[0]) and torch.equal(both[1], alone[1])
+        # final hidden states through forward_with_hidden: the same pass
+        cache = new_cache(model)
+        logits, hidden = forward_with_hidden(model, cache, prompt, 1)
+        assert torch.equal(logits, model_forward(model, new_cache(model), prompt, 1))
+
+
+def _close_to_torch_layers(model, monkeypatch, calls: list, rel: float) -> None:
+    """The native layers' logits within ``rel`` (of the largest logit) of the written-out torch layer's
+    (``calls``: ``_counting``'s list, to see which ran)."""
+    V = model.config.vocab_size
+    prompt = torch.randint(0, V, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def passes():
+        with torch.inference_mode():
+            cache = new_cache(model)
+            out = [model_forward(model, cache, prompt, 4)]
+            out += [model_forward(model, cache, [t], 1) for t in (3, 8, 1)]
+            out.append(model_forward(model, cache, [4, 5, 6], 3))
+            return torch.cat(out)
+
+    n = len(calls)
+    native = passes()
+    assert len(calls) > n and all(calls)
+    monkeypatch.setenv("DRAFTCERT_NATIVE_LAYERS", "0")
+    native_layer.forget(model)
+    n = len(calls)
+    torch_layers = passes()
+    assert len(calls) == n  # the torch layer ran (its 8-bit roundings mostly absorb the last bits that differ)
+    monkeypatch.delenv("DRAFTCERT_NATIVE_LAYERS")
+    native_layer.forget(model)
+    scale = torch_layers.abs().max()
+    assert (native - torch_layers).abs().max() <= rel * scale
+    assert (native.argmax(-1) == torch_layers.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("family,extra", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
+                                          ("llama", {"attention_bias": True, "mlp_bias": True})])
+def test_native_layers_on_transformers_models(family, extra, monkeypatch):
+    model = _to_q8(tiny_lm(family, seed=2, **extra))
+    calls = _counting(monkeypatch)
+    _row_invariance(model)
+    assert calls and all(calls)
+    _close_to_torch_layers(model, monkeypatch, calls, rel=0.02)
+
+
+def test_native_layers_on_a_gguf_file(tmp_path, monkeypatch):
+    from tests.tiny_gguf import tiny_gguf_llama
+
+    model = tiny_gguf_llama(tmp_path, numerics="gguf-q8")  # q, k, v, gate, up of different types: one call each
+    assert decoder_layers.use_lean_layers(model) == 2
+    calls = _counting(monkeypatch)
+    _row_invariance(model)
+    assert calls and all(calls)
+    _close_to_torch_layers(model, monkeypatch, calls, rel=0.02)
+
+
+def test_stacked_and_separate_projections_give_the_same_bits(tmp_path):
+    from draftcert.gguf.loader import load_gguf_causal_lm
+    from tests.tiny_gguf import write_tiny_llama
+    from transformers import AutoConfig
+
+    path = tmp_path / "same.gguf"  # every projection one type: q/k/v and gate/up stack
+    write_tiny_llama(path, tied=False, qtypes={k: 8 for k in ("emb", "q", "k", "v", "o", "gate", "up", "down", "out")})
+    model = load_gguf_causal_lm(path, AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name), quiet=True,
+                                numerics="gguf-q8")
+    assert decoder_layers.use_lean_layers(model) == 2
+    layer = model.model.layers[0]
+    assert layer.self_attn.q_proj.__dict__.get("_siblings") is not None
+    plan = native_layer.plan_of(layer, False)
+    assert plan is not None and len(plan.linears) == 4  # qkv, o, gate_up, down
+    ids = list(range(3, 20))
+    with torch.inference_mode():
+        stacked = model_forward(model, new_cache(model), ids, len(ids))
+        for mod in model.modules():
+            if isinstance(mod, GGUFLinear):
+                dissolve_siblings(mod)
+        plan = native_layer.plan_of(layer, False)  # made again: the projections' groups changed
+        assert len(plan.linears) == 7
+        separate = model_forward(model, new_cache(model), ids, len(ids))
+        group_siblings(model)
+        assert len(native_layer.plan_of(layer, False).linears) == 4
+    assert torch.equal(stacked, separate)
+
+
+def test_layers_not_all_q8_run_the_torch_layer(tmp_path):
+    from tests.tiny_gguf import tiny_gguf_llama
+
+    model = tiny_gguf_llama(tmp_path, numerics="gguf-exact-f32")
+    assert all(native_layer.plan_of(layer, False) is None for layer in model.model.layers)
+    float_model = tiny_lm("llama")
+    decoder_layers.use_lean_layers(float_model)
+    assert native_layer.plan_of(float_model.model.layers[0], False) is None
