@@ -9,6 +9,8 @@ layer on the same GGUF layers (transformers' bits), for Llama, Qwen2 (biases) an
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -230,3 +232,28 @@ def test_layers_not_all_q8_run_the_torch_layer(tmp_path):
     float_model = tiny_lm("llama")
     decoder_layers.use_lean_layers(float_model)
     assert native_layer.plan_of(float_model.model.layers[0], False) is None
+
+
+def test_a_plan_is_made_again_when_a_tensor_it_reads_is_replaced():
+    model = _to_q8(tiny_lm("qwen2", seed=4))  # q/k/v biases
+    layer = model.model.layers[0]
+    ids = list(range(3, 14))
+
+    def logits():
+        with torch.inference_mode():
+            return model_forward(model, new_cache(model), ids, len(ids))
+
+    before, plan = logits(), native_layer.plan_of(layer, False)
+    assert plan is not None and native_layer.plan_of(layer, False) is plan  # kept while nothing changes
+    with torch.no_grad():  # a module's _apply swaps a parameter's storage under the same object
+        layer.input_layernorm.weight.data = layer.input_layernorm.weight.data * 1.5
+        layer.self_attn.q_proj.bias.data = layer.self_attn.q_proj.bias.data + 0.25
+    changed = logits()
+    assert native_layer.plan_of(layer, False) is not plan and not torch.equal(before, changed)
+    native_layer.forget(model)
+    assert torch.equal(changed, logits())  # the plan made again reads the new values
+    new_proj = copy.deepcopy(layer.mlp.down_proj)
+    layer.mlp.down_proj = new_proj  # a module replaced: made again too
+    assert native_layer.plan_of(layer, False).linears[-1].packed.data_ptr() == new_proj.q8weight.data_ptr()
+    layer.self_attn.o_proj.set_numerics("gguf-exact-f32")  # a projection leaves gguf-q8: the torch layer
+    assert native_layer.plan_of(layer, False) is None

@@ -148,21 +148,25 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
     gate_proj, up_proj, down_proj = mm["gate_proj"], mm["up_proj"], mm["down_proj"]
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     position_embeddings = kwargs.get("position_embeddings")
-    impl = attn.config._attn_implementation
+    family = FAMILIES[type(self).__name__]
     if (args or position_embeddings is None or torch.is_grad_enabled() or self.training
             or hidden_states.dtype != torch.float32 or kwargs.get("output_attentions")
-            or impl == "eager" or impl not in ALL_ATTENTION_FUNCTIONS
             or (cache is not None and not _plain_cache_layer(cache, attn.layer_idx, DynamicLayer))
             or _hooked(attn, mlp, norm_in, norm_post, mm["act_fn"], q_proj, k_proj, v_proj, o_proj,
                        gate_proj, up_proj, down_proj, am.get("q_norm"), am.get("k_norm"))
             or _global_hooks()):
         return getattr(type(self), _BASE).forward(self, hidden_states, *args, **kwargs)
-    _, _, _, sliding_kwarg, qk_norm = FAMILIES[type(self).__name__]
-    plan = native_layer.plan_of(self, qk_norm)  # every projection gguf-q8: the layer in two native calls
+    # every projection gguf-q8: the layer in two native calls (its attention is the kernel's, whatever
+    # the model's attention implementation: which layer runs is a property of the model, not the call)
+    plan = native_layer.plan_of(self, family[4])
     if plan is not None:
         out = native_layer.forward(plan, attn, hidden_states, cache, position_embeddings, kwargs.get("attention_mask"))
         if out is not None:
             return out
+    impl = attn.config._attn_implementation
+    if impl == "eager" or impl not in ALL_ATTENTION_FUNCTIONS:
+        return getattr(type(self), _BASE).forward(self, hidden_states, *args, **kwargs)
+    _, _, _, sliding_kwarg, qk_norm = family
     # what the layer hands its attention module as **kwargs: everything but the named arguments
     attn_kwargs = {k: v for k, v in kwargs.items()
                    if k not in ("attention_mask", "position_embeddings", "cache", "past_key_values")}

@@ -52,7 +52,9 @@ class Linear:
             raise ValueError("layer_kernel: packed weights must be contiguous uint8 CPU bytes")
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous() or tuple(bias.shape) != (n,)):
             raise ValueError(f"layer_kernel: a bias must be a contiguous float32 [{n}]")
-        self.qtype, self.packed, self.n, self.k, self.bias = int(qtype), packed, int(n), int(k), bias
+        # aliases of the storages the pointers read: they stay alive whatever happens to the module's tensors
+        self.qtype, self.packed, self.n, self.k = int(qtype), packed.detach(), int(n), int(k)
+        self.bias = bias.detach() if bias is not None else None
 
     def struct(self) -> _Lin:
         return _Lin(self.qtype, self.packed.data_ptr(), self.n, self.k, self.bias.data_ptr() if self.bias is not None else None)
@@ -74,6 +76,8 @@ class Plan:
     def __init__(self, *, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, norms, head_norms,
                  qkv: list[Linear], o: Linear, gate_up: list[Linear], down: Linear):
         (w_in, eps_in), (w_post, eps_post) = norms
+        w_in, w_post = w_in.detach(), w_post.detach()  # aliases: the storages stay alive with the plan
+        head_norms = [(t.detach(), e) for t, e in head_norms] if head_norms is not None else None
         self.keep = [w_in, w_post, *(t for t, _ in head_norms or ())]  # the tensors the pointers read
         _vector(w_in, hidden, "the input norm"), _vector(w_post, hidden, "the post-attention norm")
         if head_dim % 2 or head_dim > 512 or heads % kv_heads:

@@ -23,12 +23,12 @@ import os
 
 import torch
 
-from ..gguf.layers import CONTRACT_Q8, GGUFLinear
+from ..gguf.layers import CONTRACT_Q8, GGUFLinear, generation
 from . import layer_kernel
 
 __all__ = ["enabled", "plan_of", "forward", "forget"]
 
-_PLAN = "_draftcert_native_plan"  # a layer's (key, Plan or None), in its __dict__
+_PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 _ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
 _VISIBLE = "_draftcert_visible"  # a mask's (B, uint8 visibility [B, T, S] or None where it has a bias)
 
@@ -62,20 +62,14 @@ def _calls(mods: list) -> list[layer_kernel.Linear]:
     return out
 
 
-def _sources(layer) -> list:
-    """The objects a plan depends on: each projection, its packed weight and its siblings group, and
-    each norm's weight (a plan is made again when one of them is replaced)."""
-    am, mm = layer.self_attn._modules, layer.mlp._modules
-    out = []
-    for m in (am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"], mm["up_proj"], mm["down_proj"]):
-        d = m.__dict__
-        out += (m, d.get("q8weight"), d.get("_siblings"), d.get("numerics"))
-    for name in ("q_norm", "k_norm"):
-        if name in am:
-            out.append(am[name]._parameters["weight"])
-    lm = layer._modules
-    out += (lm["input_layernorm"]._parameters["weight"], lm["post_attention_layernorm"]._parameters["weight"])
-    return out
+def _sources(layer) -> tuple:
+    """The objects a plan reads besides what ``gguf.layers.generation`` tracks: the seven projections and
+    the norms' weights (a plan is made again when one of them is replaced)."""
+    am, mm, lm = layer.self_attn._modules, layer.mlp._modules, layer._modules
+    qn, kn = am.get("q_norm"), am.get("k_norm")
+    return (am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"], mm["up_proj"], mm["down_proj"],
+            lm["input_layernorm"]._parameters["weight"], lm["post_attention_layernorm"]._parameters["weight"],
+            qn._parameters["weight"] if qn is not None else None, kn._parameters["weight"] if kn is not None else None)
 
 
 def _build(layer, qk_norm: bool) -> layer_kernel.Plan | None:
@@ -105,11 +99,18 @@ def plan_of(layer, qk_norm: bool) -> layer_kernel.Plan | None:
     """The layer's native plan (made once, made again when one of its tensors was replaced), or None
     where the layer is not all ``gguf-q8`` (or the path is off)."""
     memo = layer.__dict__.get(_PLAN)
-    sources = _sources(layer)
-    if memo is not None and len(memo[0]) == len(sources) and all(a is b for a, b in zip(memo[0], sources)):
-        return memo[1]
+    sources, gen = _sources(layer), generation()
+    if memo is not None and memo[0] == gen:
+        old = memo[1]
+        if (old[0] is sources[0] and old[1] is sources[1] and old[2] is sources[2] and old[3] is sources[3]
+                and old[4] is sources[4] and old[5] is sources[5] and old[6] is sources[6] and old[7] is sources[7]
+                and old[8] is sources[8] and old[9] is sources[9] and old[10] is sources[10]
+                and all(t.data_ptr() == ptr for t, ptr in memo[3])):
+            return memo[2]
     plan = _build(layer, qk_norm) if enabled() else None
-    layer.__dict__[_PLAN] = (sources, plan)
+    # parameters whose storage a module's ``_apply`` (``.to()``, ``.float()``) can swap under the same object
+    params = [t for t in sources[7:] if t is not None] + [m.bias for m in sources[:7] if getattr(m, "bias", None) is not None]
+    layer.__dict__[_PLAN] = (gen, sources, plan, [(t, t.data_ptr()) for t in params])
     return plan
 
 

@@ -35,7 +35,7 @@ from ..kernels.attention import ROW_INVARIANT, use_row_invariant_attention
 from .blocks import block_type, check_blocks, decode_rows
 from .reader import release_file_pages
 
-__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "GGUFLinear", "GGUFEmbedding", "Siblings", "group_siblings",
+__all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "generation", "GGUFLinear", "GGUFEmbedding", "Siblings", "group_siblings",
            "dissolve_siblings", "numerics_of", "set_numerics", "row_invariant_attention"]
 
 # The numeric contracts a GGUF layer computes under (docs/gguf.md): the exact dequantised weights with
@@ -43,6 +43,14 @@ __all__ = ["CONTRACT", "CONTRACT_Q8", "CONTRACTS", "GGUFLinear", "GGUFEmbedding"
 CONTRACT = "gguf-exact-f32"
 CONTRACT_Q8 = "gguf-q8"
 CONTRACTS = (CONTRACT, CONTRACT_Q8)
+
+_GENERATION = [0]  # counts the changes of any GGUFLinear's computation (contract, packing, siblings)
+
+
+def generation() -> int:
+    """A number that changes whenever some ``GGUFLinear`` changes how it computes (``set_numerics``,
+    ``Siblings`` formed or dissolved): what a plan built from their tensors is made again on."""
+    return _GENERATION[0]
 
 
 class GGUFLinear(nn.Module):
@@ -73,6 +81,7 @@ class GGUFLinear(nn.Module):
         if numerics not in CONTRACTS:
             raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
         dissolve_siblings(self)
+        _GENERATION[0] += 1
         if numerics == CONTRACT_Q8 and self.q8weight is None:
             self.q8weight = block_matmul.pack_q8(self.qweight.cpu().contiguous(), self.qtype, self.out_features, self.in_features)
             release_file_pages(self.qweight)  # the repacked copy is what runs: the file's pages need not stay resident
@@ -192,6 +201,7 @@ class Siblings:
             col += m.out_features
             m.__dict__["_siblings"] = self
         self._last = None  # (x, its version, the columns not yet taken by member index)
+        _GENERATION[0] += 1
 
     def output(self, member: "GGUFLinear", x: torch.Tensor) -> torch.Tensor:
         i = next(j for j, m in enumerate(self.members) if m is member)
@@ -226,6 +236,7 @@ def dissolve_siblings(layer: "GGUFLinear") -> None:
     view of the stacked weights)."""
     group = layer.__dict__.get("_siblings")
     if group is not None:
+        _GENERATION[0] += 1
         for m in group.members:
             m.__dict__["_siblings"] = None
         group._last = None
