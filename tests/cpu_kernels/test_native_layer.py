@@ -101,15 +101,22 @@ def _to_q8(model, qtype: int = 8) -> torch.nn.Module:
 
 
 def _counting(monkeypatch) -> list:
+    """A list that gets an entry for every native call: a layer (True where it ran natively) or a
+    whole decoder in one call (True)."""
     calls = []
-    original = native_layer.forward
+    original, original_all = native_layer.forward, layer_kernel.layers
 
     def counted(*args, **kwargs):
         out = original(*args, **kwargs)
         calls.append(out is not None)
         return out
 
+    def counted_all(*args, **kwargs):
+        calls.append(True)
+        return original_all(*args, **kwargs)
+
     monkeypatch.setattr(native_layer, "forward", counted)
+    monkeypatch.setattr(layer_kernel, "layers", counted_all)
     return calls
 
 
@@ -208,7 +215,7 @@ def test_stacked_and_separate_projections_give_the_same_bits(tmp_path):
     assert decoder_layers.use_lean_layers(model) == 2
     layer = model.model.layers[0]
     assert layer.self_attn.q_proj.__dict__.get("_siblings") is not None
-    plan = native_layer.plan_of(layer, False)
+    plan = native_layer.plan_of(layer)
     assert plan is not None and len(plan.linears) == 4  # qkv, o, gate_up, down
     ids = list(range(3, 20))
     with torch.inference_mode():
@@ -216,11 +223,11 @@ def test_stacked_and_separate_projections_give_the_same_bits(tmp_path):
         for mod in model.modules():
             if isinstance(mod, GGUFLinear):
                 dissolve_siblings(mod)
-        plan = native_layer.plan_of(layer, False)  # made again: the projections' groups changed
+        plan = native_layer.plan_of(layer)  # made again: the projections' groups changed
         assert len(plan.linears) == 7
         separate = model_forward(model, new_cache(model), ids, len(ids))
         group_siblings(model)
-        assert len(native_layer.plan_of(layer, False).linears) == 4
+        assert len(native_layer.plan_of(layer).linears) == 4
     assert torch.equal(stacked, separate)
 
 
@@ -228,10 +235,10 @@ def test_layers_not_all_q8_run_the_torch_layer(tmp_path):
     from tests.tiny_gguf import tiny_gguf_llama
 
     model = tiny_gguf_llama(tmp_path, numerics="gguf-exact-f32")
-    assert all(native_layer.plan_of(layer, False) is None for layer in model.model.layers)
+    assert all(native_layer.plan_of(layer) is None for layer in model.model.layers)
     float_model = tiny_lm("llama")
     decoder_layers.use_lean_layers(float_model)
-    assert native_layer.plan_of(float_model.model.layers[0], False) is None
+    assert native_layer.plan_of(float_model.model.layers[0]) is None
 
 
 def test_a_plan_is_made_again_when_a_tensor_it_reads_is_replaced():
@@ -243,17 +250,60 @@ def test_a_plan_is_made_again_when_a_tensor_it_reads_is_replaced():
         with torch.inference_mode():
             return model_forward(model, new_cache(model), ids, len(ids))
 
-    before, plan = logits(), native_layer.plan_of(layer, False)
-    assert plan is not None and native_layer.plan_of(layer, False) is plan  # kept while nothing changes
+    before, plan = logits(), native_layer.plan_of(layer)
+    assert plan is not None and native_layer.plan_of(layer) is plan  # kept while nothing changes
     with torch.no_grad():  # a module's _apply swaps a parameter's storage under the same object
         layer.input_layernorm.weight.data = layer.input_layernorm.weight.data * 1.5
         layer.self_attn.q_proj.bias.data = layer.self_attn.q_proj.bias.data + 0.25
     changed = logits()
-    assert native_layer.plan_of(layer, False) is not plan and not torch.equal(before, changed)
+    assert native_layer.plan_of(layer) is not plan and not torch.equal(before, changed)
     native_layer.forget(model)
     assert torch.equal(changed, logits())  # the plan made again reads the new values
     new_proj = copy.deepcopy(layer.mlp.down_proj)
     layer.mlp.down_proj = new_proj  # a module replaced: made again too
-    assert native_layer.plan_of(layer, False).linears[-1].packed.data_ptr() == new_proj.q8weight.data_ptr()
+    assert native_layer.plan_of(layer).linears[-1].packed.data_ptr() == new_proj.q8weight.data_ptr()
     layer.self_attn.o_proj.set_numerics("gguf-exact-f32")  # a projection leaves gguf-q8: the torch layer
-    assert native_layer.plan_of(layer, False) is None
+    assert native_layer.plan_of(layer) is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_all_layers_in_one_call_give_the_per_layer_bits(family, monkeypatch):
+    """forward_layers (one C call for the decoder, k and v written into kv_buffer's buffers) against the
+    per-layer calls: the same logits and cache, bit for bit, over a prefill, steps, a chain, a tree
+    and buffers that grow (reallocate) on the way."""
+    from draftcert.forward import kv_buffer
+
+    monkeypatch.setattr(kv_buffer, "MIN_SPARE", 2)  # reallocate often
+    model = _to_q8(tiny_lm(family, seed=6))
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, V, (10,), generator=gen).tolist()
+    steps = torch.randint(0, V, (6,), generator=gen).tolist()
+
+    def run():
+        out = []
+        with torch.inference_mode():
+            cache = new_cache(model)
+            out.append(model_forward(model, cache, prompt, 3))
+            for t in steps:
+                out.append(model_forward(model, cache, [t], 1))
+            n = cache.get_seq_length()
+            out.append(model_forward(model, cache, steps[:4], 4))
+            crop_cache(cache, n)
+            out.append(tree_pass(model, cache, n))
+            out.append(forward_with_hidden(model, cache, [7, 8], 2)[1])
+            out += [layer.keys.clone() for layer in cache.layers] + [layer.values.clone() for layer in cache.layers]
+        return out
+
+    calls = []
+    original = layer_kernel.layers
+    monkeypatch.setattr(layer_kernel, "layers", lambda *a: (calls.append(1), original(*a))[1])
+    one_call = run()
+    assert len(calls) >= len(steps) + 3  # every pass above took the one-call path
+    monkeypatch.setattr(native_layer, "ALL_LAYERS_IN_ONE_CALL", False)
+    n = len(calls)
+    per_layer = run()
+    assert len(calls) == n
+    assert len(one_call) == len(per_layer)
+    for i, (a, b) in enumerate(zip(one_call, per_layer)):
+        assert torch.equal(a, b), i

@@ -177,3 +177,25 @@ def test_only_strict_is_steered_by_its_timing(tiny):
         _, _, _, factory, line = auto_draft(target, "prompt-lookup", tok, crit, None)
         seen[crit] = factory().timed
     assert seen == {"strict": True, "relaxed:2:0.1": False, "typical:0.09:0.3": False}
+
+
+def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
+    from draftcert.decode.adaptive import MAX_PROBE_GAP
+
+    lengths = AdaptiveDraftLength(_costs(), (0.05,), probe_every=4)
+    gaps = []
+    for _ in range(6):  # plain rounds until a probe; the probe rejected
+        n = 0
+        while lengths.next_k() == 0:
+            n += 1
+        gaps.append(n)
+        assert lengths.probing
+        lengths.observe([False])
+    assert gaps == [4, 8, 16, 32, 64, 128] and lengths.probe_gap == MAX_PROBE_GAP
+    n = 0
+    while lengths.next_k() == 0:
+        n += 1
+    assert n == MAX_PROBE_GAP  # capped
+    lengths.observe([True])  # an accepted probe: back to probe_every
+    assert lengths.probe_gap == 4
+

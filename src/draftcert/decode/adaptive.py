@@ -19,9 +19,14 @@ what it has seen (a drafter that has been right at every depth so far is tried d
 fails at depth 1 is not), where a fixed per-depth prior would never move them.
 
 A prompt whose drafts are mostly rejected drives ``a_1`` down until ``k = 0`` wins; a decode in
-plain mode sees no attempts, so every ``probe_every`` plain rounds one round drafts with the best
-``k >= 1`` again (its cost, a few percent of the plain rounds, is what lets a decode that turns
-predictable speculate again).  Relaxed rules accept more than strict: the posterior learns it.
+plain mode sees no attempts, so after ``probe_every`` plain rounds one round drafts with the best
+``k >= 1`` again (a probe: what lets a decode that turns predictable speculate again).  A probe whose
+first draft is rejected doubles the plain rounds before the next one, up to ``MAX_PROBE_GAP``; an
+accepted probe, or a round that drafts because the rates say so, sets the wait back to
+``probe_every``.  A probe costs about a verification pass and a drafting step for a token or two (on
+a small target, where drafting is a tenth of a pass, half a plain round more than it yields), so on
+text the drafter cannot follow the probes' share falls from 1/16 of the rounds to about 1/128.
+Relaxed rules accept more than strict: the posterior learns it.
 
 **Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
 draft lengths).  The calibrated ``round_seconds`` is a prediction made once per machine, under
@@ -45,10 +50,11 @@ from __future__ import annotations
 
 from .costs import Costs, round_key, round_seconds
 
-__all__ = ["AdaptiveDraftLength", "PRIOR_WEIGHT", "PROBE_EVERY", "MAX_K", "TIMED_WEIGHT"]
+__all__ = ["AdaptiveDraftLength", "PRIOR_WEIGHT", "PROBE_EVERY", "MAX_PROBE_GAP", "MAX_K", "TIMED_WEIGHT"]
 
 PRIOR_WEIGHT = 2.0  # a depth's prior counts as this many observed rounds
-PROBE_EVERY = 16  # plain rounds between two probing drafts
+PROBE_EVERY = 16  # plain rounds before a probing draft ...
+MAX_PROBE_GAP = 128  # ... doubled after each rejected probe, up to this
 MAX_K = 6
 TIMED_WEIGHT = 1.0  # a drafting length's predicted seconds count as this many timed rounds
 PLAIN_WEIGHT = 0.5  # ... and the target alone's
@@ -70,6 +76,8 @@ class AdaptiveDraftLength:
         self.accepted = [0] * max_k
         self.attempted = [0] * max_k
         self.plain_run = 0  # plain rounds since the last draft
+        self.probe_gap = probe_every  # plain rounds before the next probe
+        self.probing = False  # the round just chosen is a probe
         # the predicted seconds of a round of each length; plain: the target alone's step
         self.seconds = [costs.target_step or round_seconds(costs, 0, [], False, "")]
         self.seconds += [round_seconds(costs, k, [1] * k, False, round_key((1,) * k, False)) for k in range(1, max_k + 1)]
@@ -128,16 +136,24 @@ class AdaptiveDraftLength:
         if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
             self.plain_measures += 1  # after the first timed drafting round: measure the target alone
             return 0
+        self.probing = False
         if best == 0:
             self.plain_run += 1
-            if self.plain_run > self.probe_every:  # probe: draft once with the best length
+            if self.plain_run > self.probe_gap:  # probe: draft once with the best length
                 best = max(range(1, len(rates)), key=lambda k: (rates[k], -k))
+                self.probing = True
+        elif self.probe_gap != self.probe_every:  # drafting on the evidence: probes start over
+            self.probe_gap = self.probe_every
         if best:
             self.plain_run = 0
         return best
 
     def observe(self, depth_accepted) -> None:
         """A round's outcome: ``depth_accepted[d]`` says whether the attempt at depth d + 1 was accepted."""
+        if self.probing:  # a rejected probe doubles the wait for the next one; an accepted one resets it
+            self.probing = False
+            taken = len(depth_accepted) > 0 and bool(depth_accepted[0])
+            self.probe_gap = self.probe_every if taken else min(2 * self.probe_gap, max(MAX_PROBE_GAP, self.probe_every))
         for d, ok in enumerate(depth_accepted[: self.max_k]):
             self.attempted[d] += 1
             self.accepted[d] += int(bool(ok))

@@ -298,8 +298,11 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             t3 = clock()
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached
-                rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
-                drafter.observe(hidden[rows])
+                if verdict.path == list(range(len(verdict.path))):  # a chain's accepted prefix: one slice (a view)
+                    drafter.observe(hidden[n_observed - n_cached: n_pending + len(verdict.path)])
+                else:
+                    rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
+                    drafter.observe(hidden[rows])
                 n_observed = len(seq) + len(verdict.path)
             drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached

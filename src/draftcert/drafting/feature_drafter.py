@@ -67,12 +67,15 @@ class FeatureDrafter(Drafter):
     def n_feat(self) -> int:
         return 0 if self.feats is None else int(self.feats.shape[0])
 
-    def _step(self, tokens, feats, pos, mask):
+    def _step(self, tokens, feats, pos, mask, last_only: bool = False):
+        """One drafter step over ``tokens``: (features g [T, H], full-vocabulary logits q [T, V]);
+        ``last_only``: g and q of the last row only (a catch-up step drafts from its last row: the
+        other rows' norm, head and [V]-wide logits would be computed for nothing)."""
         self.forwards += 1
         dev = self.model.device
         g, red, tail = self.model.step(
             torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask, cache=self.cache,
-            head_weight=self._head,
+            head_weight=self._head, last_only=last_only,
         )
         return g[0], self.model.full_logits(red[0], tail[0])
 
@@ -91,7 +94,8 @@ class FeatureDrafter(Drafter):
         pos = torch.arange(self.n_valid, n_feat, device=dev)[None]
         allowed = torch.ones(new, self.n_valid + new, dtype=torch.bool, device=dev).tril(self.n_valid)
         mask = torch.zeros(new, self.n_valid + new, dtype=dt, device=dev).masked_fill_(~allowed, torch.finfo(dt).min)
-        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, mask[None, None])
+        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, mask[None, None],
+                          last_only=True)  # q [1, V]: the root's
         self.n_valid = n_feat
         # g_of[n]: the feature the drafter guessed at node n (-1: the root); a node is fed its parent's.
         g_of = {-1: g[-1]}

@@ -39,6 +39,7 @@ not a plain ``DynamicLayer`` (or ``kv_buffer``'s in-place one).  ``DRAFTCERT_LEA
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 
 import torch
@@ -158,7 +159,7 @@ def lean_layer_forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> to
         return getattr(type(self), _BASE).forward(self, hidden_states, *args, **kwargs)
     # every projection gguf-q8: the layer in two native calls (its attention is the kernel's, whatever
     # the model's attention implementation: which layer runs is a property of the model, not the call)
-    plan = native_layer.plan_of(self, family[4])
+    plan = native_layer.plan_of(self)
     if plan is not None:
         out = native_layer.forward(plan, attn, hidden_states, cache, position_embeddings, kwargs.get("attention_mask"))
         if out is not None:
@@ -308,12 +309,45 @@ def _lean_decode(base, cache, input_ids: torch.Tensor, attention_mask, position_
     bm = base._modules
     h = bm["embed_tokens"].forward(input_ids)  # [B, T, hidden]
     position_embeddings = bm["rotary_emb"](h, position_ids)
-    mask = _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
-                            position_ids=position_ids)
-    for layer in bm["layers"][: base.config.num_hidden_layers]:
+    layers = bm["layers"]._modules.values()  # in order (slicing a ModuleList builds a new one: ~100 us)
+    n_layers = base.config.num_hidden_layers
+    if attention_mask is None and input_ids.shape[1] == 1 and native_layer.plan_of(next(iter(layers))) is not None:
+        mask = None  # one row after the cache sees every cached position: what the native layers' None means
+    else:
+        mask = _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
+                                position_ids=position_ids)
+    layers = list(itertools.islice(layers, n_layers))
+    plans = _native_plans(layers) if cache is not None else None
+    if plans is not None:  # every layer native: all of them in one C call where the cache allows it
+        out = native_layer.forward_layers(plans, [layer._modules["self_attn"] for layer in layers], h, cache,
+                                          position_embeddings, mask)
+        if out is not None:
+            return bm["norm"].forward(out)
+    for layer in layers:
         h = lean_layer_forward(layer, h, attention_mask=mask, position_embeddings=position_embeddings,
                                position_ids=position_ids, cache=cache, use_cache=cache is not None)
     return bm["norm"].forward(h)
+
+
+def _native_plans(layers: list) -> list | None:
+    """Each layer's native plan where every layer would run natively in ``lean_layer_forward`` (no hooks
+    on its children, not training; the decoder's own checks are ``_decoder_base_ready``'s), else None."""
+    if _global_hooks():
+        return None
+    plans = []
+    for layer in layers:
+        mods = layer._modules
+        attn, mlp = mods["self_attn"], mods["mlp"]
+        am, mm = attn._modules, mlp._modules
+        if layer.training or _hooked(attn, mlp, mods["input_layernorm"], mods["post_attention_layernorm"], mm["act_fn"],
+                                     am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"],
+                                     mm["up_proj"], mm["down_proj"], am.get("q_norm"), am.get("k_norm")):
+            return None
+        plan = native_layer.plan_of(layer)
+        if plan is None:
+            return None
+        plans.append(plan)
+    return plans
 
 
 def lean_decoder(model, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,17 @@ def spare_layer() -> type:
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
             if key_states.requires_grad or value_states.requires_grad:  # training: autograd needs the copies
                 return super().update(key_states, value_states, *args, **kwargs)
+            kb, vb, n = self.reserve(key_states, value_states)
+            t = key_states.shape[-2]
+            kb[..., n : n + t, :].copy_(key_states)
+            vb[..., n : n + t, :].copy_(value_states)
+            return self.commit(n + t)
+
+        def reserve(self, key_states: torch.Tensor, value_states: torch.Tensor):
+            """(key buffer, value buffer, n): buffers whose first n positions hold the layer's keys and
+            values and that have room for ``key_states``' ``t`` positions after them (reallocated,
+            with the n copied, when they have not).  Nothing is written after n: the caller writes
+            positions n .. n + t - 1 of both buffers and calls ``commit(n + t)``."""
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             keys, values = self.keys, self.values
@@ -66,9 +77,11 @@ def spare_layer() -> type:
                     kb[..., :n, :].copy_(keys)
                     vb[..., :n, :].copy_(values)
                 self._key_buffer, self._value_buffer = kb, vb
-            kb[..., n : n + t, :].copy_(key_states)
-            vb[..., n : n + t, :].copy_(value_states)
-            self.keys, self.values = kb[..., : n + t, :], vb[..., : n + t, :]
+            return kb, vb, n
+
+        def commit(self, n: int):
+            """The layer's keys and values are now the buffers' first ``n`` positions: (keys, values)."""
+            self.keys, self.values = self._key_buffer[..., :n, :], self._value_buffer[..., :n, :]
             return self.keys, self.values
 
         def reset(self) -> None:

@@ -203,6 +203,46 @@ DL_API int dl_attn_mlp(const dl_plan *p, float *h, long B, long T, const float *
     return rc;
 }
 
+/* Every layer of a decoder in one call: per layer l, in order, dl_qkv, the append of its T new k and v
+ * rows to its cache buffers, dl_attn_mlp: the same operations as the per-layer calls, so the same bits.
+ * io [L, 10] int64 per layer: the plan, the key and the value buffer, their strides in floats (batch,
+ * head, position: kb, kh, ks, vb, vh, vs), and n, the positions the buffers hold before this pass (the
+ * caller reserved n .. n + T - 1, which this call writes); scale [L] the attention's scale; mask as
+ * dl_attn_mlp's, for S = n + T (every layer's n the same).  h [B * T, hidden] in place.  Returns 0,
+ * -1 for a plan the kernels refuse, -2 when out of memory. */
+DL_API int dl_layers(const int64_t *io, long L, const double *scale, float *h, long B, long T, const float *cos,
+                     const float *sin_signed, const uint8_t *mask, long mb, long mm, int threads)
+{
+    long nt_max = 0;
+    for (long l = 0; l < L; l++) {
+        const dl_plan *p = (const dl_plan *)(intptr_t)io[l * 10];
+        const long nt = (p->heads + 2 * p->kv_heads) * p->head_dim;
+        nt_max = nt > nt_max ? nt : nt_max;
+    }
+    float *qkv = malloc(sizeof(float) * (size_t)(B * T * (nt_max > 0 ? nt_max : 1)));
+    if (!qkv) return -2;
+    int rc = 0;
+    for (long l = 0; l < L && !rc; l++) {
+        const int64_t *r = io + l * 10;
+        const dl_plan *p = (const dl_plan *)(intptr_t)r[0];
+        float *k = (float *)(intptr_t)r[1], *v = (float *)(intptr_t)r[2];
+        const long kb = r[3], kh = r[4], ks = r[5], vb = r[6], vh = r[7], vs = r[8], n = r[9];
+        const long D = p->head_dim, H = p->heads, Hkv = p->kv_heads, nt = (H + 2 * Hkv) * D;
+        rc = dl_qkv(p, h, B * T, cos, sin_signed, qkv, threads);
+        for (long b = 0; b < B && !rc; b++)
+            for (long t = 0; t < T; t++)
+                for (long g = 0; g < Hkv; g++) {
+                    const float *src = qkv + (b * T + t) * nt + (H + g) * D;
+                    memcpy(k + b * kb + g * kh + (n + t) * ks, src, sizeof(float) * (size_t)D);
+                    memcpy(v + b * vb + g * vh + (n + t) * vs, src + Hkv * D, sizeof(float) * (size_t)D);
+                }
+        if (!rc)
+            rc = dl_attn_mlp(p, h, B, T, qkv, k, kb, kh, ks, v, vb, vh, vs, n + T, mask, mb, mm, (float)scale[l], threads);
+    }
+    free(qkv);
+    return rc;
+}
+
 /* For tests: out[M, n] = rms of each row of h[M, n] with weight w; y[n] = silu(g) * u. */
 DL_API int dl_rms(const float *h, const float *w, float eps, long M, long n, float *out)
 {

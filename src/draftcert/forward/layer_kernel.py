@@ -19,12 +19,13 @@ import torch
 
 from ..native import NativeLibrary
 
-__all__ = ["LIBRARY", "Linear", "Plan", "qkv", "attn_mlp", "rms", "silu_mul"]
+__all__ = ["LIBRARY", "Linear", "Plan", "qkv", "attn_mlp", "layers", "rms", "silu_mul"]
 
 _HERE = Path(__file__).parent
 _KERNELS = _HERE.parent / "kernels"
 LIBRARY = NativeLibrary(_HERE / "layer_kernel.c", "dl_", {
-    "dl_qkv": ("PPLPPPI", "I"), "dl_attn_mlp": ("PPLLPPLLLPLLLLPLLFI", "I"), "dl_rms": ("PPFLLP", "I"),
+    "dl_qkv": ("PPLPPPI", "I"), "dl_attn_mlp": ("PPLLPPLLLPLLLLPLLFI", "I"), "dl_layers": ("PLPPLLPPPLLI", "I"),
+    "dl_rms": ("PPFLLP", "I"),
     "dl_silu": ("PPLP", "I")}, source_flags=("-fvisibility=hidden",),
     includes=(_KERNELS / "block_matmul.c", _KERNELS / "row_attention.c"))
 
@@ -137,6 +138,25 @@ def attn_mlp(plan: Plan, h: torch.Tensor, qkv_rows: torch.Tensor, k: torch.Tenso
         m.stride(0) if m is not None else 0, m.stride(1) if m is not None else 0, float(scale), torch.get_num_threads())
     if rc:
         raise RuntimeError(f"layer_kernel.attn_mlp failed ({rc}: {'out of memory' if rc == -2 else 'a plan the kernels refuse'})")
+
+
+def layers(io: list[list[int]], scales: list[float], h: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+           visible: torch.Tensor | None) -> None:
+    """Every layer of a decoder on ``h [B, T, hidden]`` (contiguous float32, in place), in one call: per
+    layer :func:`qkv`, the append of its k and v rows to its cache buffers, :func:`attn_mlp`, the same
+    bits.  ``io``: per layer ``[plan.ref, key buffer, value buffer, kb, kh, ks, vb, vh, vs, n]`` (the
+    buffers' pointers and strides in floats, n the positions they hold before the pass; positions
+    n .. n + T - 1 reserved), ``scales`` the attentions' scales; ``visible`` as :func:`attn_mlp`'s."""
+    B, T, _ = h.shape
+    table = torch.tensor(io, dtype=torch.int64)  # [L, 10]
+    sc = torch.tensor(scales, dtype=torch.float64)
+    m = visible
+    rc = LIBRARY.require().dl_layers(
+        table.data_ptr(), len(io), sc.data_ptr(), h.data_ptr(), B, T, cos.data_ptr(), sin_signed.data_ptr(),
+        m.data_ptr() if m is not None else None, m.stride(0) if m is not None else 0, m.stride(1) if m is not None else 0,
+        torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"layer_kernel.layers failed ({rc}: {'out of memory' if rc == -2 else 'a plan the kernels refuse'})")
 
 
 def rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

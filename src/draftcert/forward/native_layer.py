@@ -25,8 +25,9 @@ import torch
 
 from ..gguf.layers import CONTRACT_Q8, GGUFLinear, generation
 from . import layer_kernel
+from .kv_buffer import spare_layer
 
-__all__ = ["enabled", "plan_of", "forward", "forget"]
+__all__ = ["enabled", "plan_of", "forward", "forward_layers", "forget", "ALL_LAYERS_IN_ONE_CALL"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 _ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
@@ -95,7 +96,7 @@ def _build(layer, qk_norm: bool) -> layer_kernel.Plan | None:
         return None
 
 
-def plan_of(layer, qk_norm: bool) -> layer_kernel.Plan | None:
+def plan_of(layer) -> layer_kernel.Plan | None:
     """The layer's native plan (made once, made again when one of its tensors was replaced), or None
     where the layer is not all ``gguf-q8`` (or the path is off)."""
     memo = layer.__dict__.get(_PLAN)
@@ -107,7 +108,7 @@ def plan_of(layer, qk_norm: bool) -> layer_kernel.Plan | None:
                 and old[8] is sources[8] and old[9] is sources[9] and old[10] is sources[10]
                 and all(t.data_ptr() == ptr for t, ptr in memo[3])):
             return memo[2]
-    plan = _build(layer, qk_norm) if enabled() else None
+    plan = _build(layer, sources[9] is not None) if enabled() else None  # Qwen3: its q/k head norms
     # parameters whose storage a module's ``_apply`` (``.to()``, ``.float()``) can swap under the same object
     params = [t for t in sources[7:] if t is not None] + [m.bias for m in sources[:7] if getattr(m, "bias", None) is not None]
     layer.__dict__[_PLAN] = (gen, sources, plan, [(t, t.data_ptr()) for t in params])
@@ -174,3 +175,52 @@ def forward(plan: layer_kernel.Plan, attn, hidden_states: torch.Tensor, cache, p
     out = h.clone()
     layer_kernel.attn_mlp(plan, out, qkv, k, v, vis, attn.scaling)
     return out
+
+
+ALL_LAYERS_IN_ONE_CALL = True  # ``forward_layers``' path (tests turn it off to compare it with the per-layer one)
+
+
+def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache, position_embeddings,
+                   mask) -> torch.Tensor | None:
+    """Every layer of a decoder, all native, in one C call (``layer_kernel.layers``: the per-layer
+    calls' operations in the same order, so the same bits as :func:`forward` layer after layer),
+    where every layer's cache is ``kv_buffer``'s layer with the same length; the hidden states after the
+    last layer, or None (before anything was changed) where the call is not that case."""
+    if cache is None or not ALL_LAYERS_IN_ONE_CALL or hidden_states.dtype != torch.float32:
+        return None
+    spare = spare_layer()
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return None
+    B, T, _ = hidden_states.shape
+    mine, past = [], None
+    for attn in attns:
+        idx = attn.layer_idx
+        lc = layers[idx] if 0 <= idx < len(layers) else None
+        if type(lc) is not spare:
+            return None
+        keys = lc.keys if lc.is_initialized else None
+        n = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
+        if past is None:
+            past = n
+        elif n != past:
+            return None
+        mine.append(lc)
+    ok, vis = _visible(mask, B, T, past + T)
+    if not ok:
+        return None
+    cos, sin_signed = _rows(position_embeddings, B, T)
+    io, scales, likes = [], [], {}
+    for plan, attn, lc in zip(plans, attns, mine):
+        shape = (B, plan.kv_heads, T, plan.head_dim)
+        like = likes.get(shape)
+        if like is None:
+            like = likes[shape] = torch.empty(shape, dtype=torch.float32, device=hidden_states.device)
+        kb, vb, n = lc.reserve(like, like)  # room for the T rows (the layer's keys and values unchanged)
+        io.append([plan.ref, kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3], n])
+        scales.append(float(attn.scaling))
+    h = hidden_states.contiguous().clone()
+    layer_kernel.layers(io, scales, h, cos, sin_signed, vis)
+    for lc in mine:
+        lc.commit(past + T)
+    return h

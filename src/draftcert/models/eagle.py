@@ -329,11 +329,14 @@ class EagleDrafter(nn.Module):
         return int(self.vocab_ids.numel())
 
     # ------------------------------------------------------------------ compute
-    def step(self, tokens, feats, position_ids, mask, cache=None, head_weight=None):
+    def step(self, tokens, feats, position_ids, mask, cache=None, head_weight=None, last_only: bool = False):
         """One drafting step for rows (B, T): returns (feature g (B,T,H), reduced logits (B,T,V_d), tail (B,T)).
 
         ``mask`` is an additive 4-D attention mask (B or 1, 1, T, cached + T) over the cache.
         ``head_weight``: the float rows ``[V_d, H]`` or a layer (``head_layer``); default ``head_layer()``.
+        ``last_only``: every row goes through the layer (and into the cache), but g, the logits and
+        the tail are computed for the last row only (T = 1 in the results): a decode's catch-up step
+        over the pairs of many plain rounds drafts from its last row alone.
         """
         x = self.fc(torch.cat([self._embed(tokens), feats.to(self.dtype)], -1))
         pe = self.rotary(x, position_ids=position_ids)
@@ -341,6 +344,8 @@ class EagleDrafter(nn.Module):
         x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
         if isinstance(x, tuple):
             x = x[0]
+        if last_only:
+            x = x[:, -1:]
         g = self.norm(x)
         w = self.head_layer() if head_weight is None else head_weight
         red = g @ w.T if isinstance(w, torch.Tensor) else w(g)

@@ -23,6 +23,7 @@ from ..forward import decoder_layers, kv_buffer
 
 __all__ = [
     "cache_kwarg",
+    "device_of",
     "head_rows",
     "prefix_logits",
     "new_cache",
@@ -159,6 +160,15 @@ def continued_positions(cache, n: int, device) -> torch.Tensor | None:
     return torch.arange(start, start + n, device=device).unsqueeze(0)
 
 
+def device_of(model) -> torch.device:
+    """``model.device`` without transformers' walk over the parameters (~60 us, twice a pass): its first
+    parameter's, the parameter object kept on the model (``.to()`` moves data under the same object)."""
+    p = model.__dict__.get("_draftcert_first_parameter")
+    if p is None:
+        p = model.__dict__["_draftcert_first_parameter"] = next(model.parameters(), None)
+    return model.device if p is None else p.device
+
+
 def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None,
                   vocab_rows: int | None = None) -> torch.Tensor:
     """One forward pass of ``ids`` after ``cache`` (which it extends); logits of the last ``keep`` positions.
@@ -169,9 +179,10 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
     vocabulary prefix, ``head_rows``); the other tokens get the logit -inf.
     Returns [keep, V].
     """
+    device = device_of(model)
     if position_ids is None:
-        position_ids = continued_positions(cache, len(ids), model.device)
-    input_ids = torch.tensor([ids], dtype=torch.long, device=model.device)
+        position_ids = continued_positions(cache, len(ids), device)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     ready = decoder_layers.decoder_ready(model)  # the same bits without transformers' model-level plumbing (decoder_layers.py)
     if vocab_rows is not None or ready:
         h = _decoder_states(model, cache, input_ids, mask, position_ids, ready)  # [1, T, H]
@@ -250,15 +261,16 @@ def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, posi
     LM computes them (its output embedding on the last hidden states), so decoding with this pass
     is identical to ``model_forward``.
     """
-    dec = model.get_decoder()
+    device = device_of(model)
     if position_ids is None:
-        position_ids = continued_positions(cache, len(ids), model.device)
-    if decoder_layers.decoder_ready(model):
-        h = _decoder_states(model, cache, torch.tensor([ids], dtype=torch.long, device=model.device), mask,
+        position_ids = continued_positions(cache, len(ids), device)
+    if decoder_layers.decoder_ready(model):  # its output layer unhooked: called as model_forward calls it
+        h = _decoder_states(model, cache, torch.tensor([ids], dtype=torch.long, device=device), mask,
                             position_ids, True)
-        return model.get_output_embeddings()(h[:, -keep:, :])[0], h[0]
+        return model._modules["lm_head"].forward(h[:, -keep:, :])[0], h[0]
+    dec = model.get_decoder()
     out = dec(
-        input_ids=torch.tensor([ids], dtype=torch.long, device=model.device),
+        input_ids=torch.tensor([ids], dtype=torch.long, device=device),
         attention_mask=mask,
         position_ids=position_ids,
         use_cache=True,
