@@ -184,12 +184,12 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
 
     lengths = AdaptiveDraftLength(_costs(), (0.05,), probe_every=4)
     gaps = []
-    for _ in range(6):  # plain rounds until a probe; the probe rejected
+    for _ in range(6):  # plain rounds until a probe (one drafted token); the probe rejected
         n = 0
-        while lengths.next_k() == 0:
+        while (k := lengths.next_k()) == 0:
             n += 1
         gaps.append(n)
-        assert lengths.probing
+        assert lengths.probing and k == 1
         lengths.observe([False])
     assert gaps == [4, 8, 16, 32, 64, 128] and lengths.probe_gap == MAX_PROBE_GAP
     n = 0

@@ -19,13 +19,14 @@ what it has seen (a drafter that has been right at every depth so far is tried d
 fails at depth 1 is not), where a fixed per-depth prior would never move them.
 
 A prompt whose drafts are mostly rejected drives ``a_1`` down until ``k = 0`` wins; a decode in
-plain mode sees no attempts, so after ``probe_every`` plain rounds one round drafts with the best
-``k >= 1`` again (a probe: what lets a decode that turns predictable speculate again).  A probe whose
+plain mode sees no attempts, so after ``probe_every`` plain rounds one round drafts a single token
+(a probe: what lets a decode that turns predictable speculate again; one token because depth 1 is what
+it tests, and a longer chain that fails at depth 1 costs its drafting steps and verification rows for
+nothing).  A probe whose
 first draft is rejected doubles the plain rounds before the next one, up to ``MAX_PROBE_GAP``; an
 accepted probe, or a round that drafts because the rates say so, sets the wait back to
-``probe_every``.  A probe costs about a verification pass and a drafting step for a token or two (on
-a small target, where drafting is a tenth of a pass, half a plain round more than it yields), so on
-text the drafter cannot follow the probes' share falls from 1/16 of the rounds to about 1/128.
+``probe_every``.  On text the drafter cannot follow, the probes' share of the rounds then falls from
+1/16 to about 1/128.
 Relaxed rules accept more than strict: the posterior learns it.
 
 **Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
@@ -139,8 +140,8 @@ class AdaptiveDraftLength:
         self.probing = False
         if best == 0:
             self.plain_run += 1
-            if self.plain_run > self.probe_gap:  # probe: draft once with the best length
-                best = max(range(1, len(rates)), key=lambda k: (rates[k], -k))
+            if self.plain_run > self.probe_gap:  # probe: one drafted token, the cheapest test of depth 1
+                best = 1
                 self.probing = True
         elif self.probe_gap != self.probe_every:  # drafting on the evidence: probes start over
             self.probe_gap = self.probe_every
