@@ -24,6 +24,7 @@ import os
 import torch
 
 from ..gguf.layers import CONTRACT_Q8, GGUFLinear, generation
+from ..kernels.attention import visibility
 from . import layer_kernel
 from .kv_buffer import spare_layer
 
@@ -143,13 +144,8 @@ def _visible(mask, B: int, T: int, S: int):
         return False, None
     memo = mask.__dict__.get(_VISIBLE)
     if memo is None or memo[0] != B:
-        m = mask[:, 0].expand(B, T, S)
-        if m.dtype == torch.bool:
-            vis = m.view(torch.uint8)
-        elif bool(((m == 0) | (m <= torch.finfo(m.dtype).min / 2)).all()):  # additive: 0 or "minus infinity"
-            vis = (m == 0).view(torch.uint8)
-        else:
-            vis = None  # a bias: not the kernel's case
+        vis = visibility(mask[:, 0].expand(B, T, S))  # None: a bias, not the kernel's case
+        vis = vis.view(torch.uint8) if vis is not None else None
         memo = mask.__dict__[_VISIBLE] = (B, vis if vis is None or vis.stride(-1) == 1 else vis.contiguous())
     return memo[1] is not None, memo[1]
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from . import row_attention
 
-__all__ = ["IMPLEMENTATION", "ROW_INVARIANT", "grouped_sdpa_forward", "use_grouped_sdpa", "use_row_invariant_attention"]
+__all__ = ["IMPLEMENTATION", "ROW_INVARIANT", "visibility", "grouped_sdpa_forward", "use_grouped_sdpa", "use_row_invariant_attention"]
 
 IMPLEMENTATION = "draftcert_sdpa"
 ROW_INVARIANT = "draftcert_row_invariant"  # attention-module flag: compute it with row_attention
@@ -59,6 +59,17 @@ def grouped_sdpa_forward(module: torch.nn.Module, query: torch.Tensor, key: torc
     return out.transpose(1, 2).contiguous(), None  # [B, q, H, D]
 
 
+def visibility(mask: torch.Tensor) -> torch.Tensor | None:
+    """A mask as bool, True where a query may attend: a bool mask itself, an additive one ``mask == 0``
+    where it holds only 0 and "minus infinity" (``<= finfo.min / 2``); None for an additive bias of
+    other values (alibi and the like), which is not a visibility."""
+    if mask.dtype == torch.bool:
+        return mask
+    if bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+        return mask == 0
+    return None
+
+
 def _row_invariant_case(query, key, value, mask, dropout, kwargs) -> bool:
     """Can row_attention compute this call exactly as sdpa would (up to rounding)?"""
     if query.device.type != "cpu" or query.dtype != torch.float32 or dropout or not row_attention.LIBRARY.available():
@@ -70,7 +81,7 @@ def _row_invariant_case(query, key, value, mask, dropout, kwargs) -> bool:
     if mask is not None:
         if mask.dim() != 4 or mask.shape[1] != 1:
             return False
-        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min / 2)).all()):
+        if visibility(mask) is None:
             return False  # an additive bias (alibi and the like): not only visible / hidden
     return True
 
