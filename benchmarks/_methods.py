@@ -27,9 +27,12 @@ def parse_dc(spec: str, auto: dict | None = None) -> tuple[str, dict]:
     raise ValueError(f"method {spec!r}: the shape must be kN, treeMxD or auto (e.g. dc:strict:k3, dc:strict:tree2x4)")
 
 
-def split_vocab(spec: str) -> tuple[str, int | None]:
-    """(``dc:RULE:SHAPE``, N) of ``dc:RULE:SHAPE:vN``; (spec, None) without the suffix."""
+def split_vocab(spec: str) -> tuple[str, int | str | None]:
+    """(``dc:RULE:SHAPE``, N) of ``dc:RULE:SHAPE:vN``, (``dc:RULE:SHAPE``, "all") of ``dc:RULE:SHAPE:vall``;
+    (spec, None) without the suffix."""
     head, _, last = spec.rpartition(":")
     if head.startswith("dc:") and last.startswith("v") and last[1:].isdigit() and int(last[1:]) > 0:
         return head, int(last[1:])
+    if head.startswith("dc:") and last == "vall":
+        return head, "all"
     return spec, None

@@ -26,8 +26,10 @@ prompt is the median of its repeats, and its tokens/s is total tokens over the s
     assisted generation with the same drafter: the peer a user would pick instead.
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the 0.5B drafter, live certificates on, as a
     chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D);
-    ``dc:RULE:SHAPE:vN``: the drafter proposes only the first N token ids (``decode --draft-vocab N``:
-    its output layer computes N of 151,936 rows; no certificates).
+    The drafter computes its output layer over its draft vocabulary as ``decode`` does by default: its
+    shipped token map (``drafting.draft_vocab.SHIPPED``: 32,768 tokens plus the sequence's own);
+    ``dc:RULE:SHAPE:vall``: over the whole vocabulary; ``dc:RULE:SHAPE:vN``: the first N token ids
+    only (``decode --draft-vocab all`` and ``N``).
     ``dc:...@SPEC``: the same with the drafter ``SPEC`` (a ``--drafter`` spec, e.g.
     ``dc:strict:auto@eagle:qwen2.5-coder-1.5b``, the pair's feature drafter), loaded once.
 (d) llama.cpp (``benchmarks/_llamacpp.py``), one process per run, on the same GGUF files
@@ -149,17 +151,17 @@ def prompt_text(tok, text: str) -> str:
 _AUTO: dict = {}  # rule -> (k, draft_length factory): ``-k auto``'s adaptive draft length, made once per rule
 
 
-def _auto(target, tok, drafter, rule, spec=DRAFTER):
+def _auto(target, tok, drafter, rule, spec=DRAFTER, vocab=None):
     """``draftcert decode``'s default ``-k auto`` for ``rule`` with the drafter ``spec`` (which names its
-    shipped acceptance: ``models.pair.PAIR_DRAFTER_ACCEPTANCE``, a packaged drafter's ``train.json``):
-    (k, tree, the draft_length factory)."""
+    shipped acceptance: ``models.pair.PAIR_DRAFTER_ACCEPTANCE``, a packaged drafter's ``train.json``)
+    over the draft vocabulary ``vocab`` (the method's ``:v`` suffix): (k, tree, the draft_length factory)."""
     from draftcert.decode.engine import auto_draft
 
-    if (rule, spec) not in _AUTO:
+    if (rule, spec, vocab) not in _AUTO:
         k, tree, _, factory, line = auto_draft(target, drafter, tok, rule, None, spec=spec)
-        print(f"dc:{rule}:auto@{spec}: {line}", file=sys.stderr, flush=True)
-        _AUTO[rule, spec] = (k, tree, factory)
-    return _AUTO[rule, spec]
+        print(f"dc:{rule}:auto@{spec}{'' if vocab is None else f':v{vocab}'}: {line}", file=sys.stderr, flush=True)
+        _AUTO[rule, spec, vocab] = (k, tree, factory)
+    return _AUTO[rule, spec, vocab]
 
 
 _DRAFTERS: dict = {}  # spec -> a drafter loaded for ``dc:...@SPEC`` methods
@@ -179,6 +181,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     from draftcert.decode import speculative_generate
     from draftcert.decode.bench import timed_generate
     from draftcert.drafting import ModelDrafter
+    from draftcert.drafting.draft_vocab import shipped_vocab
     from draftcert.decode.engine import greedy_generate
 
     if method.startswith("llamacpp:"):
@@ -203,10 +206,10 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
                 drafter = _drafter_named(spec, target, tok)
             base, vocab = split_vocab(method)
             rule, kw = parse_dc(base, {"k": "auto", "tree": None})
-            if vocab is not None:  # the drafter over the first ``vocab`` token ids (decode --draft-vocab)
-                drafter = ModelDrafter(drafter, vocab)
+            if not spec:  # the 0.5B drafter over decode's default draft vocabulary, or --draft-vocab all / N
+                drafter = ModelDrafter(drafter, shipped_vocab(DRAFTER) if vocab is None else None if vocab == "all" else vocab)
             if kw["k"] == "auto":  # decode's defaults: the adaptive draft length, timed as decode times itself
-                k, tree, factory = _auto(target, tok, drafter, rule, spec or DRAFTER)
+                k, tree, factory = _auto(target, tok, drafter, rule, spec or DRAFTER, vocab)
                 res = timed_generate(target, drafter, ids, rule, k, tree, n_new, tokenizer=tok, draft_length=factory)
             else:
                 res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
@@ -520,8 +523,8 @@ def main(argv=None) -> int:
         print(f"llama.cpp: best {bl['method']}" + (f", best N for spec {bspec['method'].rpartition(':')[2]}" if spec else "")
               + (f"; llamacpp:target {lt['tok_s'] / base:.2f}x our target" if lt else ""))
     print(f"pair_speedup_strict={bs['tok_s'] / base:.3f}")
-    # the certify stage's share where there are certificates (a :vN drafter has none)
-    certifying = [r for r in strict if "cert_share" in r and split_vocab(r["method"])[1] is None]
+    # the certify stage's share (every drafter vocabulary carries certificates)
+    certifying = [r for r in strict if "cert_share" in r]
     if certifying:
         print(f"pair_certificate_share={max(certifying, key=lambda r: r['tok_s'])['cert_share']:.4f}")
     if hf:

@@ -241,6 +241,23 @@ def test_layers_not_all_q8_run_the_torch_layer(tmp_path):
     assert native_layer.plan_of(float_model.model.layers[0]) is None
 
 
+def test_an_evaluation_records_whether_the_layers_run_natively(tmp_path, monkeypatch):
+    """``evaluate``'s ``model_dtype``: a folder decoded with the torch layers is not resumed with the native ones."""
+    from draftcert.cli.evaluate import arithmetic_of
+    from draftcert.gguf.layers import set_numerics
+
+    from tests.tiny_gguf import tiny_gguf_llama
+
+    model = tiny_gguf_llama(tmp_path, numerics="gguf-q8")
+    assert arithmetic_of(model) == "gguf-q8+native-layers"
+    monkeypatch.setenv("DRAFTCERT_NATIVE_LAYERS", "0")
+    native_layer.forget(model)
+    assert arithmetic_of(model) == "gguf-q8"
+    set_numerics(model, "gguf-exact-f32")
+    assert arithmetic_of(model) == "gguf-exact-f32"
+    assert arithmetic_of(tiny_lm("llama")) == "float32"
+
+
 def test_a_plan_is_made_again_when_a_tensor_it_reads_is_replaced():
     model = _to_q8(tiny_lm("qwen2", seed=4))  # q/k/v biases
     layer = model.model.layers[0]

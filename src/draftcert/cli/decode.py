@@ -116,9 +116,11 @@ def _common(p) -> None:
                    "adds suffix-match candidates to DRAFTER's tree (default for the embedded target: default+suffix, "
                    "the shipped feature drafter with suffix-match candidates)")
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N", help="a causal-LM drafter proposes only the "
-                   "first N token ids: its output layer computes N rows (e.g. 32768 of the Qwen pair's 151936), the "
-                   "other tokens get q = 0; strict stays lossless, and those drafts are never certified (docs/decoding.md)")
+    p.add_argument("--draft-vocab", type=_draft_vocab_value, default=None, metavar="N|FILE|all", help="a causal-LM "
+                   "drafter's draft vocabulary: N (the first N token ids), FILE (a token map from `draftcert draft-vocab`: "
+                   "its tokens plus the sequence's own) or all. Its output layer computes those rows only, the other "
+                   "tokens get q = 0; strict stays lossless, and those drafts are never certified. Default: the "
+                   "shipped map of a preset drafter (--pair qwen2.5-coder's 0.5B: 32,768 tokens), else all (docs/decoding.md)")
     p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M; 0: no drafts, "
                    "the target alone), or 'auto': before each round, the chain length (0..6, none included) with the "
                    "best predicted tokens/s from this machine's measured cost curve and the acceptance seen so far in "
@@ -209,7 +211,15 @@ def _auto_k(args, target, drafter, dspec):
     return factory
 
 
-def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None, draft_vocab: int | None = None):
+def _draft_vocab_value(text: str):
+    """``--draft-vocab``'s value: an int N, ``all`` or a file path (read when the drafter is made)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _drafter_obj(spec, target, tok, progress: bool = True, dtype=None, draft_vocab=None):
     try:
         with transformers_progress(progress):
             made = make_drafter(spec, target, tok, dtype=dtype)
@@ -247,6 +257,16 @@ def contract_line(numerics: str) -> str | None:
     return None
 
 
+def vocab_line(drafter) -> str | None:
+    """``decode``'s line for a causal-LM drafter over part of its vocabulary (None over all of it)."""
+    vocab = getattr(drafter.model_drafter, "vocab", None)
+    if vocab is None:
+        return None
+    what = (f"the first {len(vocab):,} token ids" if vocab.prefix_length is not None else
+            f"a {len(vocab):,}-token map ({vocab.source}) plus the sequence's own tokens")
+    return f"the drafter computes its output layer over {what}; --draft-vocab all: over the whole vocabulary"
+
+
 def _num(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
@@ -264,6 +284,8 @@ def run_decode(args) -> int:
         print(f"draftcert: {contract}", file=sys.stderr, flush=True)
     ids = encode_prompt(tok, args.prompt)
     drafter = _drafter_obj(dspec, target, tok, not args.no_progress, args.dtype, args.draft_vocab)
+    if vocab_line(drafter):
+        print(f"draftcert: {vocab_line(drafter)}", file=sys.stderr, flush=True)
     draft_length = _auto_k(args, target, drafter, dspec)
     warm = None if args.no_warmup else _warmup(target, drafter, ids, args.criterion, args.k, args.tree, args.max_new_tokens, tok)
     out = sys.stdout

@@ -12,6 +12,7 @@ from ..evaluate.scoreboard import format_rows, write_scoreboard
 from ..evaluate.session import CONTROL, run_evaluation
 from ..evaluate.tasks import TASK_HELP, load_task
 from ..fileio import check_writable_dir
+from ..forward import native_layer
 from ..gguf.layers import numerics_of
 from ..models.loading import fetch_pair_downloads, transformers_progress
 from .checks import PAIR_HELP, add_weights_option, apply_pair, apply_weights, check_drafter, check_dtype, check_specs, set_threads
@@ -90,6 +91,17 @@ def _criteria(value: str) -> list[str]:
     return [CONTROL] + [s for s in specs if s != CONTROL]
 
 
+def arithmetic_of(target) -> str:
+    """The target's numbers as its completions depend on them: its dtype or GGUF contract, and under
+    ``gguf-q8`` whether its decoder layers run natively (``forward/native_layer.py``: another arithmetic,
+    whose greedy completions can differ; a folder decoded one way is not resumed the other)."""
+    numerics = numerics_of(target)
+    layers = getattr(target.get_decoder(), "layers", None) if hasattr(target, "get_decoder") else None
+    if numerics == "gguf-q8" and layers and all(native_layer.plan_of(layer) is not None for layer in layers):
+        return f"{numerics}+native-layers"
+    return numerics
+
+
 def run(args) -> int:
     specs = _criteria(args.criteria)
     for name, v in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens), ("--memory-mb", args.memory_mb)):
@@ -124,6 +136,10 @@ def run(args) -> int:
         with transformers_progress(not args.no_progress):
             target, tok = models.load_target(args.target, dtype=args.dtype)
             drafter = make_drafter(dspec, target, tok, dtype=args.dtype)
+            if drafter.model_drafter is not None and hasattr(drafter.model_drafter, "vocab"):
+                # the drafter's whole vocabulary, not decode's shipped map: the relaxed rules' answers are the
+                # causal LM's own drafts (and a run made before the maps resumes with the same settings)
+                drafter = make_drafter(drafter, target, tok, draft_vocab="all")
     except models.ModelUnavailable as exc:
         raise ValueError(f"{'--pair' if args.pair else '--target'}: {exc}") from exc
     except (OSError, RuntimeError) as exc:
@@ -132,7 +148,8 @@ def run(args) -> int:
     limits = Limits(timeout=args.timeout, cpu_seconds=max(1, int(-(-args.timeout // 1))),
                     memory_bytes=args.memory_mb << 20)
     settings = {"task": args.task, "target": args.target or "embedded", "drafter": dspec, "k": k,
-                "max_new_tokens": args.max_new_tokens, "model_dtype": numerics_of(target), "draft_vocab": None,
+                "max_new_tokens": args.max_new_tokens, "model_dtype": arithmetic_of(target),
+                "draft_vocab": getattr(getattr(drafter.model_drafter, "vocab", None), "key", None),
                 "timeout": args.timeout, "memory_bytes": limits.memory_bytes}
     if any(p.runs_code for p in problems):
         abi = landlock_abi()

@@ -1,15 +1,22 @@
-"""``draftcert train-drafter``: train an EAGLE-style feature drafter for a target by self-distillation."""
+"""``draftcert train-drafter``: train an EAGLE-style feature drafter for a target by self-distillation;
+``draftcert draft-vocab``: a causal-LM drafter's token map, counted on a training run's data."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+import torch
+
+from ..drafting.draft_vocab import DraftVocabulary
 from ..fileio import dumps_json
 from ..models import ModelUnavailable, load_drafter, load_target, parse_drafter_spec
+from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
 from ..profile.settings import check_out_dir
 from ..train import OBJECTIVES, TrainConfig, train_drafter
+from ..train.distill_data import draft_vocabulary
 from ..train.user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, merge_into_train_json
 from .checks import add_weights_option, apply_weights, check_specs, set_threads
 
@@ -40,6 +47,7 @@ in chunks, training from the last checkpoint).  Exit status 1: stopped early.
 
 
 def add_parser(subparsers) -> None:
+    add_vocab_parser(subparsers)
     d = TrainConfig()
     p = subparsers.add_parser(
         "train-drafter",
@@ -132,6 +140,64 @@ def run(args) -> int:
     if path is None:
         return 1
     print(path)
+    return 0
+
+
+def add_vocab_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "draft-vocab",
+        help="a causal-LM drafter's draft vocabulary: the tokens counted most often in a train-drafter data file",
+        description="Write a token map for --draft-vocab: the N tokens counted most often in the target's own\n"
+                    "answers to training prompts (a train-drafter run's data.pt), EOS always in.  A drafter over it\n"
+                    "computes those rows of its output layer, plus the tokens of the sequence it drafts for.",
+        epilog="example:\n  draftcert train-drafter --target qwen2.5-coder-1.5b --out runs/pair-data --prompts sharegpt-train \\\n"
+               "      --examples 1024 --epochs 0.01      # the data stage (resumable)\n"
+               "  draftcert draft-vocab --target qwen2.5-coder-1.5b --data runs/pair-data/data.pt --size 32768 \\\n"
+               "      --out vocab.json\n  draftcert decode --pair qwen2.5-coder --draft-vocab vocab.json --prompt \"...\"",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", default=None, help="the target the data was made with (its vocabulary size and EOS ids)")
+    add_weights_option(p)
+    p.add_argument("--data", required=True, help="a train-drafter run's data.pt (or its run directory)")
+    p.add_argument("--size", type=int, required=True, help="tokens in the map (e.g. 32768 of the Qwen pair's 151,936)")
+    p.add_argument("--out", required=True, help="the map file to write (JSON)")
+    p.set_defaults(func=run_draft_vocab)
+
+
+def run_draft_vocab(args) -> int:
+    """``draftcert draft-vocab``: count, rank, and write the map with its provenance and a held-out coverage."""
+    if args.size < 1:
+        raise ValueError(f"--size: expected an integer >= 1, got {args.size}")
+    path = Path(args.data)
+    path = path / "data.pt" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"--data {args.data!r}: no such file (a train-drafter run's data.pt)")
+    data = torch.load(path, weights_only=False)
+    examples = data.get("examples") if isinstance(data, dict) else None
+    if not examples or "ids" not in examples[0]:
+        raise ValueError(f"--data {args.data!r}: not a train-drafter data file (no examples with token ids)")
+    apply_weights(args)
+    try:
+        target, tok = load_target(args.target)
+    except ModelUnavailable as exc:
+        raise ValueError(f"--target: {exc}") from exc
+    V, eos = vocab_size_of(target), sorted(eos_token_ids(target, tok))
+    if max(max(e["ids"]) for e in examples) >= V:
+        raise ValueError(f"--data {args.data!r}: token ids beyond the target's vocabulary of {V}: made with another target?")
+    size = min(args.size, V)
+    # coverage of the answers of every tenth example by a map counted on the other nine tenths
+    fit, held = [e for i, e in enumerate(examples) if i % 10], [e for i, e in enumerate(examples) if not i % 10]
+    member = torch.zeros(V, dtype=torch.bool)
+    member[draft_vocabulary(fit, size, V, always=eos)] = True
+    answers = torch.cat([torch.tensor(e["ids"][e.get("n_prompt", 0):], dtype=torch.int64) for e in held])
+    coverage = float(member[answers].float().mean()) if answers.numel() else None
+    ids = draft_vocabulary(examples, size, V, always=eos)
+    about = {"data": str(path), "examples": len(examples), "tokens": sum(len(e["ids"]) for e in examples),
+             "target": args.target or "embedded", "coverage_heldout_tenth": coverage,
+             "command": f"draftcert draft-vocab{'' if args.target is None else ' --target ' + args.target} "
+                        f"--data {args.data} --size {args.size} --out {args.out}"}
+    DraftVocabulary(ids, V, grows=True, source=args.out).save(args.out, **about)
+    print(dumps_json({"file": args.out, "size": size, **about}, indent=None))
     return 0
 
 

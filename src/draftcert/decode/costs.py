@@ -379,6 +379,13 @@ def _fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
+def _vocab_key(drafter) -> str | None:
+    """The draft vocabulary a causal-LM drafter (or a hybrid's) computes its output layer over, as a key."""
+    inner = getattr(drafter, "model_drafter", None) or drafter
+    vocab = getattr(inner, "vocab", None)
+    return getattr(vocab, "key", None)
+
+
 def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
     """What a cached curve is valid for: this CPU, torch build, thread count, target (and the numerics
     and native kernel builds it runs on: a rebuilt kernel has other costs), drafter and shapes."""
@@ -388,7 +395,7 @@ def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
             "kernels": [block_matmul.LIBRARY.build_id(), packed_matmul.LIBRARY.build_id(), layer_kernel.LIBRARY.build_id()],
             "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
-            "draft_vocab": getattr(drafter, "vocab", None),  # a prefix of the output layer costs less
+            "draft_vocab": _vocab_key(drafter),  # part of the output layer costs less
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
 
 

@@ -4,6 +4,8 @@
 - ``make.py``: ``make_drafter`` (a ``--drafter`` spec, a causal LM or a drafter object -> a drafter)
   and the defaults;
 - ``model_drafter.py``: ``ModelDrafter``, a causal LM drafting from its own KV cache;
+- ``draft_vocab.py``: ``DraftVocabulary`` (a prefix or a token map of the tokens a causal-LM drafter may
+  propose) and ``VocabHead``, its output layer over them;
 - ``prompt_lookup.py``: ``PromptLookupDrafter``, n-gram matches in the sequence;
 - ``feature_drafter.py``: ``FeatureDrafter``, the EAGLE-style head on the target's hidden states
   (its network is ``models/eagle.py``);
@@ -14,11 +16,12 @@ The decode loop (``draftcert.decode``) calls a drafter through ``protocol.Drafte
 drafters only import ``models`` (the draft tree type and the cache roll-back live there).
 """
 
+from .draft_vocab import DraftVocabulary
 from .make import as_drafter, make_drafter
 from .model_drafter import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
 from .protocol import Drafter
 from .suffix import HybridDrafter, SuffixDrafter, SuffixIndex, SuffixStore
 
-__all__ = ["Drafter", "make_drafter", "as_drafter", "ModelDrafter", "PromptLookupDrafter", "SuffixDrafter", "HybridDrafter", "SuffixIndex",
+__all__ = ["Drafter", "DraftVocabulary", "make_drafter", "as_drafter", "ModelDrafter", "PromptLookupDrafter", "SuffixDrafter", "HybridDrafter", "SuffixIndex",
            "SuffixStore"]

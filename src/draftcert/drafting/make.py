@@ -13,6 +13,7 @@ import torch
 
 from ..models import load_drafter, parse_drafter_spec
 from ..models.eagle import EagleDrafter
+from .draft_vocab import DraftVocabulary, shipped_vocab
 from .feature_drafter import FeatureDrafter
 from .model_drafter import ModelDrafter
 from .prompt_lookup import PromptLookupDrafter
@@ -30,7 +31,7 @@ DEFAULT_DRAFTER_TRAINED, DEFAULT_DRAFTER_UNTRAINED = "default+suffix", "suffix"
 FEATURE_K, MODEL_K = 1, 4
 
 
-def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_vocab: int | None = None):
+def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_vocab=None):
     """A drafter object from whatever the caller passed.
 
     A spec string (or path) is resolved by ``models.parse_drafter_spec``, exactly as the CLI's
@@ -41,16 +42,21 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
     A transformers model -> ModelDrafter; a feature drafter model -> FeatureDrafter (bound to
     ``target``); an object with ``start``/``propose`` is used as-is.  ``dtype``: the compute dtype of
     a drafter model loaded from a spec (``models.load_drafter``'s; None: its loader's default).
-    ``draft_vocab``: a causal-LM drafter proposes only the first ``draft_vocab`` token ids
-    (``ModelDrafter``'s ``vocab``); ValueError for any other drafter.
+    ``draft_vocab``: a causal-LM drafter's draft vocabulary (``ModelDrafter``'s ``vocab``,
+    ``draft_vocab.py``): an int N (the first N token ids), a token map file's path or a
+    ``DraftVocabulary``, or ``"all"`` (every token); None: a preset drafter loaded from a spec gets its
+    shipped token map (``draft_vocab.SHIPPED``), any other the whole vocabulary.  ValueError for a
+    drafter without an output layer of its own.
     """
     if draft_vocab is not None:
         made = make_drafter(drafter, target, tokenizer, dtype=dtype)
         inner = made.model_drafter
         if not isinstance(inner, ModelDrafter):
-            raise ValueError(f"draft vocabulary: only a causal-LM drafter computes a prefix of its output layer; "
+            raise ValueError(f"draft vocabulary: only a causal-LM drafter computes part of its output layer; "
                              f"this drafter is a {type(inner or made).__name__} (drop --draft-vocab)")
-        inner.vocab = ModelDrafter.checked_vocab(inner.model, draft_vocab)
+        if isinstance(draft_vocab, (str, os.PathLike)) and str(draft_vocab) != "all":
+            draft_vocab = DraftVocabulary.load(draft_vocab)
+        inner.vocab = ModelDrafter.checked_vocab(inner.model, None if draft_vocab == "all" else draft_vocab)
         return made
     if isinstance(drafter, Drafter) or (hasattr(drafter, "propose") and hasattr(drafter, "start")):
         return as_drafter(drafter)  # a drafter object: ours as it is, a user's declared once
@@ -62,7 +68,8 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
             return SuffixDrafter()
         if target is None:
             raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
-        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target)
+        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target,
+                            shipped_vocab(spec.model_spec))
         return HybridDrafter(model) if spec.suffix else model
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
@@ -73,13 +80,14 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
     )
 
 
-def _wrap_model(model, target):
-    """A feature drafter (``models.eagle.EagleDrafter``, bound to ``target``) or a plain causal LM."""
+def _wrap_model(model, target, vocab: DraftVocabulary | None = None):
+    """A feature drafter (``models.eagle.EagleDrafter``, bound to ``target``) or a plain causal LM (over
+    ``vocab``, its draft vocabulary: None for all tokens)."""
     if isinstance(model, EagleDrafter):
         if target is not None:
             model.bind(target)  # ValueError if it was trained for another target
         return FeatureDrafter(model)
-    return ModelDrafter(model)
+    return ModelDrafter(model, vocab)
 
 
 def as_drafter(obj) -> Drafter:

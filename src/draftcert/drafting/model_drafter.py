@@ -12,6 +12,7 @@ import torch
 from ..models.cache_state import CacheState
 from ..models.hf import model_forward, vocab_size_of
 from ..models.tree_attention import DraftTree
+from .draft_vocab import DraftVocabulary, VocabHead
 from .protocol import Drafter
 from .tree_growth import grow_tree
 
@@ -30,13 +31,14 @@ class ModelDrafter(Drafter):
     drafter drafts chains and (m, depth) trees (only the greedy child is fed), not static full trees.
     """
 
-    def __init__(self, model, vocab: int | None = None):
+    def __init__(self, model, vocab: "int | DraftVocabulary | None" = None):
         self.model = model
-        # The first ``vocab`` token ids only (None: all): its output layer computes those rows and
-        # every other token gets q = 0, so it never proposes one (strict stays lossless; KL(p || q)
-        # is infinite, so its trees carry no q and its rounds no certificates).  BPE ids run roughly
-        # in merge order, so a prefix of the vocabulary keeps the frequent tokens (docs/decoding.md).
+        # A draft vocabulary (None: all tokens; an int N: the first N ids): its output layer computes
+        # those rows and every other token shares one logit below them, so it never proposes one (strict
+        # stays lossless; q is positive everywhere, so its rounds are certified).  A token map also takes
+        # in the sequence's own tokens as they come (draft_vocab.py, docs/decoding.md).
         self.vocab = self.checked_vocab(model, vocab)
+        self.vocab_head: VocabHead | None = None  # the output layer over the vocabulary, for the current decode
         self.state: CacheState | None = None
         self.n_valid = 0
         self.fed: list[int] = []
@@ -51,15 +53,19 @@ class ModelDrafter(Drafter):
         return ModelDrafter(self.model, self.vocab)
 
     @staticmethod
-    def checked_vocab(model, vocab: int | None) -> int | None:
-        """``vocab`` as ``ModelDrafter`` keeps it: None for the whole vocabulary; ValueError outside 1..V."""
+    def checked_vocab(model, vocab: "int | DraftVocabulary | None") -> DraftVocabulary | None:
+        """``vocab`` as ``ModelDrafter`` keeps it: None for the whole vocabulary, an int N as the prefix
+        ``0..N-1`` (ValueError outside 1..V), a ``DraftVocabulary`` checked against the drafter's V."""
         if vocab is None:
             return None
         V = vocab_size_of(model)
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or not 1 <= vocab <= V:
-            raise ValueError(f"draft vocabulary: expected a number of tokens in 1..{V} (the drafter's output rows), "
-                             f"got {vocab!r}")
-        return None if vocab == V else vocab
+        if isinstance(vocab, DraftVocabulary):
+            if vocab.vocab_size != V:
+                raise ValueError(f"draft vocabulary {vocab.source!r}: made for a vocabulary of {vocab.vocab_size} "
+                                 f"tokens, the drafter has {V}")
+            return vocab
+        vocab = DraftVocabulary.prefix(vocab, V)
+        return None if len(vocab) == V else vocab
 
     @property
     def cache(self):
@@ -69,12 +75,13 @@ class ModelDrafter(Drafter):
         self.state = CacheState(self.model)
         self.n_valid = 0
         self.fed = []
+        self.vocab_head = None if self.vocab is None else VocabHead(self.model, self.vocab)
 
     def _fwd(self, ids, keep, mask=None, pos=None):
         if self.state.layout.stepwise and self.n_valid and len(ids) > 1:  # its multi-token passes lose the state
             return torch.cat([self._fwd([t], 1) for t in ids])[-keep:]
         self.forwards += 1
-        return model_forward(self.model, self.state.cache, ids, keep, mask, pos, vocab_rows=self.vocab)
+        return model_forward(self.model, self.state.cache, ids, keep, mask, pos, head=self.vocab_head)
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
         self.fed = []
@@ -84,6 +91,8 @@ class ModelDrafter(Drafter):
         if expand_all and self.state.layout.tree_refusal() is not None:
             raise ValueError(f"drafter: static full trees need tree attention in the drafter; "
                              f"{self.state.layout.tree_refusal()}")
+        if self.vocab_head is not None:  # the sequence's new tokens (the prompt, then the accepted ones) join a token map
+            self.vocab_head.add(seq[self.n_valid :])
         root_q = self._fwd(seq[self.n_valid :], 1)
         self.n_valid = n_seq = len(seq)
         self.state.mark(n_seq)
@@ -95,16 +104,17 @@ class ModelDrafter(Drafter):
         tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, min_margin=self.min_margin,
                                    device=self.model.device,
                                    dtype=self.model.dtype)
-        if self.vocab is not None:  # q vanishes outside the prefix: KL(p || q) = inf, nothing to certify
-            tree.q = None
         return tree
 
     def checkpoint(self):
-        """The cache as it is now (``restore`` brings it back: timing repeats)."""
-        return self.state.checkpoint(self.n_valid)
+        """The cache as it is now, and the tokens a token map took in (``restore`` brings both back: timing repeats)."""
+        return self.state.checkpoint(self.n_valid), None if self.vocab_head is None else self.vocab_head.snapshot()
 
     def restore(self, point) -> None:
-        self.n_valid = self.state.restore(point)
+        cache_point, vocab_point = point
+        self.n_valid = self.state.restore(cache_point)
+        if vocab_point is not None:
+            self.vocab_head.restore(vocab_point)
         self.fed = []
 
     def accept(self, path: list[int]) -> None:

@@ -143,6 +143,18 @@ class GGUFLinear(nn.Module):
             layer.numerics = self.numerics
         return layer
 
+    def rows(self, idx: torch.Tensor) -> "GGUFLinear":
+        """A layer computing this one's outputs ``idx`` (1-D token ids: a drafter's draft vocabulary), a copy
+        of those rows' blocks under the same contract: each output the same bits as this layer's (an output
+        depends on its weight row, its bias and x only)."""
+        idx = torch.as_tensor(idx, dtype=torch.int64).reshape(-1)
+        if idx.numel() == 0 or int(idx.min()) < 0 or int(idx.max()) >= self.out_features:
+            raise ValueError(f"GGUFLinear.rows: expected row ids in 0..{self.out_features - 1}")
+        tied = self.__dict__.get("_tied")
+        return GGUFLinear(self.qweight.index_select(0, idx.to(self.qweight.device)), self.qtype, self.in_features,
+                          idx.numel(), bias=None if self.bias is None else self.bias[idx],
+                          tied=None if tied is None else tied.index_select(0, idx.to(tied.device)), numerics=self.numerics)
+
     def to_linear(self) -> nn.Linear:
         """A plain float32 ``nn.Linear`` holding the weights the blocks encode (a copy: editing it leaves
         the blocks as they are), e.g. for a drafter derived from the target that rewrites its weights."""

@@ -24,8 +24,6 @@ from ..forward import decoder_layers, kv_buffer
 __all__ = [
     "cache_kwarg",
     "device_of",
-    "head_rows",
-    "prefix_logits",
     "new_cache",
     "continued_positions",
     "select_cache_rows",
@@ -170,13 +168,13 @@ def device_of(model) -> torch.device:
 
 
 def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_ids=None,
-                  vocab_rows: int | None = None) -> torch.Tensor:
+                  head=None) -> torch.Tensor:
     """One forward pass of ``ids`` after ``cache`` (which it extends); logits of the last ``keep`` positions.
 
     ``mask``: an additive 4-D mask [1, 1, len(ids), cached + len(ids)] (tree attention), or None for
     plain causal attention; ``position_ids``: [1, len(ids)], or None to continue the cache.
-    ``vocab_rows``: compute only the first ``vocab_rows`` rows of the output layer (a drafter over a
-    vocabulary prefix, ``head_rows``); the other tokens get the logit -inf.
+    ``head``: a callable taking the final hidden states ``[keep, H]`` to the logits ``[keep, V]`` in place
+    of the model's output layer (a drafter over part of the vocabulary, ``drafting.draft_vocab.VocabHead``).
     Returns [keep, V].
     """
     device = device_of(model)
@@ -184,10 +182,10 @@ def model_forward(model, cache, ids: list[int], keep: int, mask=None, position_i
         position_ids = continued_positions(cache, len(ids), device)
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)
     ready = decoder_layers.decoder_ready(model)  # the same bits without transformers' model-level plumbing (decoder_layers.py)
-    if vocab_rows is not None or ready:
+    if head is not None or ready:
         h = _decoder_states(model, cache, input_ids, mask, position_ids, ready)  # [1, T, H]
-        if vocab_rows is not None:
-            return prefix_logits(model, h[0, -keep:, :], vocab_rows)
+        if head is not None:
+            return head(h[0, -keep:, :])
         return model._modules["lm_head"].forward(h[:, -keep:, :])[0]
     out = model(
         input_ids=input_ids,
@@ -208,50 +206,6 @@ def _decoder_states(model, cache, input_ids: torch.Tensor, mask, position_ids, r
     dec = model.get_decoder()
     return dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                **{cache_kwarg(dec): cache}).last_hidden_state
-
-
-# head_rows's layers per output layer: a GGUF head's prefix is a view of its blocks, built once
-_PREFIX_HEADS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def head_rows(model, n: int):
-    """A layer (a callable) whose first ``n`` outputs are ``model``'s output layer's first ``n`` (a GGUF
-    head: ``GGUFLinear.first_rows``, the same bits; a dense head: its weight rows, float32 rounding of
-    another GEMM shape); None for a head of another kind."""
-    from ..gguf.layers import GGUFLinear  # the GGUF layer class (gguf and transformers are optional)
-
-    head = model.get_output_embeddings()
-    per = _PREFIX_HEADS.setdefault(head, {})
-    gguf = isinstance(head, GGUFLinear)
-    # what the prefix was built from: a contract switch (set_numerics) or new weights rebuild it
-    w = None if gguf else getattr(head, "weight", None)
-    dense = isinstance(w, torch.Tensor) and w.dim() == 2
-    state = (head.numerics, head.qweight.data_ptr(), None if head.q8weight is None else head.q8weight.data_ptr()) \
-        if gguf else (w.data_ptr() if dense else None,)
-    if n not in per or per[n][0] != state:
-        if gguf:
-            layer = head.first_rows(n)
-        elif dense:
-            b = getattr(head, "bias", None)
-            layer = lambda h: torch.nn.functional.linear(h, w[:n], None if b is None else b[:n])  # noqa: E731
-        else:
-            layer = None
-        per[n] = (state, layer)
-    return per[n][1]
-
-
-def prefix_logits(model, h: torch.Tensor, n: int) -> torch.Tensor:
-    """``[rows, V]`` logits of the final hidden states ``h [rows, H]`` over the first ``n`` tokens of the
-    vocabulary (the output layer's first ``n`` rows only), -inf for the rest."""
-    V = vocab_size_of(model)
-    if not 1 <= n <= V:
-        raise ValueError(f"vocab_rows must be in 1..{V} (the output layer's rows), got {n}")
-    layer = head_rows(model, n)
-    head = model.get_output_embeddings()
-    part = (layer(h) if layer is not None else head(h))[..., :n]  # [rows, >= n] -> [rows, n]
-    out = torch.full((*h.shape[:-1], V), float("-inf"), dtype=part.dtype, device=part.device)
-    out[..., :n] = part
-    return out
 
 
 def forward_with_hidden(model, cache, ids: list[int], keep: int, mask=None, position_ids=None):
