@@ -148,7 +148,7 @@ def test_the_draft_vocabulary_is_checked_and_only_for_causal_lm_drafters(tiny):
 
 def test_gguf_heads_give_their_first_rows_and_any_rows_bit_for_bit(tmp_path):
     pytest.importorskip("gguf")
-    from draftcert.gguf.layers import set_numerics
+    from draftcert.gguf.layers import generation, set_numerics
 
     from tests.tiny_gguf import tiny_gguf_llama
 
@@ -168,7 +168,9 @@ def test_gguf_heads_give_their_first_rows_and_any_rows_bit_for_bit(tmp_path):
                                  head=VocabHead(model, DraftVocabulary.prefix(40, 96)))
         assert torch.equal(part[:, :40], full[:, :40]) and _below_all(part[:, :40], part[:, 40:]), contract
         ids = torch.tensor([0, 3, 17, 40, 41, 95])
+        before = generation()
         rows = head.rows(ids)  # a copy of those rows' blocks, the same contract
+        assert generation() == before  # a new layer: no native plan has to be made again
         assert rows.numerics == contract and rows.out_features == 6
         assert torch.equal(rows(x), head(x)[:, ids]), contract
         with torch.inference_mode():

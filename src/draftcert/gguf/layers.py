@@ -72,7 +72,7 @@ class GGUFLinear(nn.Module):
         self.__dict__["_tied"] = tied
         self.numerics = CONTRACT
         self.q8weight = None
-        self.set_numerics(numerics)
+        self._compute_under(numerics)  # a new layer: nothing was planned from it, so no generation() change
 
     def set_numerics(self, numerics: str) -> "GGUFLinear":
         """Compute under ``numerics`` from now on: ``"gguf-exact-f32"`` (the blocks as stored) or
@@ -82,6 +82,11 @@ class GGUFLinear(nn.Module):
             raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
         dissolve_siblings(self)
         _GENERATION[0] += 1
+        return self._compute_under(numerics)
+
+    def _compute_under(self, numerics: str) -> "GGUFLinear":
+        if numerics not in CONTRACTS:
+            raise ValueError(f"GGUFLinear: numerics must be one of {', '.join(CONTRACTS)}, got {numerics!r}")
         if numerics == CONTRACT_Q8 and self.q8weight is None:
             self.q8weight = block_matmul.pack_q8(self.qweight.cpu().contiguous(), self.qtype, self.out_features, self.in_features)
             release_file_pages(self.qweight)  # the repacked copy is what runs: the file's pages need not stay resident
