@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from draftcert.decode import speculative_generate
-from draftcert.drafting import ModelDrafter, make_drafter
-from draftcert.drafting.draft_vocab import DraftVocabulary, VocabHead, shipped_vocab
+from draftcert.drafting import HybridDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
+from draftcert.drafting.draft_vocab import DraftVocabulary, VocabHead, shipped_vocab, vocabulary_of
 from draftcert.models.hf import model_forward, new_cache
 
 
@@ -144,6 +144,9 @@ def test_the_draft_vocabulary_is_checked_and_only_for_causal_lm_drafters(tiny):
         ModelDrafter(drafter, vocab=DraftVocabulary(torch.arange(5), 20, grows=True, source="x"))
     with pytest.raises(ValueError, match="only a causal-LM drafter"):
         make_drafter("prompt-lookup", target, tok, draft_vocab=64)
+    # which vocabulary a drafter drafts over, read through a hybrid too
+    assert vocabulary_of(HybridDrafter(ModelDrafter(drafter, 64))).key == "prefix:64"
+    assert vocabulary_of(ModelDrafter(drafter)) is None and vocabulary_of(PromptLookupDrafter()) is None
 
 
 def test_gguf_heads_give_their_first_rows_and_any_rows_bit_for_bit(tmp_path):

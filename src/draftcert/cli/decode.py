@@ -12,6 +12,7 @@ from .. import models
 from ..decode.bench import DEFAULT_BENCH_SPECS, bench_rows, format_positions, format_table, timed_generate, timing_footnote
 from ..decode.config import resolve_criterion
 from ..decode.engine import auto_draft, speculative_generate
+from ..drafting.draft_vocab import vocabulary_of
 from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
 from ..decode.timing import SPREAD_LIMIT
 from ..models.tree_attention import parse_tree
@@ -118,8 +119,9 @@ def _common(p) -> None:
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
     p.add_argument("--draft-vocab", type=_draft_vocab_value, default=None, metavar="N|FILE|all", help="a causal-LM "
                    "drafter's draft vocabulary: N (the first N token ids), FILE (a token map from `draftcert draft-vocab`: "
-                   "its tokens plus the sequence's own) or all. Its output layer computes those rows only, the other "
-                   "tokens get q = 0; strict stays lossless, and those drafts are never certified. Default: the "
+                   "its tokens plus the sequence's own) or all. Its output layer computes those rows only; every other "
+                   "token shares one logit just below them, so it is never drafted and q stays a distribution (strict "
+                   "stays lossless, rounds keep their certificates). Default: the "
                    "shipped map of a preset drafter (--pair qwen2.5-coder's 0.5B: 32,768 tokens), else all (docs/decoding.md)")
     p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M; 0: no drafts, "
                    "the target alone), or 'auto': before each round, the chain length (0..6, none included) with the "
@@ -259,7 +261,7 @@ def contract_line(numerics: str) -> str | None:
 
 def vocab_line(drafter) -> str | None:
     """``decode``'s line for a causal-LM drafter over part of its vocabulary (None over all of it)."""
-    vocab = getattr(drafter.model_drafter, "vocab", None)
+    vocab = vocabulary_of(drafter)
     if vocab is None:
         return None
     what = (f"the first {len(vocab):,} token ids" if vocab.prefix_length is not None else

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .. import models
+from ..drafting.draft_vocab import vocabulary_of
 from ..drafting.make import DEFAULT_DRAFTER_TRAINED, FEATURE_K, MODEL_K, make_drafter
 from ..evaluate.executor import NOT_A_SANDBOX, Limits, blocks_forks, landlock_abi
 from ..evaluate.scoreboard import format_rows, write_scoreboard
@@ -136,7 +137,7 @@ def run(args) -> int:
         with transformers_progress(not args.no_progress):
             target, tok = models.load_target(args.target, dtype=args.dtype)
             drafter = make_drafter(dspec, target, tok, dtype=args.dtype)
-            if drafter.model_drafter is not None and hasattr(drafter.model_drafter, "vocab"):
+            if vocabulary_of(drafter) is not None:
                 # the drafter's whole vocabulary, not decode's shipped map: the relaxed rules' answers are the
                 # causal LM's own drafts (and a run made before the maps resumes with the same settings)
                 drafter = make_drafter(drafter, target, tok, draft_vocab="all")
@@ -149,7 +150,7 @@ def run(args) -> int:
                     memory_bytes=args.memory_mb << 20)
     settings = {"task": args.task, "target": args.target or "embedded", "drafter": dspec, "k": k,
                 "max_new_tokens": args.max_new_tokens, "model_dtype": arithmetic_of(target),
-                "draft_vocab": getattr(getattr(drafter.model_drafter, "vocab", None), "key", None),
+                "draft_vocab": getattr(vocabulary_of(drafter), "key", None),
                 "timeout": args.timeout, "memory_bytes": limits.memory_bytes}
     if any(p.runs_code for p in problems):
         abi = landlock_abi()

@@ -41,6 +41,7 @@ from ..kernels.linear_chooser import cpu_model
 from ..forward import layer_kernel
 from ..kernels import block_matmul, packed_matmul
 from ..gguf.layers import numerics_of
+from ..drafting.draft_vocab import vocabulary_of
 from ..models.hf import forward_with_hidden, model_forward, vocab_size_of
 from .round import accept, certify, record, verify
 from .stats import DecodeStats
@@ -379,13 +380,6 @@ def _fingerprint(model) -> str:
     return h.hexdigest()[:16]
 
 
-def _vocab_key(drafter) -> str | None:
-    """The draft vocabulary a causal-LM drafter (or a hybrid's) computes its output layer over, as a key."""
-    inner = getattr(drafter, "model_drafter", None) or drafter
-    vocab = getattr(inner, "vocab", None)
-    return getattr(vocab, "key", None)
-
-
 def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
     """What a cached curve is valid for: this CPU, torch build, thread count, target (and the numerics
     and native kernel builds it runs on: a rebuilt kernel has other costs), drafter and shapes."""
@@ -395,7 +389,7 @@ def costs_key(target, drafter, drafter_name: str, shapes) -> dict:
             "kernels": [block_matmul.LIBRARY.build_id(), packed_matmul.LIBRARY.build_id(), layer_kernel.LIBRARY.build_id()],
             "drafter": drafter_name,
             "drafter_weights": _fingerprint(dmodel) if isinstance(dmodel, torch.nn.Module) else None,
-            "draft_vocab": _vocab_key(drafter),  # part of the output layer costs less
+            "draft_vocab": getattr(vocabulary_of(drafter), "key", None),  # part of the output layer costs less
             "shapes": sorted(round_key(w, e) for w, e in shapes), "version": COSTS_VERSION}
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DraftVocabulary", "VocabHead", "FORMAT", "SHIPPED", "shipped_vocab"]
+__all__ = ["DraftVocabulary", "VocabHead", "FORMAT", "SHIPPED", "shipped_vocab", "vocabulary_of"]
 
 FORMAT = "draftcert-draft-vocab/1"
 # The token maps shipped for preset drafters (under draftcert/models/weights/; the README beside each
@@ -123,6 +123,13 @@ def shipped_vocab(model_spec: str | None) -> "DraftVocabulary | None":
         return None
     vocab = DraftVocabulary.load(Path(str(files("draftcert.models") / "weights" / name)))
     return DraftVocabulary(vocab.ids, vocab.vocab_size, grows=True, source=f"shipped: {name}")
+
+
+def vocabulary_of(drafter) -> "DraftVocabulary | None":
+    """The draft vocabulary a drafter's causal LM computes its output layer over (a ``ModelDrafter``'s own
+    or a hybrid's model drafter's); None for the whole vocabulary or a drafter without a causal LM."""
+    vocab = getattr(getattr(drafter, "model_drafter", None) or drafter, "vocab", None)
+    return vocab if isinstance(vocab, DraftVocabulary) else None
 
 
 # the head over a vocabulary, per output layer and vocabulary key: a GGUF map's rows are a copy, built once
