@@ -211,6 +211,7 @@ def test_draft_vocab_command_writes_a_map_from_a_data_file(tmp_path, ckpt, capsy
     assert main(["draft-vocab", "--target", ckpt, "--data", str(tmp_path), "--size", "32", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["size"] == 32 == len(d["token_ids"]) and d["examples"] == 20 and 0 < d["coverage_heldout_tenth"] <= 1
+    assert d["coverage_heldout_tenth"] <= d["coverage_heldout_tenth_with_sequence"] <= 1
     assert 200 in d["token_ids"]  # counted 13 times: among the first 32
     vocab = DraftVocabulary.load(out, 259)
     assert vocab.grows and len(vocab) == 32

@@ -191,9 +191,19 @@ def run_draft_vocab(args) -> int:
     member[draft_vocabulary(fit, size, V, always=eos)] = True
     answers = torch.cat([torch.tensor(e["ids"][e.get("n_prompt", 0):], dtype=torch.int64) for e in held])
     coverage = float(member[answers].float().mean()) if answers.numel() else None
+    # ... and with each answer's sequence so far (its prompt and earlier tokens), as a decode takes them in
+    hits = 0
+    for e in held:
+        n, ids_e = e.get("n_prompt", 0), e["ids"]
+        seen = set(ids_e[:n])
+        for t in ids_e[n:]:
+            hits += bool(member[t]) or t in seen
+            seen.add(t)
+    with_sequence = hits / answers.numel() if answers.numel() else None
     ids = draft_vocabulary(examples, size, V, always=eos)
     about = {"data": str(path), "examples": len(examples), "tokens": sum(len(e["ids"]) for e in examples),
              "target": args.target or "embedded", "coverage_heldout_tenth": coverage,
+             "coverage_heldout_tenth_with_sequence": with_sequence,
              "command": f"draftcert draft-vocab{'' if args.target is None else ' --target ' + args.target} "
                         f"--data {args.data} --size {args.size} --out {args.out}"}
     DraftVocabulary(ids, V, grows=True, source=args.out).save(args.out, **about)
