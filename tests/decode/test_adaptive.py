@@ -4,14 +4,18 @@ speculating, and strict stays the greedy decoding whatever the lengths."""
 
 from __future__ import annotations
 
+import copy
+import math
+
 import pytest
+import torch
 
 from draftcert.decode import greedy_generate, speculative_generate
 from draftcert.decode.adaptive import PLAIN_MEASURES, RATIO_CLIP, TIMED_WEIGHT, AdaptiveDraftLength
 from draftcert.decode.config import DecodeConfig
 from draftcert.decode.costs import Costs
 from draftcert.decode.engine import decode_loop
-from draftcert.drafting import as_drafter
+from draftcert.drafting import ModelDrafter, as_drafter
 from tests.chain_round import chain_draft
 
 N_NEW = 40
@@ -199,3 +203,101 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
     lengths.observe([True])  # an accepted probe: back to probe_every
     assert lengths.probe_gap == 4
 
+
+def test_a_probe_after_a_plain_run_is_not_timed():
+    """A probe's drafter catches up on every token of the plain run before it: its round is no measure of
+    a drafting round's cost, so a slow probe must not make drafting look dear (it is not timed)."""
+    from draftcert.decode.adaptive import UNTIMED_AFTER_PLAIN
+
+    lengths = AdaptiveDraftLength(_costs(), (0.05,), probe_every=8, timed=True)
+    lengths.observe_seconds(0, 5.0)  # the prefill's round: never timed
+    plain = 0
+    while (k := lengths.next_k()) == 0:
+        lengths.observe_seconds(0, 1.0)
+        plain += 1
+    assert lengths.probing and plain > UNTIMED_AFTER_PLAIN
+    before = lengths.round_seconds()
+    lengths.observe([True])
+    lengths.observe_seconds(k, 10 * before[k])  # a probe ten times dearer than its prediction
+    assert lengths.timed_n[k] == 0 and lengths.round_seconds()[k] == pytest.approx(before[k])
+    # steady drafting rounds are timed again
+    lengths.prior = 0.95
+    for _ in range(3):
+        k = lengths.next_k()
+        lengths.observe([True] * k)
+        lengths.observe_seconds(k, before[k] if k else 1.0)
+    assert sum(lengths.timed_n[1:]) >= 1
+
+
+
+# ---------------------------------------------------------------------------
+# the chain's length from the drafter's confidence (AdaptiveDraftLength.keep_drafting)
+
+
+def _pays(ctl: AdaptiveDraftLength, pis) -> bool:
+    """The module docstring's inequality, written out: R_d a_1 / (s(d+1) - s(d)) > E_d / s(d)."""
+    s, a1, d = ctl.round_seconds(), ctl.acceptance()[0], len(pis)
+    reach = [math.prod(pis[: j + 1]) for j in range(d)]
+    return reach[-1] * a1 / (s[d + 1] - s[d]) > (1 + sum(reach)) / s[d]
+
+
+def test_keep_drafting_is_the_marginal_rate_rule():
+    ctl = AdaptiveDraftLength(_costs(0.3), (0.7,))
+    ctl.next_k()
+    g = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        d = int(torch.randint(1, 6, (1,), generator=g))
+        pis = torch.rand(d, generator=g, dtype=torch.float64).tolist()
+        assert ctl.keep_drafting(pis) == _pays(ctl, pis), pis
+    cheap = AdaptiveDraftLength(_costs(0.05), (0.9,))
+    cheap.next_k()
+    assert cheap.keep_drafting([0.99] * 5) and not cheap.keep_drafting([0.99] * 6)  # max_k = 6 depths at most
+    assert not ctl.keep_drafting([0.99] * 5)  # drafts at 0.3 of a pass: depth 6 no longer pays
+    assert not ctl.keep_drafting([0.05])  # an unsure first token: the round stops there
+    # an unsure drafter stops sooner: fewer depths for lower probabilities, never more
+    for p in (0.3, 0.5, 0.7, 0.9):
+        depth = next(d for d in range(1, 7) if not ctl.keep_drafting([p] * d))
+        assert depth <= next(d for d in range(1, 7) if not ctl.keep_drafting([min(1.0, p + 0.09)] * d))
+
+
+def test_keep_drafting_follows_this_decodes_acceptance():
+    ctl = AdaptiveDraftLength(_costs(0.3), (0.7,))
+    ctl.next_k()
+    assert ctl.keep_drafting([0.9])
+    for _ in range(30):
+        ctl.observe([False])
+    ctl.next_k()
+    assert not ctl.keep_drafting([0.9])  # depth 1 fails in this decode: a confident drafter is not believed
+
+
+class _Spy(AdaptiveDraftLength):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked = []
+
+    def keep_drafting(self, pis):
+        ok = super().keep_drafting(pis)
+        self.asked.append((tuple(pis), ok))
+        return ok
+
+
+def test_a_model_drafters_chains_stop_on_its_confidence_and_strict_stays_greedy(tiny, prompts):
+    target, drafter_model, _ = tiny
+    prompt = prompts[1]
+    ref = greedy_generate(target, prompt, N_NEW)
+    spies = []
+
+    def factory():
+        spies.append(_Spy(_costs(0.2), (0.6,)))
+        return spies[-1]
+
+    sharp = copy.deepcopy(drafter_model)  # the same greedy tokens, confident ones: logits x 8
+    sharp.lm_head.register_forward_hook(lambda module, inputs, out: out * 8)
+    drafter = ModelDrafter(sharp)
+    config = DecodeConfig.build(target, "strict", 6, None, N_NEW, draft_length=factory)
+    out, st = decode_loop(target, drafter, prompt, config)
+    assert out == ref
+    asked = spies[0].asked
+    assert asked and any(ok for _, ok in asked) and any(not ok for _, ok in asked)  # it went on, and it stopped
+    drafted = [n for n in st.draft_lengths[1:]]
+    assert sum(1 for n in drafted if n) >= 2, st.draft_lengths  # chains of several lengths, not one fixed k

@@ -8,13 +8,14 @@ lowest token id first, in chains and full trees (``torch.topk`` leaves the order
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
 from draftcert.drafting import ModelDrafter
 from draftcert.drafting.feature_drafter import FeatureDrafter
-from draftcert.drafting.tree_growth import grow_tree, top_children
+from draftcert.drafting.tree_growth import grow_tree, top_children, top_probability
 from draftcert.models.eagle import EagleDrafter
 from draftcert.models.hf import forward_with_hidden, new_cache
 from draftcert.summary import topk_lowest_ids
@@ -142,3 +143,58 @@ def test_strict_with_a_confidence_stop_is_greedy(tiny, prompts, margin):
     with pytest.raises(ValueError, match="draft_margin"):
         speculative_generate(target, drafter, prompts[1], "strict", k=4, max_new_tokens=4, draft_margin=-1.0)
 
+
+
+# ---------------------------------------------------------------------------
+# keep_drafting: the draft length from the drafter's own confidence
+
+
+def _chain_feed(rows: list[torch.Tensor], fed: list):
+    """A feed that returns the given q rows in turn and records each call."""
+    def feed(tree, nodes, mask, pos):
+        fed.append(list(nodes))
+        return rows[len(fed)][None]
+    return feed
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 4])
+def test_keep_drafting_stops_the_chain_before_the_next_drafter_step(stop_after):
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(50, generator=g, dtype=torch.float64) for _ in range(6)]
+    fed, seen = [], []
+
+    def keep(pis):
+        seen.append(list(pis))
+        return len(pis) < stop_after
+
+    tree, nodes = grow_tree(rows[0][None], [1] * 6, False, _chain_feed(rows, fed), n_prefix=3, device="cpu",
+                            dtype=torch.float64, keep_drafting=keep)
+    assert len(tree) == stop_after and tree.tokens == [int(r.argmax()) for r in rows[:stop_after]]
+    assert len(fed) == stop_after - 1 == len(nodes)  # the step that would follow the stop is never computed
+    # what the rule heard: softmax(q_j)[greedy] at depths 1..d, exactly
+    want = [float(torch.softmax(r, 0).max()) for r in rows[:stop_after]]
+    assert list(seen[-1]) == pytest.approx(want, rel=1e-12, abs=0) and len(seen) == stop_after
+    assert tree.q.shape[0] == stop_after  # certificates keep the rows the chain was expanded from
+
+
+def test_keep_drafting_is_not_asked_at_the_last_depth_nor_for_full_trees():
+    rows = [torch.arange(10, dtype=torch.float64) + i for i in range(4)]
+    calls = []
+    tree, _ = grow_tree(rows[0][None], [1] * 3, False, _chain_feed(rows, []), n_prefix=2, device="cpu",
+                        dtype=torch.float64, keep_drafting=lambda p: calls.append(p) or True)
+    assert len(tree) == 3 and [len(c) for c in calls] == [1, 2]
+
+    def feed_all(tree, nodes, mask, pos):
+        return torch.stack([rows[0]] * len(nodes))
+    calls.clear()
+    tree, _ = grow_tree(rows[0][None], [2, 2], True, feed_all, n_prefix=2, device="cpu", dtype=torch.float64,
+                        keep_drafting=lambda p: calls.append(p) or False)
+    assert len(tree) == 6 and calls == []  # a static tree has its shape
+
+
+def test_top_probability_is_exact_in_float64_on_wide_rows():
+    q = torch.full((1, 200_000), -30.0)
+    q[0, 7] = 4.0
+    p = top_probability(q)
+    assert p == pytest.approx(1.0 / (1.0 + 199_999 * math.exp(-34.0)), rel=1e-14)
+    assert top_probability(torch.zeros(1, 4)) == pytest.approx(0.25, rel=1e-15)

@@ -14,6 +14,21 @@ rounds, plus every attempt at depth d this decode has seen (a round's ``RoundLog
     a_d = (prior_d * prior_weight + accepted_d) / (prior_weight + attempted_d)
     prior_1 = the drafter's shipped acceptance at depth 1 (``shape.acceptance_of``),  prior_d = a_{d-1}
 
+**The chain's length from the drafter's confidence** (``keep_drafting``).  Where the drafter gives a
+distribution (a model or feature drafter, alone or in a hybrid), a round that drafts does not stop
+at the chosen k: the chain grows while one more depth pays.  After depth d the drafter's own
+probabilities of its greedy tokens, pi_1..pi_d (``drafting.tree_growth``), give the chance that the
+chain so far is accepted whole, R_d = prod_{j<=d} pi_j, and the round's expected tokens,
+E_d = 1 + sum_{j<=d} R_j.  Depth d + 1 adds about R_d * a_1 tokens (a_1: the acceptance at depth 1,
+the one estimate no confidence stop biases) for s(d + 1) - s(d) seconds (one drafter step and one
+verification row: ``round_seconds``); it is drafted while that marginal rate beats the round's own::
+
+    R_d * a_1 / (s(d + 1) - s(d))  >  E_d / s(d)                       (up to max_k)
+
+so a confident drafter drafts deep and an unsure one stops after a token or two, before the drafter
+step it would throw away.  No threshold is fitted: the costs are this machine's and a_1 is this
+decode's.  Drafters without a distribution (suffix, prompt lookup, a user's) draft the chosen k.
+
 A depth's prior is the estimate of the depth above it: depths a decode has not attempted yet follow
 what it has seen (a drafter that has been right at every depth so far is tried deeper; one that
 fails at depth 1 is not), where a fixed per-depth prior would never move them.
@@ -22,7 +37,7 @@ A prompt whose drafts are mostly rejected drives ``a_1`` down until ``k = 0`` wi
 plain mode sees no attempts, so after ``probe_every`` plain rounds one round drafts a single token
 (a probe: what lets a decode that turns predictable speculate again; one token because depth 1 is what
 it tests, and a longer chain that fails at depth 1 costs its drafting steps and verification rows for
-nothing).  A probe whose
+nothing; a drafter with a distribution goes deeper only where ``keep_drafting`` says so).  A probe whose
 first draft is rejected doubles the plain rounds before the next one, up to ``MAX_PROBE_GAP``; an
 accepted probe, or a round that drafts because the rates say so, sets the wait back to
 ``probe_every``.  On text the drafter cannot follow, the probes' share of the rounds then falls from
@@ -41,8 +56,10 @@ yet follows the others' drift, one that has run converges to what it costs in th
 first timed drafting round is followed by ``PLAIN_MEASURES`` plain rounds (``k = 0``), so that the
 target alone's step is measured, not only predicted; its prior weighs less (``W_0 = PLAIN_WEIGHT``
 against ``W_k = TIMED_WEIGHT``) because a drafting round's drift (a drafter that costs more than
-calibrated) says little about a plain round.  Ratios are clipped to ``[1/RATIO_CLIP, RATIO_CLIP]`` (a round
-that a page fault or another process stretched says little about the next).  Relaxed rules keep
+calibrated) says little about a plain round.  A drafting round after more than
+``UNTIMED_AFTER_PLAIN`` plain rounds (a probe, mostly) is not timed: its drafter first catches up on
+every token it has not seen, a cost that steady drafting does not pay.  Ratios are clipped to
+``[1/RATIO_CLIP, RATIO_CLIP]`` (a round that a page fault or another process stretched says little about the next).  Relaxed rules keep
 the predicted costs: their tokens depend on the draft lengths, and a decode that timing steered
 could not be repeated.
 """
@@ -61,6 +78,7 @@ TIMED_WEIGHT = 1.0  # a drafting length's predicted seconds count as this many t
 PLAIN_WEIGHT = 0.5  # ... and the target alone's
 PLAIN_MEASURES = 2  # plain rounds that measure the target alone, after the first timed drafting round
 RATIO_CLIP = 3.0
+UNTIMED_AFTER_PLAIN = 3  # a drafting round after more plain rounds than this is not timed (its catch-up)
 
 
 class AdaptiveDraftLength:
@@ -83,16 +101,19 @@ class AdaptiveDraftLength:
         self.seconds = [costs.target_step or round_seconds(costs, 0, [], False, "")]
         self.seconds += [round_seconds(costs, k, [1] * k, False, round_key((1,) * k, False)) for k in range(1, max_k + 1)]
         self.timed = timed
+        self._round_seconds, self._a1 = list(self.seconds), self.prior  # keep_drafting's, set by rates()
         self.ratio_sum = [0.0] * (max_k + 1)  # measured / predicted seconds, summed per draft length
         self.timed_n = [0] * (max_k + 1)
         self.rounds_seen = 0  # observe_seconds calls, the prefill's included
         self.plain_measures = 0  # plain rounds run to measure the target alone (PLAIN_MEASURES)
+        self.plain_since_draft = 0  # plain rounds since the last drafting round (probes' catch-up)
+        self.round_timed = True  # observe_seconds counts the round just chosen
 
     def observe_seconds(self, k: int, seconds: float) -> None:
         """A round of ``k`` drafted tokens took ``seconds`` (wall clock, drafting to acceptance); the
         first call (the round holding the prefill) is not a round's cost and is skipped."""
         self.rounds_seen += 1
-        if self.rounds_seen == 1 or not 0 <= k <= self.max_k or not seconds > 0:
+        if self.rounds_seen == 1 or not self.round_timed or not 0 <= k <= self.max_k or not seconds > 0:
             return
         r = min(max(seconds / self.seconds[k], 1.0 / RATIO_CLIP), RATIO_CLIP)
         self.ratio_sum[k] += r
@@ -121,10 +142,12 @@ class AdaptiveDraftLength:
         return out
 
     def rates(self) -> list[float]:
-        """Predicted tokens/s of k = 0..max_k."""
+        """Predicted tokens/s of k = 0..max_k (the round seconds and a_1 are kept for ``keep_drafting``)."""
         seconds = self.round_seconds()
+        acceptance = self.acceptance()
+        self._round_seconds, self._a1 = seconds, acceptance[0]
         out, tokens, reach = [1.0 / seconds[0]], 1.0, 1.0
-        for k, a in enumerate(self.acceptance(), start=1):
+        for k, a in enumerate(acceptance, start=1):
             reach *= a
             tokens += reach
             out.append(tokens / seconds[k])
@@ -136,6 +159,8 @@ class AdaptiveDraftLength:
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the shorter draft
         if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
             self.plain_measures += 1  # after the first timed drafting round: measure the target alone
+            self.plain_since_draft += 1
+            self.round_timed = True
             return 0
         self.probing = False
         if best == 0:
@@ -147,7 +172,25 @@ class AdaptiveDraftLength:
             self.probe_gap = self.probe_every
         if best:
             self.plain_run = 0
+        # a drafting round after many plain ones also catches its drafter up on every token it missed:
+        # not what a drafting round costs, so it is not timed
+        self.round_timed = not (best and self.plain_since_draft > UNTIMED_AFTER_PLAIN)
+        self.plain_since_draft = 0 if best else self.plain_since_draft + 1
         return best
+
+    def keep_drafting(self, pis: list[float]) -> bool:
+        """Whether a chain drafted to depth d = ``len(pis)`` grows one more depth (module docstring);
+        ``pis``: the drafter's probabilities of its greedy tokens at depths 1..d."""
+        d = len(pis)
+        if d >= self.max_k:
+            return False
+        s, a1 = self._round_seconds, self._a1
+        reach, tokens = 1.0, 1.0
+        for p in pis:
+            reach *= p
+            tokens += reach
+        step = s[d + 1] - s[d]
+        return step <= 0 or reach * a1 * s[d] > tokens * step
 
     def observe(self, depth_accepted) -> None:
         """A round's outcome: ``depth_accepted[d]`` says whether the attempt at depth d + 1 was accepted."""

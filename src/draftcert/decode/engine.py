@@ -265,6 +265,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
     lengths = config.draft_length() if config.draft_length is not None else None  # -k auto: one per decode
     forwards0 = drafter.forwards
     with_hidden = drafter.needs_target_hidden
+    confident = drafter.model_drafter is not None  # its chains stop on its own confidence (adaptive.keep_drafting)
     with torch.inference_mode():
         state = CacheState(target, config.layout)  # the target's cache and its rollback (models/cache_state.py)
         chains_only = state.layout.tree_refusal() is not None
@@ -276,9 +277,15 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         while not ended:
             seq, n_cached = row.seq, row.n_cached
             t0 = clock()
-            widths = config.widths if lengths is None else config.widths[: lengths.next_k()]
+            widths, keep_drafting = config.widths, None
+            if lengths is not None:  # -k auto: whether to draft; a drafter with a distribution then sets the length
+                k = lengths.next_k()
+                if k and confident:
+                    keep_drafting = lengths.keep_drafting
+                else:
+                    widths = widths[:k]
             draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
-                                   config.min_margin) if widths else DraftTree())  # N nodes
+                                   config.min_margin, keep_drafting) if widths else DraftTree())  # N nodes
             if chains_only:
                 draft = chain_of(draft)
             n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first

@@ -107,7 +107,7 @@ class FeatureDrafter(Drafter):
             return q
 
         tree, _ = grow_tree(q[-1:], widths, expand_all, feed, n_prefix=n_feat, device=dev, dtype=dt,
-                            min_margin=self.min_margin)
+                            min_margin=self.min_margin, keep_drafting=self.keep_drafting)
         return tree
 
     def accept(self, path: list[int]) -> None:

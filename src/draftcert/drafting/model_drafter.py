@@ -102,6 +102,7 @@ class ModelDrafter(Drafter):
             return self._fwd([tree.tokens[n] for n in nodes], len(nodes), mask, pos if mask is not None else None)
 
         tree, self.fed = grow_tree(root_q, widths, expand_all, feed, n_prefix=n_seq, min_margin=self.min_margin,
+                                   keep_drafting=self.keep_drafting,
                                    device=self.model.device,
                                    dtype=self.model.dtype)
         return tree

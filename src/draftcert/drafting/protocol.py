@@ -19,6 +19,10 @@ The optional parts, with the defaults a drafter that does not need them inherits
   whose drafts may run deeper than ``len(widths)`` (suffix matches) stops there;
 - ``min_margin`` (None): set by the engine before every round (``--draft-margin``); a drafter with a
   distribution stops its chain where its top-2 logit gap falls below it (``tree_growth``);
+- ``keep_drafting`` (None): set by the engine before every round (``-k auto``: ``adaptive``); a drafter
+  with a distribution calls it after each drafted depth with its greedy tokens' probabilities so far
+  and stops its chain where it returns False (``tree_growth``); a drafter without one ignores it and
+  drafts ``len(widths)``;
 - ``fork()`` (None): a fresh drafter with the same settings sharing the model, for batches (each row
   keeps its own state); None where the drafter cannot fork;
 - ``model_drafter`` (None): the drafter that runs a model (itself for a ``ModelDrafter`` or a
@@ -31,7 +35,7 @@ user's duck-typed object (``start``/``propose``/``accept``) the same way, once, 
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from ..models.tree_attention import DraftTree
 
@@ -46,6 +50,7 @@ class Drafter(Protocol):
     needs_target_hidden: bool = False
     depth_limit: int | None = None
     min_margin: float | None = None
+    keep_drafting: "Callable[[list[float]], bool] | None" = None
     model_drafter: "Drafter | None" = None  # the drafter inside that runs a model, or None
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -103,6 +108,15 @@ class DeclaredDrafter(Drafter):
     def min_margin(self, value: float | None) -> None:
         if hasattr(self.inner, "min_margin"):
             self.inner.min_margin = value
+
+    @property
+    def keep_drafting(self):
+        return getattr(self.inner, "keep_drafting", None)
+
+    @keep_drafting.setter
+    def keep_drafting(self, value) -> None:
+        if hasattr(self.inner, "keep_drafting"):
+            self.inner.keep_drafting = value
 
     @property
     def model_drafter(self):

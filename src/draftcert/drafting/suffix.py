@@ -342,6 +342,14 @@ class HybridDrafter(Drafter):
     def min_margin(self, value: float | None) -> None:  # the model drafter's chain stops; the suffix chain follows its match
         self.model_drafter.min_margin = value
 
+    @property
+    def keep_drafting(self):
+        return self.model_drafter.keep_drafting
+
+    @keep_drafting.setter
+    def keep_drafting(self, value) -> None:  # as min_margin: the model drafter's chain only
+        self.model_drafter.keep_drafting = value
+
     def fork(self) -> "HybridDrafter":
         """A fresh hybrid: the model drafter's fork (shared weights) and a fresh index on the same store."""
         inner = self.model_drafter.fork()

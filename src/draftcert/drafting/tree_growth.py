@@ -18,6 +18,13 @@ where the drafter is unsure, and where a rejection is likely: the verification r
 passes beyond it are saved (AdaEDL stops on an entropy bound; the margin is what the profile's
 trace records at every depth, so ``draftcert replay --fit-margin`` can fit the threshold).
 
+Draft length from confidence (``keep_drafting``, chains and (m, depth) trees): after expanding depth
+d, the drafter's probability of its greedy child at each depth so far, ``pi_j = softmax(q_j)[top]``
+for j = 1..d, is handed to ``keep_drafting(pis)``; where it returns False the tree stops there,
+before the drafter's next forward (no pass is computed and thrown away, unlike the margin stop, which
+needs the next depth's q).  ``decode.adaptive.AdaptiveDraftLength.keep_drafting`` is the rule the
+engine passes: one more depth while its expected tokens pay its drafter step and verification row.
+
 Tie rule: ``summary.topk_lowest_ids``, deterministic on every device, and the order the profile's
 trace records.  Exact ties are real: a feature drafter gives every token outside its draft
 vocabulary one shared logit.  (``torch.topk`` leaves the order of equal values unspecified.)
@@ -45,6 +52,13 @@ def top_children(q: torch.Tensor, w: int) -> torch.Tensor:
     return topk_lowest_ids(q, w)[1]
 
 
+def top_probability(q: torch.Tensor) -> float:
+    """softmax(q)[argmax q] of one q row [1, V] (logits), in float64: the drafter's own confidence in
+    its greedy token, ``exp(max - logsumexp)``."""
+    row = q.reshape(-1).double()
+    return float(torch.exp(row.max() - torch.logsumexp(row, 0)))
+
+
 def top2_margin(q: torch.Tensor) -> float:
     """The gap between the largest and the second largest value of one q row [1, V] (logits: nats)."""
     top = torch.topk(q.reshape(-1).float(), 2).values
@@ -52,7 +66,8 @@ def top2_margin(q: torch.Tensor) -> float:
 
 
 def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: Feed, *, n_prefix: int,
-              device, dtype: torch.dtype, min_margin: float | None = None) -> tuple[DraftTree, list[int]]:
+              device, dtype: torch.dtype, min_margin: float | None = None,
+              keep_drafting: Callable[[list[float]], bool] | None = None) -> tuple[DraftTree, list[int]]:
     """The draft tree (with ``tree.q``: the q rows it was expanded from, [len(expanded), V]) and the
     nodes fed to the drafter, in the order they were fed.
 
@@ -64,11 +79,14 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
     n_prefix   positions in the drafter's cache before the tree (the root is the last of them).
     device, dtype   where the mask is built, and its dtype (the drafter's compute dtype).
     min_margin the confidence stop (module docstring); None: none (static trees never stop).
+    keep_drafting  the draft length from confidence (module docstring): called after each depth but the
+               last with the greedy children's probabilities so far; False stops the tree.  None: none.
     """
     tree = DraftTree()
     fed: list[int] = []
     front, front_q = [-1], root_q
     q_rows = []
+    pis: list[float] = []  # keep_drafting's: softmax(q_j)[greedy child] at depths 1..d
     for d, w in enumerate(widths, 1):
         if min_margin is not None and not expand_all and top2_margin(front_q[:1]) < min_margin:
             break  # the drafter is unsure here: a rejection is likely
@@ -80,6 +98,10 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
             children.append([tree.add(t, f) for t in row])
         if d == len(widths):
             break
+        if keep_drafting is not None and not expand_all:
+            pis.append(top_probability(front_q[:1]))
+            if not keep_drafting(tuple(pis)):
+                break
         front = [n for group in children for n in group] if expand_all else [children[0][0]]
         pos = tree_position_ids(n_prefix, 0, torch.tensor([tree.depths[n] for n in front], device=device))
         mask = None
