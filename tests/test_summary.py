@@ -108,3 +108,23 @@ def test_topk_lowest_ids_is_the_stable_sort_prefix(seed):
             sv, si = torch.sort(x[r], descending=True, stable=True)
             assert torch.equal(si[:k], ids[r]), (seed, trial, r, V, k)
             assert torch.equal(sv[:k].nan_to_num(9.0), vals[r].nan_to_num(9.0))
+
+
+def test_argmax_lowest_is_torch_argmax_on_ties_nan_and_inf():
+    """numpy's argmax stands in for torch's on CPU float rows: the same index on every adversary."""
+    from draftcert.summary import argmax_lowest
+
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(49_152, generator=g).to(dtype)
+        rows.append(x)
+        t = x.clone(); t[[7, 300, 40_000]] = 1e4; rows.append(t)  # exact ties: the lowest index
+        t = x.clone(); t[[11, 12]] = float("nan"); rows.append(t)  # NaN ranks first
+        t = x.clone(); t[[900, 50]] = float("inf"); rows.append(t)
+        rows.append(torch.full((10,), -float("inf"), dtype=dtype))
+        rows.append(x[::3])  # a strided view
+        rows.append(torch.zeros(5, dtype=dtype))
+    rows.append(torch.randn(100, generator=g).to(torch.bfloat16))  # no numpy dtype: torch's own
+    for r in rows:
+        assert argmax_lowest(r) == int(r.argmax()), (r.dtype, r.shape)

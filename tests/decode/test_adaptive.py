@@ -301,3 +301,46 @@ def test_a_model_drafters_chains_stop_on_its_confidence_and_strict_stays_greedy(
     assert asked and any(ok for _, ok in asked) and any(not ok for _, ok in asked)  # it went on, and it stopped
     drafted = [n for n in st.draft_lengths[1:]]
     assert sum(1 for n in drafted if n) >= 2, st.draft_lengths  # chains of several lengths, not one fixed k
+
+
+class _Pattern:
+    """A draft-length controller that plays a fixed pattern of k (0: a plain round)."""
+
+    timed = False
+
+    def __init__(self, ks):
+        self.ks, self.i = list(ks), 0
+
+    def next_k(self):
+        k = self.ks[self.i % len(self.ks)]
+        self.i += 1
+        return k
+
+    def observe(self, depth_accepted):
+        pass
+
+    def keep_drafting(self, pis):
+        return True
+
+
+def test_plain_rounds_hand_a_feature_drafter_every_feature_in_order(tiny, prompts):
+    """Plain rounds keep the target's features back and hand them over when the drafter next drafts:
+    the drafter then holds exactly the target's features of the sequence, in order."""
+    from draftcert.drafting.feature_drafter import FeatureDrafter
+    from draftcert.models.eagle import EagleDrafter
+    from draftcert.models.hf import forward_with_hidden, new_cache
+
+    target, _, _ = tiny
+    prompt = prompts[0]
+    eagle = EagleDrafter(target, torch.arange(target.config.vocab_size)).to(torch.float64).eval()
+    drafter = FeatureDrafter(eagle)
+    config = DecodeConfig.build(target, "strict", 3, None, N_NEW, draft_length=lambda: _Pattern([0, 0, 0, 2, 0, 1]))
+    out, st = decode_loop(target, drafter, prompt, config)
+    assert out == greedy_generate(target, prompt, N_NEW)
+    assert st.draft_lengths[0] > 0 and sum(st.draft_lengths[1:]) > 0
+    seq = prompt + out
+    n = drafter.n_feat
+    assert n >= len(seq) - 8  # handed over up to the last drafting round (at most 3 plain rounds and a chain after it)
+    with torch.inference_mode():
+        _, want = forward_with_hidden(target, new_cache(target), seq[:n], 1)
+    torch.testing.assert_close(drafter.feats[:n], want.to(drafter.feats.dtype), rtol=1e-9, atol=1e-9)

@@ -47,6 +47,7 @@ from .round import accept, certify, record, verify
 from .stats import DecodeStats
 from ..models.cache_state import CacheState
 from ..models.tree_attention import DraftTree, crop_cache, keep_cache
+from ..summary import argmax_lowest
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
@@ -241,7 +242,7 @@ class EngineJobs:
         elif kind == "o":
             round_work(*self.work[n])
         elif kind == "g":  # the target alone: greedy_generate's step
-            int(model_forward(self.target, self.tcache, self.ids[self.context:self.context + 1], 1)[0].argmax())
+            argmax_lowest(model_forward(self.target, self.tcache, self.ids[self.context:self.context + 1], 1)[0])
         else:
             return False
         return True

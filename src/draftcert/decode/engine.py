@@ -43,6 +43,7 @@ from ..models.cache_state import CacheState, chain_of
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
 from ..criteria import Strict, TreeCoverage
 from ..models.tree_attention import DraftTree
+from ..summary import argmax_lowest
 from .adaptive import MAX_K
 from .config import DecodeConfig, check_max_new_tokens, resolve_criterion
 from .round import DecodeRow, catch_up, emit, propose_draft, settle, verify
@@ -139,7 +140,7 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
     with torch.inference_mode():
         cache, ids = new_cache(target), prompt  # sliding layers kept whole (models.hf.new_cache), as the engine
         while len(out) < max_new_tokens:
-            tok = int(model_forward(target, cache, ids, 1)[0].argmax())  # lowest index among ties
+            tok = argmax_lowest(model_forward(target, cache, ids, 1)[0])  # lowest index among ties
             out.append(tok)
             if tok in eos:
                 break
@@ -270,7 +271,21 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         state = CacheState(target, config.layout)  # the target's cache and its rollback (models/cache_state.py)
         chains_only = state.layout.tree_refusal() is not None
         drafter.start(prompt)
-        n_observed = 0  # the drafter has seen the target's features of seq[:n_observed]
+        n_observed = 0  # the drafter has seen the target's features of seq[:n_observed] (or holds them in unseen)
+        # the target's features from plain rounds, handed to the drafter in one piece when it next needs them
+        # (a plain round then costs what the target's own greedy step does)
+        unseen: list[torch.Tensor] = []
+
+        def hand_over(rows, later: bool = False) -> None:
+            if later:
+                unseen.append(rows.clone())  # a copy: the next pass may reuse the buffer these rows sit in
+                return
+            if unseen:
+                drafter.observe(torch.cat(unseen))
+                unseen.clear()
+            if rows is not None:
+                drafter.observe(rows)
+
         clock = time.perf_counter
         spent = row.stats.stage_seconds = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES), added up in place
         ended = False
@@ -284,6 +299,8 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                     keep_drafting = lengths.keep_drafting
                 else:
                     widths = widths[:k]
+            if widths and unseen:
+                hand_over(None)
             draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
                                    config.min_margin, keep_drafting) if widths else DraftTree())  # N nodes
             if chains_only:
@@ -292,7 +309,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             n_cached, fed = catch_up(target, state.cache, n_cached, seq[n_cached:], len(draft), state.layout,
                                      with_hidden, row.stats)
             if fed is not None and n_observed < n_cached:
-                drafter.observe(fed[n_observed - n_before:])
+                hand_over(fed[n_observed - n_before:])
                 n_observed = n_cached
             t1 = clock()
             state.mark(n_cached)
@@ -306,12 +323,13 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached
                 if verdict.path == list(range(len(verdict.path))):  # a chain's accepted prefix: one slice (a view)
-                    drafter.observe(hidden[n_observed - n_cached: n_pending + len(verdict.path)])
+                    hand_over(hidden[n_observed - n_cached: n_pending + len(verdict.path)], later=not widths)
                 else:
                     rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
-                    drafter.observe(hidden[rows])
+                    hand_over(hidden[rows], later=not widths)
                 n_observed = len(seq) + len(verdict.path)
-            drafter.accept(verdict.path)
+            if widths:  # a plain round asked the drafter for nothing: nothing to accept
+                drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
             row.n_cached = state.keep(len(seq), verdict.path, len(draft))
             if lengths is not None and lengths.timed:  # strict's -k auto: the round's own cost (adaptive.py)

@@ -35,7 +35,7 @@ from ..criteria import LevelSet, TreeCoverage
 from ..models.cache_state import Layout, layer_masks, layout_of
 from ..models.hf import forward_with_hidden, model_forward
 from ..models.tree_attention import DraftTree, tree_allowed, tree_position_ids
-from ..summary import Summary, summarize
+from ..summary import Summary, argmax_lowest, summarize
 from .config import DecodeConfig
 from .stats import CertificateViolation, DecodeStats, RoundLog
 
@@ -168,7 +168,7 @@ def accept(rule: LevelSet, logits: torch.Tensor, draft: DraftTree, summary_k: in
     """
     n = len(draft)
     if n == 0:  # nothing drafted: the target's greedy token (lowest id among ties), as greedy decoding takes it
-        return Verdict(None, [False], [], [], [int(logits[0].argmax())], 0, 0.0)
+        return Verdict(None, [False], [], [], [argmax_lowest(logits[0])], 0, 0.0)
     summ = summarize(logits=logits, k=summary_k, entropy=rule.needs_entropy)
     greedy = summ.top_ids[:, 0].tolist()  # [1 + N] the target's greedy token per row (lowest id among ties)
     children = draft.children_table()  # [1 + N] lists, in the drafter's rank order

@@ -36,7 +36,7 @@ from typing import Callable
 
 import torch
 
-from ..summary import topk_lowest_ids
+from ..summary import argmax_lowest, topk_lowest_ids
 from ..models.tree_attention import DraftTree, tree_attention_mask, tree_position_ids
 
 __all__ = ["top_children", "grow_tree", "top2_margin"]
@@ -48,6 +48,8 @@ Feed = Callable[[DraftTree, list[int], torch.Tensor | None, torch.Tensor], torch
 def top_children(q: torch.Tensor, w: int) -> torch.Tensor:
     """[rows, w] token ids: each row of q [rows, V] ranked by value, descending, lower id first among ties."""
     if w == 1:
+        if q.shape[0] == 1:  # a chain's one row: numpy's argmax, the same rule, far faster on a CPU
+            return torch.tensor([[argmax_lowest(q[0])]], device=q.device)
         return q.argmax(-1, keepdim=True)  # torch.argmax: the lowest index among ties (documented)
     return topk_lowest_ids(q, w)[1]
 
