@@ -52,7 +52,7 @@ from ..summary import argmax_lowest
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
-COSTS_VERSION = 1
+COSTS_VERSION = 2  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest)
 
 
 @dataclass
