@@ -229,8 +229,9 @@ def speculative_generate(
         own greedy steps), or ``"auto"`` (the CLI's default): for a chain rule, each round's chain
         length in 0..6 with the best predicted tokens/s from this machine's cost curve (measured on
         first use, then cached: ``decode.costs``) and the acceptance seen so far in this decode,
-        starting from the drafter's shipped acceptance by depth (``decode.adaptive``;
-        ``stats.draft_lengths`` counts the rounds of each length); for ``tree:M`` the width-M tree
+        starting from the drafter's shipped acceptance by depth, a drafter with a distribution then
+        growing each drafting round's chain while its own probabilities say one more token pays
+        (``decode.adaptive``; ``stats.draft_lengths`` counts the rounds of each length); for ``tree:M`` the width-M tree
         with the best prediction, chosen once (``decode.shape.auto_engine_args``).  With an explicit
         ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
