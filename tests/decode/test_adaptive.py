@@ -229,6 +229,22 @@ def test_a_probe_after_a_plain_run_is_not_timed():
     assert sum(lengths.timed_n[1:]) >= 1
 
 
+def test_the_first_drafting_round_is_not_timed():
+    """Its drafter catches up on the whole prompt first (a feature drafter has no features before the
+    prefill, so it drafts only in the second round): that round says nothing of a drafting round's cost."""
+    lengths = AdaptiveDraftLength(_costs(), (0.9,), timed=True)
+    predicted = lengths.round_seconds()
+    for k, seconds in ((0, 5.0), (2, 10 * predicted[2])):  # the prefill's round drafted nothing; then a dear first draft
+        lengths.next_k()
+        lengths.observe([True] * k)
+        lengths.observe_seconds(k, seconds)
+    assert sum(lengths.timed_n) == 0 and lengths.round_seconds() == pytest.approx(predicted)
+    lengths.next_k()
+    lengths.observe([True, True])
+    lengths.observe_seconds(2, 2 * predicted[2])  # the next drafting round is timed
+    assert lengths.timed_n[2] == 1 and lengths.round_seconds()[2] > predicted[2]
+
+
 
 # ---------------------------------------------------------------------------
 # the chain's length from the drafter's confidence (AdaptiveDraftLength.keep_drafting)

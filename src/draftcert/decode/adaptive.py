@@ -57,8 +57,9 @@ first timed drafting round is followed by ``PLAIN_MEASURES`` plain rounds (``k =
 target alone's step is measured, not only predicted; its prior weighs less (``W_0 = PLAIN_WEIGHT``
 against ``W_k = TIMED_WEIGHT``) because a drafting round's drift (a drafter that costs more than
 calibrated) says little about a plain round.  A drafting round after more than
-``UNTIMED_AFTER_PLAIN`` plain rounds (a probe, mostly) is not timed: its drafter first catches up on
-every token it has not seen, a cost that steady drafting does not pay.  Ratios are clipped to
+``UNTIMED_AFTER_PLAIN`` rounds without a draft (a probe, the decode's first drafting round) is not
+timed: its drafter first catches up on every token it has not seen (the whole prompt, the first
+time), a cost that steady drafting does not pay.  Ratios are clipped to
 ``[1/RATIO_CLIP, RATIO_CLIP]`` (a round that a page fault or another process stretched says little about the next).  Relaxed rules keep
 the predicted costs: their tokens depend on the draft lengths, and a decode that timing steered
 could not be repeated.
@@ -106,14 +107,19 @@ class AdaptiveDraftLength:
         self.timed_n = [0] * (max_k + 1)
         self.rounds_seen = 0  # observe_seconds calls, the prefill's included
         self.plain_measures = 0  # plain rounds run to measure the target alone (PLAIN_MEASURES)
-        self.plain_since_draft = 0  # plain rounds since the last drafting round (probes' catch-up)
-        self.round_timed = True  # observe_seconds counts the round just chosen
+        # rounds without a draft since the last one that drafted; "more than UNTIMED_AFTER_PLAIN" at the
+        # start: the first drafting round catches its drafter up on the whole prompt
+        self.plain_since_draft = UNTIMED_AFTER_PLAIN + 1
 
     def observe_seconds(self, k: int, seconds: float) -> None:
         """A round of ``k`` drafted tokens took ``seconds`` (wall clock, drafting to acceptance); the
-        first call (the round holding the prefill) is not a round's cost and is skipped."""
+        first call (the round holding the prefill) is not a round's cost and is skipped, and so is a
+        drafting round whose drafter first caught up on more than ``UNTIMED_AFTER_PLAIN`` rounds'
+        tokens (the first drafting round, a probe)."""
         self.rounds_seen += 1
-        if self.rounds_seen == 1 or not self.round_timed or not 0 <= k <= self.max_k or not seconds > 0:
+        caught_up = k > 0 and self.plain_since_draft > UNTIMED_AFTER_PLAIN
+        self.plain_since_draft = 0 if k > 0 else self.plain_since_draft + 1
+        if self.rounds_seen == 1 or caught_up or not 0 <= k <= self.max_k or not seconds > 0:
             return
         r = min(max(seconds / self.seconds[k], 1.0 / RATIO_CLIP), RATIO_CLIP)
         self.ratio_sum[k] += r
@@ -159,8 +165,6 @@ class AdaptiveDraftLength:
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))  # ties: the shorter draft
         if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
             self.plain_measures += 1  # after the first timed drafting round: measure the target alone
-            self.plain_since_draft += 1
-            self.round_timed = True
             return 0
         self.probing = False
         if best == 0:
@@ -172,10 +176,6 @@ class AdaptiveDraftLength:
             self.probe_gap = self.probe_every
         if best:
             self.plain_run = 0
-        # a drafting round after many plain ones also catches its drafter up on every token it missed:
-        # not what a drafting round costs, so it is not timed
-        self.round_timed = not (best and self.plain_since_draft > UNTIMED_AFTER_PLAIN)
-        self.plain_since_draft = 0 if best else self.plain_since_draft + 1
         return best
 
     def keep_drafting(self, pis: list[float]) -> bool:
