@@ -178,7 +178,7 @@ class AdaptiveDraftLength:
             self.plain_run = 0
         return best
 
-    def keep_drafting(self, pis: list[float]) -> bool:
+    def keep_drafting(self, pis) -> bool:
         """Whether a chain drafted to depth d = ``len(pis)`` grows one more depth (module docstring);
         ``pis``: the drafter's probabilities of its greedy tokens at depths 1..d."""
         d = len(pis)

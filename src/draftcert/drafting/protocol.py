@@ -35,7 +35,7 @@ user's duck-typed object (``start``/``propose``/``accept``) the same way, once, 
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from ..models.tree_attention import DraftTree
 
@@ -50,7 +50,7 @@ class Drafter(Protocol):
     needs_target_hidden: bool = False
     depth_limit: int | None = None
     min_margin: float | None = None
-    keep_drafting: "Callable[[list[float]], bool] | None" = None
+    keep_drafting: "Callable[[Sequence[float]], bool] | None" = None
     model_drafter: "Drafter | None" = None  # the drafter inside that runs a model, or None
 
     def start(self, prompt_ids: list[int]) -> None:

@@ -32,14 +32,14 @@ vocabulary one shared logit.  (``torch.topk`` leaves the order of equal values u
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from ..summary import argmax_lowest, topk_lowest_ids
 from ..models.tree_attention import DraftTree, tree_attention_mask, tree_position_ids
 
-__all__ = ["top_children", "grow_tree", "top2_margin"]
+__all__ = ["top_children", "grow_tree", "top2_margin", "top_probability"]
 
 # feed(tree, nodes, mask, position_ids) -> q rows [len(nodes), V] after feeding ``nodes`` (their tokens).
 Feed = Callable[[DraftTree, list[int], torch.Tensor | None, torch.Tensor], torch.Tensor]
@@ -69,7 +69,7 @@ def top2_margin(q: torch.Tensor) -> float:
 
 def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: Feed, *, n_prefix: int,
               device, dtype: torch.dtype, min_margin: float | None = None,
-              keep_drafting: Callable[[list[float]], bool] | None = None) -> tuple[DraftTree, list[int]]:
+              keep_drafting: Callable[[Sequence[float]], bool] | None = None) -> tuple[DraftTree, list[int]]:
     """The draft tree (with ``tree.q``: the q rows it was expanded from, [len(expanded), V]) and the
     nodes fed to the drafter, in the order they were fed.
 
@@ -82,7 +82,7 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
     device, dtype   where the mask is built, and its dtype (the drafter's compute dtype).
     min_margin the confidence stop (module docstring); None: none (static trees never stop).
     keep_drafting  the draft length from confidence (module docstring): called after each depth but the
-               last with the greedy children's probabilities so far; False stops the tree.  None: none.
+               last with the greedy children's probabilities so far (a tuple); False stops the tree.  None: none.
     """
     tree = DraftTree()
     fed: list[int] = []
