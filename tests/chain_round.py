@@ -24,4 +24,4 @@ def chain_certificates(rule, x: torch.Tensor, y: torch.Tensor) -> RoundCertifica
     draft = chain_draft(y.argmax(-1).tolist())
     draft.q = y
     logits = torch.cat([x, x[-1:]])  # [1 + N, V]: the last node's row is never an expanded one
-    return certify(rule, accept(rule, logits, draft, 16), draft)
+    return certify(rule, accept(rule, logits, draft, 16), draft, logits, 16)

@@ -349,17 +349,19 @@ def _noisy(model, scale: float):
     return out
 
 
-def _certified_rounds(monkeypatch):
-    """Wrap the rounds' certify stage (``round.settle`` calls it): every round's (verdict, draft, certificates) is kept."""
+def _certified_rows(monkeypatch):
+    """Wrap the one place the engine computes certificates (``round.certify_summary``: a round's
+    ``certify`` and the engine's ``CertificateBatch`` both call it): every call's (target logits
+    [E, V], drafter logits [E, V], widths, (divergence, radius, certified)) is kept."""
     seen = []
-    stage = round_mod.certify
+    stage = round_mod.certify_summary
 
-    def spy(rule, verdict, draft):
-        certs = stage(rule, verdict, draft)
-        seen.append((verdict, draft, certs))
-        return certs
+    def spy(rule, sub, q, widths):
+        out = stage(rule, sub, q, widths)
+        seen.append((sub.source, q, list(widths), out))
+        return out
 
-    monkeypatch.setattr(round_mod, "certify", spy)
+    monkeypatch.setattr(round_mod, "certify_summary", spy)
     return seen
 
 
@@ -373,28 +375,25 @@ def test_live_certificates_are_the_librarys(target_factory, prompts, monkeypatch
     the two library certificates (certify_rows is monotone in the radius)."""
     target, _ = target_factory(seed=4, layers=3)
     target.to(dtype)
-    seen = _certified_rounds(monkeypatch)
+    seen = _certified_rows(monkeypatch)
     _, rule, _, _ = resolve_criterion(spec, 3, tree)
+    checked = 0
     for drafter in [_noisy(target, s) for s in (0.003, 0.01, 0.1)] + [target]:  # KL from ~radius to far above, and 0
         for p in prompts:
-            speculative_generate(target, drafter, p, spec, k=3, tree=tree, max_new_tokens=16)
+            checked += speculative_generate(target, drafter, p, spec, k=3, tree=tree, max_new_tokens=16).stats.checked_positions
     flags, near = [], 0
-    for verdict, draft, certs in seen:
-        if certs is None:  # the length limit left no room for a draft
-            assert len(draft) == 0
-            continue
-        x = verdict.summary.source[certs.rows]  # [E, V] the target's verification logits of the expanded nodes
-        q = draft.q  # [E, V] the drafter's logits there
-        assert x.dtype == dtype
+    assert sum(len(w) for _, _, w, _ in seen) == checked  # every expanded node of every round, once
+    for x, q, widths, (divergence, radius, certified) in seen:
+        assert x.dtype == dtype  # [E, V] the target's verification logits of the expanded nodes; q: the drafter's
         want = torch.as_tensor(draftcert.certified(rule, target_logits=x, draft_logits=q))
-        widths = torch.tensor(draft.widths)
-        for m in set(draft.widths) - {1}:
+        widths = torch.tensor(widths)
+        for m in set(widths.tolist()) - {1}:
             takes_max = torch.as_tensor(rule.accepts_tokens(logits=x, tokens=x.argmax(-1)))
             tree_cert = torch.as_tensor(draftcert.certified(TreeCoverage(m), target_logits=x, draft_logits=q))
             want = want | ((widths == m) & takes_max & tree_cert)
-        assert certs.certified == want.tolist()
-        flags += certs.certified
-        near += sum(r / 2 < d < 2 * r for d, r in zip(certs.divergence, certs.radius))
+        assert certified == want.tolist()
+        flags += certified
+        near += sum(r / 2 < d < 2 * r for d, r in zip(divergence, radius))
     assert True in flags and False in flags and near >= 2  # rows on both sides, some close to the radius
 
 

@@ -43,16 +43,16 @@ from ..kernels import block_matmul, packed_matmul
 from ..gguf.layers import numerics_of
 from ..drafting.draft_vocab import vocabulary_of
 from ..models.hf import forward_with_hidden, model_forward, vocab_size_of
-from .round import accept, certify, record, verify
+from .round import CERT_BATCH_ROWS, CertificateBatch, accept, record, verify
 from .stats import DecodeStats
 from ..models.cache_state import CacheState
 from ..models.tree_attention import DraftTree, crop_cache, keep_cache
 from ..summary import argmax_lowest
 
 __all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
-           "round_work", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
+           "round_work", "overhead_rounds", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
-COSTS_VERSION = 2  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest)
+COSTS_VERSION = 3  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest); 3: certificates in batches
 
 
 @dataclass
@@ -200,10 +200,23 @@ def chain_for(ids: list[int], context: int, n_rows: int) -> DraftTree:
     return chain
 
 
+def overhead_rounds(n: int) -> int:
+    """Rounds of n rows one timed ``("o", n)`` job runs: enough for one certificate batch
+    (``round.CERT_BATCH_ROWS`` expanded rows), so a round's share of a batch's fixed cost is in O(n)."""
+    return max(1, -(-CERT_BATCH_ROWS // (n - 1))) if n > 1 else 1
+
+
 def round_work(rule, logits, draft, summary_k, stats) -> None:
-    """The engine's per-round work besides the forwards: accept -> certify -> record."""
-    verdict = accept(rule, logits, draft, summary_k)
-    record(stats, draft, verdict, certify(rule, verdict, draft))
+    """The engine's per-round work besides the forwards, for ``overhead_rounds(n)`` rounds of n rows:
+    accept -> record, each round's expanded rows into a ``CertificateBatch``, certified together at the
+    end, as ``engine.decode_loop`` does; the caller divides the time by ``overhead_rounds(n)``."""
+    batch = CertificateBatch(rule, summary_k, stats)
+    for _ in range(overhead_rounds(len(draft) + 1)):
+        verdict = accept(rule, logits, draft, summary_k)
+        log = record(stats, draft, verdict, None)
+        if draft.q is not None and draft.expanded:
+            batch.add(verdict, draft, logits, log)
+    batch.flush()
 
 
 @dataclass
@@ -350,7 +363,7 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
         drafter={1: med[("dr", "1")]} if "1" in rounds else {1: 0.0},
         drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
         target_tree={n: med[("tt", n)] for n in trees},
-        overhead={n: med[("o", n)] for n in sorted(chains | set(trees))},
+        overhead={n: med[("o", n)] / overhead_rounds(n) for n in sorted(chains | set(trees))},
         context=context, repeats=repeats,
         note=f"timed on this machine: median of {repeats} interleaved repeats, cached context {context}",
     )

@@ -46,7 +46,7 @@ from ..models.tree_attention import DraftTree
 from ..summary import argmax_lowest
 from .adaptive import MAX_K
 from .config import DecodeConfig, check_max_new_tokens, resolve_criterion
-from .round import DecodeRow, catch_up, emit, propose_draft, settle, verify
+from .round import CertificateBatch, DecodeRow, catch_up, emit, propose_draft, settle, verify
 from .shape import adaptive_draft_length, auto_engine_args
 from .stats import STAGES, DecodeStats, RoundLog
 
@@ -237,7 +237,9 @@ def speculative_generate(
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).
     certificates : compute the per-position certificates (KL < radius).
-    on_round : callback receiving each round's ``RoundLog`` as it is accepted (streaming).
+    on_round : callback receiving each round's ``RoundLog`` in order, with its certificates: these
+        are computed several rounds at a time (``round.CertificateBatch``), so a drafting round's
+        log can arrive up to ``CERT_BATCH_SECONDS`` (0.25 s) after its tokens were decided.
     stop : called after each round with the new tokens so far; None continues, an integer n keeps
         the first n new tokens and ends the decode (stopping criteria; the round stays counted whole).
     draft_margin : the drafter's confidence stop, in nats: a drafter with a distribution ends its
@@ -289,6 +291,10 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
 
         clock = time.perf_counter
         spent = row.stats.stage_seconds = [0.0] * len(STAGES)  # seconds per stage (stats.STAGES), added up in place
+        # the rounds' certificates, computed several rounds at a time (round.CertificateBatch); the
+        # rounds reach on_round in order, each once its certificates are in
+        batch = CertificateBatch(config.rule, config.summary_k, row.stats, config.on_round) if config.certificates else None
+        on_round = None if batch is not None else config.on_round
         ended = False
         while not ended:
             seq, n_cached = row.seq, row.n_cached
@@ -317,7 +323,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             logits, hidden = verify(target, state.cache, n_cached, seq[n_cached:], draft, with_hidden,
                                     state.layout, row.stats)  # [1 + N, V]
             t2 = clock()
-            verdict, log = settle(config, row.stats, logits, draft, spent)  # accept, certify, record
+            verdict, log = settle(config, row.stats, logits, draft, spent, batch)  # accept, certify (or keep), record
             if lengths is not None:
                 lengths.observe(log.depth_accepted)
             t3 = clock()
@@ -338,6 +344,12 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             spent[0] += t1 - t0
             spent[1] += t2 - t1
             spent[4] += clock() - t3
-            ended = emit(config, row, verdict, log, config.on_round, config.stop)
+            ended = emit(config, row, verdict, log, on_round, config.stop)
+            if batch is not None:
+                batch.deliver(log)
+                if ended or batch.due():  # outside the round's timing: the certificates of several rounds
+                    t4 = clock()
+                    batch.flush()
+                    spent[3] += clock() - t4
     row.stats.drafter_forwards = drafter.forwards - forwards0
     return row.out, row.stats

@@ -182,6 +182,10 @@ class DecodeStats:
         self.rounds.append(log)
         self.count_round(log.num_draft_tokens, log.num_accepted_tokens, len(log.emitted), log.depth_accepted,
                          log.drift_tokens, log.divergence_spent)
+        self.add_certificates(log)
+
+    def add_certificates(self, log: RoundLog) -> None:
+        """Count a round's certificates (``add_round`` does; a round certified later, once they are in)."""
         for ok, kl in zip(log.depth_accepted, log.kl):
             if ok and kl is not None:
                 self.kl_sum += kl

@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..decode.costs import (Costs, EngineJobs, overhead_inputs, round_key, round_seconds, time_interleaved,
+from ..decode.costs import (Costs, EngineJobs, overhead_inputs, overhead_rounds, round_key, round_seconds, time_interleaved,
                             tree_for)
 from ..drafting.make import make_drafter
 from ..decode.timing import SPREAD_LIMIT, spread
@@ -264,7 +264,7 @@ def _costs(med, chain, tree, draft, rounds, feature, context, prompt_length, rep
                                                                ("dr", round_key([1], False)) in med else 0.0},
         drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
         target_tree={n: med[("tt", n)] for n in sorted(tree)},
-        overhead={n: med[("o", n)] for n in sorted(chain | tree)},
+        overhead={n: med[("o", n)] / overhead_rounds(n) for n in sorted(chain | tree)},
         target_prefill=med[("tp", prompt_length)],
         drafter_prefill=med[("dp", prompt_length)],
         context=context, prompt_length=prompt_length, repeats=repeats,
