@@ -82,6 +82,47 @@ def test_a_few_steps_reduce_the_loss(tiny, trained, objective):
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+@pytest.mark.parametrize("objective", ["kl", "certificate"])
+def test_the_draft_vocabularys_teacher_terms_give_the_full_logits_loss(tiny, trained, objective):
+    """Training's loss from the stored normaliser and negentropy and the draft vocabulary's logits
+    alone equals the loss from the teacher's full [B, T, V] logits, value and gradient."""
+    target, tok = tiny
+    ex = torch.load(trained[1] / "data.pt", weights_only=False)["examples"]
+    cfg = _cfg(objective=objective)
+    radii_of(target, ex, cfg.criterion, lambda m: None)
+    torch.manual_seed(0)
+    d = EagleDrafter(target, torch.arange(0, 259, 3)).to(torch.float64)  # a draft vocabulary of every third token
+    hw = d.head_weight().detach()
+    batch = collate(ex, list(range(4)), torch.float64, "cpu")
+    assert batch[5] is not None and batch[6] is not None
+    grads = []
+    for b in (batch, batch[:5]):  # with the stored terms; without them (the full logits)
+        d.zero_grad()
+        loss = batch_loss(d, b, cfg, hw, d.vocab_ids, 259)
+        loss.backward()
+        grads.append((float(loss.detach()), [p.grad.clone() for p in d.parameters() if p.grad is not None]))
+    (l1, g1), (l2, g2) = grads
+    assert l1 == pytest.approx(l2, rel=1e-5) and l1 > 0
+    for a, b in zip(g1, g2):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_a_bfloat16_autocast_trains_and_says_so(tiny, tmp_path):
+    """``autocast="bfloat16"`` runs the drafter's steps under a CPU autocast to a finite held-out loss, and
+    the log names it; an unknown value is refused before anything runs."""
+    target, tok = tiny
+    target32 = _target()[0].to(torch.float32)
+    out = tmp_path / "bf16"
+    path = train_drafter(_cfg(), out, target=target32, tokenizer=tok, heldout=HELD, progress=False, quiet=True,
+                         autocast="bfloat16")
+    log = (out / "train.log").read_text()
+    assert path is not None and "steps in bfloat16" in log
+    losses = [json.loads(line.split("eval ", 1)[1])["loss"] for line in log.splitlines() if " eval " in line]
+    assert losses and all(math.isfinite(x) for x in losses)
+    with pytest.raises(ValueError, match="--autocast"):
+        train_drafter(_cfg(), tmp_path / "x", target=target32, tokenizer=tok, autocast="fp8")
+
+
 def test_save_load_round_trips_bit_exactly(tiny, trained, tmp_path):
     target, _ = tiny
     d, _ = trained

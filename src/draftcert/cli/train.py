@@ -16,6 +16,7 @@ from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
 from ..profile.settings import check_out_dir
 from ..train import OBJECTIVES, TrainConfig, train_drafter
+from ..train.loop import AUTOCASTS
 from ..train.distill_data import draft_vocabulary
 from ..train.user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, merge_into_train_json
 from .checks import add_weights_option, apply_weights, check_specs, set_threads
@@ -91,6 +92,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--evaluate-only", default=None, metavar="DRAFTER",
                    help="train nothing: write the user-prompt evaluation of DRAFTER (a drafter file, eagle:NAME or "
                         "'default') into OUT/train.json")
+    p.add_argument("--autocast", choices=AUTOCASTS, default="auto",
+                   help="the drafter's training steps in bfloat16 (matmuls; weights, optimiser and teacher float32) or "
+                        "float32; auto (default): bfloat16 where the CPU has it natively (AMX or AVX-512 BF16)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines on stderr")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (model loading included); log lines stay")
@@ -134,7 +138,7 @@ def run(args) -> int:
                       user_eval_depth=args.user_eval_depth, mlp_width=args.mlp_width)
     try:
         path = train_drafter(cfg, args.out, progress=not (args.quiet or args.no_progress), quiet=args.quiet,
-                             stage_minutes=args.stage_minutes)
+                             stage_minutes=args.stage_minutes, autocast=args.autocast)
     except ModelUnavailable as exc:  # raised before anything is written: one error line, no run directory
         raise ValueError(f"--target: {exc}") from exc
     if path is None:

@@ -388,14 +388,20 @@ def radii_of(target, examples, criterion, log, progress: bool = False) -> None:
     W = target.get_output_embeddings().weight
     t0 = time.perf_counter()
     for e in tqdm(examples, unit="example", desc="radii", disable=not progress, dynamic_ncols=True, file=sys.stderr):
-        if "radius" in e:
+        if "radius" in e and "teacher_lse" in e:
             continue
         f = e["features"].to(W.dtype)
         with torch.no_grad():
             z = f @ W.T  # [T, V]: the target's logits, recomputed from its features
-            e["radius"] = torch.as_tensor(radius(criterion, logits=z.float())).float()
+            z = z.float()
+            e["radius"] = torch.as_tensor(radius(criterion, logits=z)).float()
+            # the teacher's normaliser and negentropy per position: training then needs only the draft
+            # vocabulary's logits (objective.batch_loss), not the [T, V] ones.  sum p log p = sum p z - lse.
+            p = torch.softmax(z, -1)  # [T, V]
+            e["teacher_lse"] = torch.logsumexp(z, -1)
+            e["teacher_negent"] = torch.linalg.vecdot(p, z) - e["teacher_lse"]
             # the target's expected token counts here: ranks the draft vocabulary (smoother than counts)
-            e["mass"] = torch.softmax(z.float(), -1).sum(0)
+            e["mass"] = p.sum(0)
     log(f"radii ({criterion}) for {len(examples)} sequences in {time.perf_counter() - t0:.1f} s")
 
 
@@ -417,13 +423,18 @@ def token_batches(examples, batch_tokens, rng) -> list[list[int]]:
 
 
 def collate(examples, idx, dtype, device):
-    """(ids [B, T], features [B, T, H], lengths [B], radii [B, T], skip [B]) of examples ``idx``, right-padded with zeros."""
+    """(ids [B, T], features [B, T, H], lengths [B], radii [B, T], skip [B], teacher_lse [B, T] or None,
+    teacher_negent [B, T] or None) of examples ``idx``, right-padded with zeros (the teacher's terms
+    where every example has them: ``radii_of``)."""
     L = [len(examples[i]["ids"]) for i in idx]
     T = max(L)
     H = examples[idx[0]]["features"].shape[1]
     ids = torch.zeros(len(idx), T, dtype=torch.long)
     feats = torch.zeros(len(idx), T, H, dtype=dtype)
     radii = torch.zeros(len(idx), T)
+    terms = all("teacher_lse" in examples[i] for i in idx)
+    lse = torch.zeros(len(idx), T) if terms else None
+    negent = torch.zeros(len(idx), T) if terms else None
     skip = torch.tensor([examples[i].get("n_skip", 0) for i in idx], device=device)
     for b, i in enumerate(idx):
         e = examples[i]
@@ -431,4 +442,7 @@ def collate(examples, idx, dtype, device):
         ids[b, :n] = torch.tensor(e["ids"])
         feats[b, :n] = e["features"].to(dtype)
         radii[b, :n] = e["radius"]
-    return ids.to(device), feats.to(device), torch.tensor(L, device=device), radii.to(device), skip
+        if terms:
+            lse[b, :n], negent[b, :n] = e["teacher_lse"], e["teacher_negent"]
+    moved = [None if t is None else t.to(device) for t in (lse, negent)]
+    return ids.to(device), feats.to(device), torch.tensor(L, device=device), radii.to(device), skip, *moved

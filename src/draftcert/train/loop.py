@@ -35,7 +35,7 @@ from ..models.loading import transformers_progress
 from ..prompts import load_prompts
 from .distill_data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
                    template_prefix_tokens, token_batches, write_prompts)
-from .objective import OBJECTIVES, batch_loss, evaluate
+from .objective import OBJECTIVES, TeacherHead, batch_loss, evaluate
 from .user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, user_eval_prompts
 
 
@@ -136,8 +136,22 @@ def load_or_make_data(cfg: TrainConfig, target, tok, out: Path, log, heldout=Non
     return data
 
 
+def bf16_matmuls() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16, from Linux's CPU flags): a
+    bfloat16 autocast then speeds training up, where elsewhere it would emulate bfloat16 and slow it down."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+AUTOCASTS = ("auto", "bfloat16", "float32")
+
+
 def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progress: bool = True, quiet: bool = False,
-                  max_steps: int | None = None, heldout=None, stage_minutes: float | None = None, user_prompts=None):
+                  max_steps: int | None = None, heldout=None, stage_minutes: float | None = None, user_prompts=None,
+                  autocast: str = "auto"):
     """Train (or resume) a feature drafter into ``out``; returns the path of ``drafter.safetensors``,
     or None when it stopped early (``max_steps``, ``stage_minutes``): rerunning resumes.
 
@@ -146,8 +160,13 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     cleanly once that many minutes have passed (between answer chunks or training steps).
     ``heldout``: the texts training prompts must not overlap (default ``data.heldout_texts()``:
     MT-Bench, HumanEval, ShareGPT's held-out tenth).  ``user_prompts``: the user-prompt evaluation
-    set (default ``user_eval_prompts(cfg.user_eval_prompts)``).
+    set (default ``user_eval_prompts(cfg.user_eval_prompts)``).  ``autocast``: the drafter's training
+    steps in ``"bfloat16"`` (a CPU autocast: matmuls in bfloat16, weights, optimiser and loss float32;
+    the teacher float32), ``"float32"``, or ``"auto"``: bfloat16 where the CPU has it natively
+    (``bf16_matmuls``).  Not a run setting: a run may resume under another.
     """
+    if autocast not in AUTOCASTS:
+        raise ValueError(f"--autocast: expected one of {', '.join(AUTOCASTS)}, got {autocast!r}")
     from tqdm.auto import tqdm  # optional: models extra
 
     if cfg.objective not in OBJECTIVES:
@@ -197,11 +216,13 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     drafter.train()
     head_w = drafter.head_weight().detach()
     vocab_dev = drafter.vocab_ids
+    teacher = TeacherHead(target, vocab_dev)  # the target's head read once, not once a batch
+    bf16 = dtype == torch.float32 and (autocast == "bfloat16" or (autocast == "auto" and bf16_matmuls()))
     coverage = _coverage(held_ex, vocab_ids, V) if held_ex else None  # --heldout-examples 0: not evaluated
     covers = (f"covers {coverage:.3f} of held-out tokens" if coverage is not None
               else "held-out coverage not evaluated: --heldout-examples 0")
     log(f"drafter: {sum(p.numel() for p in drafter.parameters())} trainable parameters, draft vocabulary {len(vocab_ids)} "
-        f"({covers}), objective {cfg.objective} ({cfg.criterion})")
+        f"({covers}), objective {cfg.objective} ({cfg.criterion}), steps in {'bfloat16' if bf16 else 'float32'}")
 
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
@@ -257,7 +278,8 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
             batch = collate(train_ex, idx, dtype, drafter.device)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
-            loss = batch_loss(drafter, batch, cfg, head_w, vocab_dev, V)
+            with torch.autocast(drafter.device.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = batch_loss(drafter, batch, cfg, head_w, vocab_dev, V, teacher=teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -271,7 +293,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
             el = seconds_before + time.perf_counter() - t_run
             rec = {"step": step, "loss": lv, "lr": lr_at(step - 1), "tokens": tokens_seen, "tok_s": tokens_seen / max(el, 1e-9)}
             if held_ex and (step % cfg.eval_every == 0 or step == total_steps):  # nothing held out: no eval
-                last_eval = evaluate(drafter, held_ex, cfg, head_w, vocab_dev, V)
+                last_eval = evaluate(drafter, held_ex, cfg, head_w, vocab_dev, V, teacher)
                 rec["eval"] = last_eval
                 history.append(rec)
                 log("eval " + dumps_json({k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()},
@@ -296,7 +318,7 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
                                       "train_seconds": round(seconds, 1)}, blocks=numerics_of(target) in CONTRACTS)
     shipped = load_eagle(final, target, dtype=dtype)  # evaluate exactly what was written, as decoding computes it
     # null: not evaluated (--heldout-examples 0), never a loss of 0 over no examples
-    ev = evaluate(shipped, held_ex, cfg, shipped.head_layer(), shipped.vocab_ids, V) if held_ex else None
+    ev = evaluate(shipped, held_ex, cfg, shipped.head_layer(), shipped.vocab_ids, V, teacher) if held_ex else None
     result = {"objective": cfg.objective, "criterion": cfg.criterion, "prompts": cfg.prompts, "steps": step,
               "train_seconds": round(seconds, 1), "tokens_seen": tokens_seen, "data": data.get("info"),
               "draft_vocab_coverage": coverage, "heldout_eval_fp16": ev}
@@ -316,12 +338,12 @@ def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cach
     """Each example's radii (``data.radii_of``) and the draft vocabulary of ``train_ex``; both kept in
     ``cache``, so that a resumed stage does not spend ~10 min per million tokens recomputing them."""
     key = {"criterion": cfg.criterion, "draft_vocab": cfg.draft_vocab, "examples": len(examples),
-           "tokens": sum(len(e["ids"]) for e in examples)}
+           "tokens": sum(len(e["ids"]) for e in examples), "teacher_terms": 1}
     if cache.is_file():
         rec = torch.load(cache, weights_only=False)
         if rec.get("key") == key:
-            for e, r in zip(examples, rec["radius"]):
-                e["radius"] = r
+            for e, r, lse, negent in zip(examples, rec["radius"], rec["teacher_lse"], rec["teacher_negent"]):
+                e["radius"], e["teacher_lse"], e["teacher_negent"] = r, lse, negent
             log(f"radii and draft vocabulary from {cache}")
             return rec["vocab_ids"]
     radii_of(target, examples, cfg.criterion, log, progress=progress)
@@ -330,7 +352,9 @@ def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cach
     for e in examples:
         e.pop("mass", None)  # [V] per example: only the vocabulary needed it
     with atomic_path(cache) as tmp:
-        torch.save({"key": key, "radius": [e["radius"] for e in examples], "vocab_ids": vocab_ids}, tmp)
+        torch.save({"key": key, "radius": [e["radius"] for e in examples], "vocab_ids": vocab_ids,
+                    "teacher_lse": [e["teacher_lse"] for e in examples],
+                    "teacher_negent": [e["teacher_negent"] for e in examples]}, tmp)
     return vocab_ids
 
 
