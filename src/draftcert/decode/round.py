@@ -42,7 +42,8 @@ from .config import DecodeConfig
 from .stats import CertificateViolation, DecodeStats, RoundLog
 
 __all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record", "settle", "emit", "Verdict",
-           "RoundCertificates", "DecodeRow", "CertificateBatch", "CERT_BATCH_ROWS", "CERT_BATCH_SECONDS"]
+           "RoundCertificates", "DecodeRow", "CertificateBatch", "CERT_BATCH_ROWS", "CERT_BATCH_SECONDS",
+           "certify_summary", "fill_certificates"]
 
 
 # ---------------------------------------------------------------------------
@@ -286,6 +287,8 @@ def certify(rule: LevelSet, verdict: Verdict, draft: DraftTree, logits: torch.Te
     er = [e + 1 for e in draft.expanded]  # [E] rows of the expanded nodes
     if verdict.summary is not None:
         sub = verdict.summary.select(torch.tensor(er, device=verdict.summary.top_probs.device))  # [E rows]
+    elif logits is None:
+        raise ValueError("certify: this verdict has no summary (strict's walk); pass the verification logits")
     else:
         sub = summarize(logits=logits[er], k=summary_k, entropy=rule.needs_entropy)
     divergence, radius, certified = certify_summary(rule, sub, draft.q, draft.widths)
@@ -382,7 +385,8 @@ class CertificateBatch:
         self.waiting: list[RoundLog] = []  # logs whose on_round waits for an earlier round's certificates
 
     def add(self, verdict: Verdict, draft: DraftTree, logits: torch.Tensor, log: RoundLog) -> None:
-        """Keep a round's expanded rows (copies: the next pass may reuse the logits' buffer)."""
+        """Keep a round's expanded rows (copies: the next pass may reuse the logits' buffer) and its
+        ``draft.q`` (the tree's own, built each round)."""
         er = [e + 1 for e in draft.expanded]
         self.logits.append(logits[er])  # [E, V], advanced indexing copies
         self.q.append(draft.q)
