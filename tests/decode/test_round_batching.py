@@ -1,4 +1,4 @@
-"""A round's cheap paths: strict's walk without a summary (``round._accept_strict``) and certificates
+"""A round's cheap paths: strict's walk without a summary (``round.accept_strict``) and certificates
 computed several rounds at a time (``round.CertificateBatch``), each against the per-round code."""
 
 from __future__ import annotations
@@ -52,14 +52,14 @@ def test_strict_walk_without_a_summary_is_the_summary_walk(dtype, chain):
         eos = frozenset({5}) if case % 3 == 0 else frozenset()
         if case % 50 in (7, 19):  # NaN or +inf: refused by both walks (strict's own defers to the summary's)
             logits[int(torch.randint(0, n + 1, (1,), generator=g)), 0] = float("nan") if case % 50 == 7 else torch.inf
-            assert round_mod._accept_strict(logits, draft, eos) is None
+            assert round_mod.accept_strict(logits, draft, eos) is None
             with pytest.raises(ValueError, match="NaN or \\+inf"):
                 accept(Strict(), logits, draft, 16, eos)
             continue
         want = accept(_Summarised(), logits, draft, 16, eos)
         got = accept(Strict(), logits, draft, 16, eos)
         assert _verdict_fields(got) == _verdict_fields(want)
-        decided += round_mod._accept_strict(logits, draft, eos) is not None
+        decided += round_mod.accept_strict(logits, draft, eos) is not None
     assert decided > 100  # a third of these tie-heavy rounds; rounds without ties are all its own
 
 

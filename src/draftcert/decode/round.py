@@ -43,7 +43,7 @@ from .stats import CertificateViolation, DecodeStats, RoundLog
 
 __all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record", "settle", "emit", "Verdict",
            "RoundCertificates", "DecodeRow", "CertificateBatch", "CERT_BATCH_ROWS", "CERT_BATCH_SECONDS",
-           "certify_summary", "fill_certificates"]
+           "accept_strict", "certify_summary", "fill_certificates"]
 
 
 # ---------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def accept(rule: LevelSet, logits: torch.Tensor, draft: DraftTree, summary_k: in
     n = len(draft)
     if n == 0:  # nothing drafted: the target's greedy token (lowest id among ties), as greedy decoding takes it
         return Verdict(None, [False], [], [], [argmax_lowest(logits[0])], 0, 0.0)
-    if type(rule) is Strict and (fast := _accept_strict(logits, draft, eos)) is not None:
+    if type(rule) is Strict and (fast := accept_strict(logits, draft, eos)) is not None:
         return fast
     summ = summarize(logits=logits, k=summary_k, entropy=rule.needs_entropy)
     greedy = summ.top_ids[:, 0].tolist()  # [1 + N] the target's greedy token per row (lowest id among ties)
@@ -212,7 +212,7 @@ def accept(rule: LevelSet, logits: torch.Tensor, draft: DraftTree, summary_k: in
     return Verdict(summ, passed, path, rows, emitted, drift, spent)
 
 
-def _accept_strict(logits: torch.Tensor, draft: DraftTree, eos) -> Verdict | None:
+def accept_strict(logits: torch.Tensor, draft: DraftTree, eos) -> Verdict | None:
     """``accept`` under ``strict`` from each row's maximum alone, without a summary; None where it
     cannot decide as the summary's walk would (then ``accept`` takes that walk).
 
@@ -279,7 +279,7 @@ def certify(rule: LevelSet, verdict: Verdict, draft: DraftTree, logits: torch.Te
     decision is the core's ``certify_rows``: the same upper bound on KL and comparison as
     ``certified`` (docs/theory.md, section 7).  Certified but rejected raises
     ``CertificateViolation``: it is a bug.  None when the drafter gives no distribution.
-    A verdict without a summary (strict's walk, ``_accept_strict``) has the rows summarised here
+    A verdict without a summary (strict's walk, ``accept_strict``) has the rows summarised here
     from ``logits`` (``verify``'s, with ``summary_k``).
     """
     if draft.q is None or not draft.expanded:
