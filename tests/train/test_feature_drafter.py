@@ -389,3 +389,37 @@ def test_tokens_outside_the_draft_vocabulary_are_never_proposed(tiny, trained, t
     q = torch.softmax(d.full_logits(red, tail), -1)
     torch.testing.assert_close(q.sum(-1), torch.ones_like(q.sum(-1)))
     assert bool((q > 0).all())
+
+
+def test_a_decodes_cached_embedding_and_rotary_rows_are_the_same_bits(tiny, trained):
+    """Outside autograd, one-token steps read the target's embedding rows and the rotary (cos, sin)
+    from per-drafter caches: every q row a decode drafts from equals the uncached step's, bit for bit,
+    and a rebind drops the cache (rows of another target are never read)."""
+    import copy
+
+    target, _ = tiny
+    d = copy.deepcopy(trained[0]).bind(target)
+    prompt = list(range(5, 14))
+    rows: dict[str, list] = {"cached": [], "plain": []}
+
+    class Spy(FeatureDrafter):
+        def _step(self, *a, **kw):
+            g, q = super()._step(*a, **kw)
+            rows[self.kind].append(q.clone())
+            return g, q
+
+    def run(kind):
+        spy = Spy(d)
+        spy.kind = kind
+        return speculative_generate(target, spy, prompt, "strict", k=3, max_new_tokens=12, eos_token_id=[]).tokens
+
+    out = run("cached")
+    assert d.__dict__["_row_caches"]["embed"][1] and d.__dict__["_row_caches"]["rope"][1]
+    d._embed, d._rope = (lambda ids: d.target.get_input_embeddings()(ids).to(d.dtype),
+                         lambda x, pos: d.rotary(x, position_ids=pos))
+    assert run("plain") == out
+    assert len(rows["cached"]) == len(rows["plain"]) > 2
+    assert all(torch.equal(a, b) for a, b in zip(rows["cached"], rows["plain"]))
+    del d._embed, d._rope
+    d.bind(target)
+    assert "_row_caches" not in d.__dict__

@@ -169,6 +169,10 @@ def _layer_config(target, intermediate_size: int | None = None):
     return cfg
 
 
+# Rows a decode's steps keep (EagleDrafter._embed, _rope): tokens and positions seen, cleared when full.
+_ROW_CACHE_SIZE = 8192
+_ROW_CACHE_MAX_CALL = 16  # a step over more tokens (a prompt's catch-up) embeds them in one call
+
 class EagleDrafter(nn.Module):
     """The feature drafter (see the module docstring).  ``bind(target)`` before use."""
 
@@ -222,6 +226,7 @@ class EagleDrafter(nn.Module):
                              + "); train one for this target with `draftcert train-drafter`")
         object.__setattr__(self, "_target", target)
         self.__dict__.pop("_head_rows", None)
+        self.__dict__.pop("_row_caches", None)  # _embed's rows were the previous target's
         if self._block_head is not None:
             object.__setattr__(self, "_block_head", self._head_blocks(self._block_head.numerics))
         return self
@@ -294,7 +299,49 @@ class EagleDrafter(nn.Module):
         return self._target
 
     def _embed(self, ids):
-        return self.target.get_input_embeddings()(ids).to(self.dtype)
+        """The target's embedding of ``ids`` (..., T) in the drafter's dtype.  Outside autograd, a
+        decode's few-token steps read rows from ``_inference_rows`` (a GGUF embedding decodes its
+        blocks on every call: 40-110 us a step, about a tenth of a drafted token on the embedded
+        target); a row is the same bits either way (rows decode independently)."""
+        emb = self.target.get_input_embeddings()
+        if torch.is_grad_enabled() or ids.numel() > _ROW_CACHE_MAX_CALL:
+            return emb(ids).to(self.dtype)
+        cache = self._inference_rows("embed", emb)
+        flat = ids.reshape(-1).tolist()
+        rows = []
+        for t in flat:
+            row = cache.get(t)
+            if row is None:
+                if len(cache) >= _ROW_CACHE_SIZE:
+                    cache.clear()
+                row = cache[t] = emb(torch.tensor([t], device=ids.device)).to(self.dtype)[0]
+            rows.append(row)
+        return torch.stack(rows).reshape(*ids.shape, -1)
+
+    def _rope(self, x, position_ids):
+        """The rotary (cos, sin) of ``position_ids`` (1, T), as ``self.rotary`` computes them; outside
+        autograd a one-position step reads them from ``_inference_rows`` (each element is computed from
+        its own position alone, so a cached pair is the same bits)."""
+        if torch.is_grad_enabled() or position_ids.numel() != 1:
+            return self.rotary(x, position_ids=position_ids)
+        cache = self._inference_rows("rope", x.dtype)
+        pos = int(position_ids.reshape(-1)[0])
+        pe = cache.get(pos)
+        if pe is None:
+            if len(cache) >= _ROW_CACHE_SIZE:
+                cache.clear()
+            pe = cache[pos] = self.rotary(x, position_ids=position_ids)
+        return pe
+
+    def _inference_rows(self, kind: str, key) -> dict:
+        """A per-process dict of rows computed for decoding (``_embed``, ``_rope``), dropped when
+        ``key`` (the embedding module, the dtype) or the drafter's own dtype or device changes."""
+        full = (key if isinstance(key, torch.dtype) else id(key), self.dtype, self.device)
+        caches = self.__dict__.setdefault("_row_caches", {})
+        entry = caches.get(kind)
+        if entry is None or entry[0] != full:
+            entry = caches[kind] = (full, {})
+        return entry[1]
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
@@ -339,7 +386,7 @@ class EagleDrafter(nn.Module):
         over the pairs of many plain rounds drafts from its last row alone.
         """
         x = self.fc(torch.cat([self._embed(tokens), feats.to(self.dtype)], -1))
-        pe = self.rotary(x, position_ids=position_ids)
+        pe = self._rope(x, position_ids)
         kw = {cache_kwarg(self.layer): cache, "use_cache": True} if cache is not None else {}
         x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
         if isinstance(x, tuple):
