@@ -152,6 +152,92 @@ def test_graft_merges_shared_prefixes_without_duplicate_siblings():
     assert len(sib) == len(set(sib))
 
 
+class _ScriptedModel:
+    """A model drafter stand-in: proposes ``tokens`` as a chain, records what it is told to keep."""
+
+    needs_target_hidden = False
+    forwards = 0
+
+    def __init__(self, tokens):
+        self.tokens, self.kept = list(tokens), []
+
+    def start(self, prompt_ids):
+        pass
+
+    def propose(self, seq, widths, expand_all=False):
+        tree, node = DraftTree(), -1
+        for t in self.tokens[: len(widths)]:
+            node = tree.add(t, node)
+        return tree
+
+    def accept(self, path):
+        self.kept.append(list(path))
+
+
+def _hybrid_at(model_tokens, seq):
+    """A hybrid whose suffix chain at the tail of ``SEQ`` is 4, 5, 6, 7, 8, 9, 1, 2, 3 (a 3-token
+    match, 3 drafted tokens per matched one)."""
+    h = HybridDrafter(_ScriptedModel(model_tokens), _index(alpha=3.0))
+    h.start(seq[:1])
+    h.depth_limit = 16
+    return h
+
+
+SEQ = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # the tail 1, 2, 3 matched earlier: continuation 4 5 6 7 8 9 1 2 3
+
+
+def test_a_priced_graft_asks_for_each_added_row_and_stops_where_refused():
+    asked = []
+
+    def keep(reach, rows):
+        asked.append((round(reach, 12), rows))
+        return len(asked) < 3  # the third added node is refused
+
+    h = _hybrid_at([4, 5], SEQ)
+    h.keep_grafting = keep
+    tree = h.propose(SEQ, [1, 1])
+    s = h.graft_acceptance()
+    assert s == pytest.approx(0.7)  # the prior: nothing tried yet
+    # 4, 5 are the model's nodes (free); 6 and 7 are added (rows 3 and 4 before each); 8 is refused
+    assert tree.tokens == [4, 5, 6, 7] and tree.parents == [-1, 0, 1, 2]
+    assert asked == [(round(s ** 3, 12), 3), (round(s ** 4, 12), 4), (round(s ** 5, 12), 5)]
+    h.keep_grafting = None  # without pricing the whole chain (9 tokens here) hangs below the model's
+    assert len(h.propose(SEQ, [1, 1])) == 2 + 7
+
+
+def test_graft_acceptance_counts_reached_grafted_nodes():
+    h = _hybrid_at([4], SEQ)
+    h.keep_grafting = lambda reach, rows: rows < 5  # nodes 1 .. 3 grafted below the model's 4
+    tree = h.propose(SEQ, [1])
+    assert tree.tokens == [4, 5, 6, 7] and h.suffix_drafted == 3
+    h.accept([0, 1, 2])  # the model's node and two grafted ones accepted, the third refused
+    assert (h.suffix_accepted, h.suffix_attempted) == (2, 3)
+    assert h.model_drafter.kept[-1] == [0]
+    h.propose(SEQ, [1])
+    h.accept([])  # the model's first node refused: its grafted child was never reached
+    assert (h.suffix_accepted, h.suffix_attempted) == (2, 3)
+    h.model_drafter.tokens = [9]  # the model now disagrees at the root: the graft hangs off the root
+    tree = h.propose(SEQ, [1])
+    assert tree.parents[:2] == [-1, -1]
+    h.accept([])  # both root children refused: the grafted one was tried
+    assert (h.suffix_accepted, h.suffix_attempted) == (2, 4)
+    assert h.graft_acceptance() == pytest.approx((0.7 * 2 + 2) / (2 + 4))
+
+
+def test_the_controller_prices_a_row_against_its_best_rate():
+    from draftcert.decode.adaptive import AdaptiveDraftLength
+    from draftcert.decode.costs import Costs
+
+    costs = Costs("calibrated", {1: 0.010, 2: 0.011, 3: 0.012}, {1: 0.001}, overhead={1: 0.0}, target_step=0.010)
+    ctl = AdaptiveDraftLength(costs, (0.5,), max_k=2)
+    rates = ctl.rates()
+    best = max(rates)
+    # one more row costs 1 ms (beyond the curve: the slope of its two largest sizes); it pays iff
+    # reach / 0.001 > best
+    for rows in (1, 2, 3, 7):
+        assert ctl.keep_grafting(best * 0.001 * 1.01, rows) and not ctl.keep_grafting(best * 0.001 * 0.99, rows)
+
+
 # ---------------------------------------------------------------------------
 # decoding: strict with suffix candidates equals greedy
 

@@ -44,6 +44,17 @@ accepted probe, or a round that drafts because the rates say so, sets the wait b
 1/16 to about 1/128.
 Relaxed rules accept more than strict: the posterior learns it.
 
+**Model-free nodes priced by their rows** (``keep_grafting``).  A hybrid drafter's suffix chain
+(``drafting.suffix.HybridDrafter``) may run far deeper than the model's chain (a 16-token match
+copied from the prompt), and every node it adds is one more verification row.  Before adding a node
+that the drafter expects to be reached and accepted with probability ``reach`` (its graft acceptance
+to the node's depth), it asks whether that node's marginal rate beats the best predicted rate::
+
+    reach / (T(rows + 1) - T(rows))  >  max_k rate(k)
+
+with T the cost curve's verification of ``rows`` causal rows (the timed rounds' drift applied), so a
+match that keeps being accepted drafts deep and one that fails is cut to the rows it pays for.
+
 **Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
 draft lengths).  The calibrated ``round_seconds`` is a prediction made once per machine, under
 whatever load the machine had then; a decode also times its own rounds (``observe_seconds``)::
@@ -103,6 +114,7 @@ class AdaptiveDraftLength:
         self.seconds += [round_seconds(costs, k, [1] * k, False, round_key((1,) * k, False)) for k in range(1, max_k + 1)]
         self.timed = timed
         self._round_seconds, self._a1 = list(self.seconds), self.prior  # keep_drafting's, set by rates()
+        self._best_rate, self._drift = 1.0 / self.seconds[0], 1.0  # keep_grafting's, set by rates()
         self.ratio_sum = [0.0] * (max_k + 1)  # measured / predicted seconds, summed per draft length
         self.timed_n = [0] * (max_k + 1)
         self.rounds_seen = 0  # observe_seconds calls, the prefill's included
@@ -157,6 +169,8 @@ class AdaptiveDraftLength:
             reach *= a
             tokens += reach
             out.append(tokens / seconds[k])
+        self._best_rate = max(out)  # keep_grafting's
+        self._drift = seconds[1] / self.seconds[1] if self.seconds[1] > 0 else 1.0
         return out
 
     def next_k(self) -> int:
@@ -177,6 +191,18 @@ class AdaptiveDraftLength:
         if best:
             self.plain_run = 0
         return best
+
+    def keep_grafting(self, reach: float, rows: int) -> bool:
+        """Whether a model-free node (a hybrid's suffix graft, ``drafting.suffix.HybridDrafter``) is
+        worth one more verification row: ``reach``, its chance of being reached and accepted, over the
+        row's seconds beats the round's predicted rate (module docstring)::
+
+            reach / (T(rows + 1) - T(rows))  >  max_k rate(k)
+
+        T: the cost curve's verification of n causal rows, scaled as the timed rounds scale a drafting
+        round; beyond the curve's largest size it grows with the slope of its two largest."""
+        step = (self.costs.t(rows + 1) - self.costs.t(rows)) * self._drift
+        return step <= 0 or reach > step * self._best_rate
 
     def keep_drafting(self, pis) -> bool:
         """Whether a chain drafted to depth d = ``len(pis)`` grows one more depth (module docstring);

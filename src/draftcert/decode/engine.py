@@ -299,9 +299,10 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         while not ended:
             seq, n_cached = row.seq, row.n_cached
             t0 = clock()
-            widths, keep_drafting = config.widths, None
+            widths, keep_drafting, keep_grafting = config.widths, None, None
             if lengths is not None:  # -k auto: whether to draft; a drafter with a distribution then sets the length
                 k = lengths.next_k()
+                keep_grafting = getattr(lengths, "keep_grafting", None)  # a hybrid's suffix nodes, each priced by its row
                 if k and confident:
                     keep_drafting = lengths.keep_drafting
                 else:
@@ -309,7 +310,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             if widths and unseen:
                 hand_over(None)
             draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
-                                   config.min_margin, keep_drafting) if widths else DraftTree())  # N nodes
+                                   config.min_margin, keep_drafting, keep_grafting) if widths else DraftTree())  # N nodes
             if chains_only:
                 draft = chain_of(draft)
             n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first

@@ -51,15 +51,17 @@ __all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record",
 
 
 def propose_draft(draft_src, seq: list[int], widths: list[int], expand_all: bool, remaining: int,
-                  min_margin: float | None = None, keep_drafting=None) -> DraftTree:
+                  min_margin: float | None = None, keep_drafting=None, keep_grafting=None) -> DraftTree:
     """The round's draft tree: ``widths`` cut to ``remaining`` (the tokens still allowed after the
     bonus one), so no draft runs past the length limit.  A suffix drafter's matches may run deeper
     than ``widths``; its ``depth_limit`` is set to ``remaining`` first.  ``min_margin``: the
     drafter's confidence stop; ``keep_drafting``: its draft length from confidence (both
-    ``drafting.tree_growth``)."""
+    ``drafting.tree_growth``); ``keep_grafting``: whether a model-free node is worth its
+    verification row (``drafting.suffix.HybridDrafter``)."""
     draft_src.depth_limit = remaining
     draft_src.min_margin = min_margin
     draft_src.keep_drafting = keep_drafting
+    draft_src.keep_grafting = keep_grafting
     return draft_src.propose(seq, list(widths[: min(len(widths), remaining)]), expand_all)
 
 

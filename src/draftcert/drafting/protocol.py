@@ -23,6 +23,10 @@ The optional parts, with the defaults a drafter that does not need them inherits
   with a distribution calls it after each drafted depth with its greedy tokens' probabilities so far
   and stops its chain where it returns False (``tree_growth``); a drafter without one ignores it and
   drafts ``len(widths)``;
+- ``keep_grafting`` (None): set by the engine before every round (``-k auto``: ``adaptive``); a drafter
+  that adds model-free nodes beyond its model's (a hybrid's suffix chain) calls it before each with
+  the probability that the node is reached and accepted and the verification rows the round has
+  without it, and adds no more where it returns False (``suffix.HybridDrafter``);
 - ``fork()`` (None): a fresh drafter with the same settings sharing the model, for batches (each row
   keeps its own state); None where the drafter cannot fork;
 - ``model_drafter`` (None): the drafter that runs a model (itself for a ``ModelDrafter`` or a
@@ -51,6 +55,7 @@ class Drafter(Protocol):
     depth_limit: int | None = None
     min_margin: float | None = None
     keep_drafting: "Callable[[Sequence[float]], bool] | None" = None
+    keep_grafting: "Callable[[float, int], bool] | None" = None
     model_drafter: "Drafter | None" = None  # the drafter inside that runs a model, or None
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -117,6 +122,15 @@ class DeclaredDrafter(Drafter):
     def keep_drafting(self, value) -> None:
         if hasattr(self.inner, "keep_drafting"):
             self.inner.keep_drafting = value
+
+    @property
+    def keep_grafting(self):
+        return getattr(self.inner, "keep_grafting", None)
+
+    @keep_grafting.setter
+    def keep_grafting(self, value) -> None:
+        if hasattr(self.inner, "keep_grafting"):
+            self.inner.keep_grafting = value
 
     @property
     def model_drafter(self):

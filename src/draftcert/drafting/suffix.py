@@ -314,12 +314,26 @@ def graft(tree: DraftTree, chain: list[int]) -> int:
     return added
 
 
+# The graft's acceptance prior (``HybridDrafter.graft_acceptance``): a node's chance of being accepted
+# once reached, counted as GRAFT_PRIOR_WEIGHT attempts, before this decode has tried any.
+GRAFT_PRIOR = 0.7
+GRAFT_PRIOR_WEIGHT = 2.0
+
+
 class HybridDrafter(Drafter):
     """The model drafter's tree plus the suffix candidate chain, verified together (module docstring).
 
     ``suffix_drafted`` / ``suffix_accepted`` count the grafted nodes proposed and accepted (nodes the
-    model drafter also proposed count as the model's).  With no suffix match the round's tree is the
-    model drafter's, unchanged.
+    model drafter also proposed count as the model's); ``suffix_attempted`` the grafted nodes the
+    acceptance walk reached.  With no suffix match the round's tree is the model drafter's, unchanged.
+
+    **A graft priced node by node** (``keep_grafting``, set by ``-k auto``): the suffix chain
+    c_1 .. c_D follows the model's nodes for free; each node it adds costs a verification row, so
+    before adding c_j it asks ``keep_grafting(s ** j, rows)`` (``decode.adaptive``), where
+    s = ``graft_acceptance()`` is the chance that a reached grafted node is accepted, a Beta posterior
+    over this decode's grafted nodes (prior ``GRAFT_PRIOR``), and ``rows`` the round's rows so far.
+    A long match whose continuations keep being accepted still drafts deep (s near 1); one whose
+    grafts fail is cut to the rows it pays for.  Without ``keep_grafting`` the whole chain is grafted.
     """
 
     def __init__(self, model_drafter, suffix: SuffixIndex | None = None):
@@ -327,8 +341,10 @@ class HybridDrafter(Drafter):
         self.suffix = SuffixIndex() if suffix is None else suffix
         self.needs_target_hidden = model_drafter.needs_target_hidden
         self.depth_limit: int | None = None
+        self.keep_grafting = None
         self.n_model = 0  # nodes 0 .. n_model - 1 of this round's tree are the model drafter's
-        self.suffix_drafted = self.suffix_accepted = 0
+        self.suffix_drafted = self.suffix_accepted = self.suffix_attempted = 0
+        self._grafted_parents: set[int] = set()  # this round's nodes (-1: the root) with a grafted child
 
     @property
     def forwards(self) -> int:
@@ -366,11 +382,39 @@ class HybridDrafter(Drafter):
         tree = self.model_drafter.propose(seq, widths, expand_all)
         self.n_model = len(tree)
         chain = self.suffix.draft(seq, [1] * len(widths), False, self.depth_limit).tokens
+        if self.keep_grafting is not None:
+            chain = chain[: self._priced_length(tree, chain)]
         self.suffix_drafted += graft(tree, chain)
+        self._grafted_parents = {tree.parents[i] for i in range(self.n_model, len(tree))}
         return tree
 
+    def graft_acceptance(self) -> float:
+        """The chance that a reached grafted node is accepted: the Beta posterior mean over this
+        decode's grafted nodes, ``(GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + accepted) / (GRAFT_PRIOR_WEIGHT + attempted)``."""
+        return ((GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + self.suffix_accepted)
+                / (GRAFT_PRIOR_WEIGHT + self.suffix_attempted))
+
+    def _priced_length(self, tree: DraftTree, chain: list[int]) -> int:
+        """How many of ``chain``'s tokens to graft: up to the first node that would be added (not one
+        of the model's) whose verification row ``keep_grafting`` refuses (class docstring)."""
+        s = self.graft_acceptance()
+        children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
+        node, rows, reach = -1, 1 + len(tree), 1.0  # rows: the pending token's and every node's
+        for j, tok in enumerate(chain):
+            reach *= s
+            node = None if node is None else children.get((node, tok))  # None: below a new node, all new
+            if node is None:  # a new node: it pays for its row, or the chain stops here
+                if not self.keep_grafting(reach, rows):
+                    return j
+                rows += 1
+        return len(chain)
+
     def accept(self, path: list[int]) -> None:
-        """The model drafter hears the accepted path's prefix in its own tree; it catches up on the rest."""
+        """The model drafter hears the accepted path's prefix in its own tree; it catches up on the rest.
+        A grafted node is attempted where the walk reached its parent: accepted, or where the walk ended."""
         own = list(takewhile(lambda n: n < self.n_model, path))
-        self.suffix_accepted += len(path) - len(own)
+        accepted = len(path) - len(own)
+        self.suffix_accepted += accepted
+        # the walk stopped below its last node (or the root): a grafted child there was tried and refused
+        self.suffix_attempted += accepted + ((path[-1] if path else -1) in self._grafted_parents)
         self.model_drafter.accept(own)
