@@ -67,11 +67,14 @@ def acceptance_of(drafter_spec: str | None) -> Acceptance:
     evaluation on user-like prompts (``train.json`` next to an ``eagle:NAME`` / drafter file,
     ``user_prompt_eval*``'s ``accept@d``), else ``DEFAULT_ACCEPT``."""
     try:  # canonical: 'default' -> eagle:NAME, 'X+suffix' -> X (the suffix candidates add no figures of their own)
-        base = parse_drafter_spec(drafter_spec).model_spec if isinstance(drafter_spec, str) else None
+        parsed = parse_drafter_spec(drafter_spec) if isinstance(drafter_spec, str) else None
     except ValueError:  # not a spec (a class name for a drafter object): the prior
-        base = None
-    if base in PAIR_DRAFTER_ACCEPTANCE:  # a preset pair's drafter: measured by reproduce-paper --pair (models/pair.py)
-        a, why = PAIR_DRAFTER_ACCEPTANCE[base]
+        parsed = None
+    base = None if parsed is None else parsed.model_spec
+    if parsed is not None and parsed.source in PAIR_DRAFTER_ACCEPTANCE:  # a preset pair's drafter (models/pair.py)
+        # NAME@q4_1 starts from NAME's figure: requantised, the 0.5B drafter's depth-1 acceptance stayed
+        # within 0.01 of the stored model's (benchmarks/bench_drafter_blocks.py); -k auto then follows its own
+        a, why = PAIR_DRAFTER_ACCEPTANCE[parsed.source]
         return Acceptance((a,), f"models.pair ({why}: {a:.2f} per depth)")
     try:
         path = eagle.resolve_spec(base) if base is not None else None

@@ -69,7 +69,7 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
         if target is None:
             raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
         model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target,
-                            shipped_vocab(spec.model_spec))
+                            shipped_vocab(spec.source))  # a requantised preset (NAME@q4_1) keeps its token map
         return HybridDrafter(model) if spec.suffix else model
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)

@@ -23,7 +23,8 @@ Derived drafters are deep copies of the target that share no parameter, buffer o
 Combos ``self:skip=15,quant=4`` apply the skip first, then the requantisation.
 
 Anything else is a separate model (hub id or local path, via ``load_target``) and must pass
-``check_compatible`` with the target before it is used.
+``check_compatible`` with the target before it is used.  ``NAME@q4_1`` (``@q5_0``, ``@q8_0``) loads a
+GGUF-sourced model drafter with its linear layers recomputed as those blocks (``gguf.requantize``).
 
 Drafter spec strings are the same everywhere (``--drafter`` of every subcommand, ``load_drafter``,
 ``decode.make_drafter``, ``speculative_generate``): ``parse_drafter_spec`` is the one resolver.
@@ -48,23 +49,11 @@ from .hf import output_rows, parse_dtype
 from .loading import load_target
 from .tokenizer_fit import fit_drafter
 from ..gguf.layers import GGUFLinear
+from ..gguf.requantize import requant_type, requantize_linears
 
-# Chosen with benchmarks/bench_drafters.py on the embedded SmolLM2-135M-Instruct (Q4_1) target:
-# 20 MT-Bench prompts x 32 greedy target tokens = 640 positions, teacher-forced argmax agreement.
-#   single-layer skips: 0.02 (layer 0), 0.17 (1), 0.53 (2), 0.79 (3), 0.80 (4), 0.795 (5),
-#     0.33 (11), 0.59-0.78 for the other layers 6..27, 0.50/0.53 for the last two layers;
-#   the best 2 / 4 / 6 middle layers skipped together: 0.68 / 0.54 / 0.41;
-#   quant=4 per channel 0.50, quant=3 per channel 0.02, quant=3,group=32 0.39;
-#   quant=4,group=32 1.00 (degenerate: the target *is* Q4_1 in blocks of 32, RTN on the same
-#   grid reproduces it exactly).
-# self:skip=5 (layer 4 ties within 1/640) is the ~80%-agreement drafter that is also cheaper
-# per token (29 of 30 decoder layers); the quant drafters run dequantised weights on CPU, so
-# they cost as much as the target, and at 4 bits per channel agree only half the time.
-#
-# Since then the default is the trained feature drafter shipped in models/weights/ (EAGLE-style:
-# one decoder layer on the target's hidden states, reduced draft vocabulary; see models/eagle.py
-# and models/weights/README.md for the command that reproduces it).  It costs a few percent of
-# the target per drafted token, where self:skip=5 costs 29/30 of it.
+# self:skip=5 was chosen with benchmarks/bench_drafters.py (embedded target, 640 MT-Bench positions): about 80 %
+# teacher-forced argmax agreement at 29 of 30 layers (results: benchmarks/results/bench_drafters_smollm2_135m.txt).
+# The default is the trained feature drafter of models/weights/ (a few percent of the target per drafted token).
 SKIP_DRAFTER = "self:skip=5"
 DEFAULT_DRAFTER = "eagle:smollm2-135m-instruct"
 
@@ -91,11 +80,17 @@ class DrafterSpec:
     kind: str
     max_ngram: int | None = None
     suffix: bool = False
+    blocks: str | None = None  # NAME@TYPE: the model's linear layers recomputed as TYPE blocks
 
     @property
     def model_spec(self) -> str:
         """The spec of the drafter alone (without ``+suffix``)."""
         return self.spec[: -len(_PLUS_SUFFIX)] if self.suffix else self.spec
+
+    @property
+    def source(self) -> str:
+        """The model it is loaded from: ``model_spec`` without ``@TYPE``."""
+        return self.model_spec[: -len(self.blocks) - 1] if self.blocks else self.model_spec
 
 
 def parse_drafter_spec(spec) -> DrafterSpec:
@@ -115,7 +110,15 @@ def parse_drafter_spec(spec) -> DrafterSpec:
         if base.kind in ("prompt-lookup", SUFFIX) or base.suffix:
             raise ValueError(f"drafter spec {spec!r}: '+suffix' joins a drafter with a model (e.g. 'default+suffix'); "
                              f"use 'suffix' alone for model-free drafting")
-        return DrafterSpec(base.spec + _PLUS_SUFFIX, base.kind, base.max_ngram, suffix=True)
+        return DrafterSpec(base.spec + _PLUS_SUFFIX, base.kind, base.max_ngram, suffix=True, blocks=base.blocks)
+    name, at, blocks = spec.rpartition("@")
+    if at and re.fullmatch(r"[qQ]\d+_[0-9a-zA-Z]+", blocks):  # NAME@q4_1: requant_type refuses other types
+        base = parse_drafter_spec(name)
+        if base.kind != "model" or base.suffix:
+            raise ValueError(f"drafter spec {spec!r}: @{blocks} recomputes a separately loaded model drafter's "
+                             f"layers (e.g. qwen2.5-coder-0.5b@q4_1), not a {base.kind} drafter's")
+        requant_type(blocks, f"drafter spec {spec!r}")
+        return DrafterSpec(f"{base.spec}@{blocks.lower()}", "model", blocks=blocks.lower())
     if spec == SUFFIX:
         return DrafterSpec(SUFFIX, SUFFIX)
     if spec == "default":
@@ -342,7 +345,9 @@ def load_drafter(spec, target, tokenizer, *, device="cpu", dtype=None):
     if parsed.kind == "feature":
         head_dtype = target.get_output_embeddings().weight.dtype
         return load_eagle(parsed.spec, target, dtype=head_dtype if torch_dtype is None else torch_dtype).to(device)
-    drafter, dtok = load_target(parsed.spec, device=device, dtype=dtype, role="drafter")
+    drafter, dtok = load_target(parsed.source, device=device, dtype=dtype, role="drafter")
+    if parsed.blocks:
+        requantize_linears(drafter, parsed.blocks, who="drafter")
     fit_drafter(target, tokenizer, drafter, dtok)  # tokenizers compared, padding rows fitted (models/tokenizer_fit.py)
     check_compatible(target, tokenizer, drafter, dtok)
     return drafter
