@@ -168,10 +168,12 @@ _DRAFTERS: dict = {}  # spec -> a drafter loaded for ``dc:...@SPEC`` methods
 
 
 def _drafter_named(spec, target, tok):
-    from draftcert.models import load_drafter
+    """The drafter object of ``spec``, as ``draftcert decode --drafter SPEC`` makes it (a preset's shipped
+    token map included: ``qwen2.5-coder-0.5b@q4_1`` drafts over the 0.5B drafter's map)."""
+    from draftcert.drafting import make_drafter
 
     if spec not in _DRAFTERS:
-        _DRAFTERS[spec] = load_drafter(spec, target, tok)
+        _DRAFTERS[spec] = make_drafter(spec, target, tok)
     return _DRAFTERS[spec]
 
 

@@ -127,8 +127,8 @@ def check_drafter(value, option: str = "--drafter") -> DrafterSpec | None:
     except ValueError as exc:
         hint = suggest_drafter(value)
         raise ValueError(f"{option}: {exc}" + (f"; did you mean {hint!r}?" if hint else "")) from None
-    if parsed.kind == "model" and "/" not in parsed.spec and not Path(parsed.spec).expanduser().exists():
-        hint = suggest_drafter(value)
+    if parsed.kind == "model" and "/" not in parsed.source and not Path(parsed.source).expanduser().exists():
+        hint = suggest_drafter(parsed.source)
         if hint:
             raise ValueError(f"{option}: unknown drafter {value!r} (not a file, a directory or a hub id 'org/name'); "
                              f"did you mean {hint!r}?")

@@ -115,7 +115,8 @@ def _common(p) -> None:
     p.add_argument("--drafter", default=None, help="drafter: default | DRAFTER.safetensors (from train-drafter) | eagle:NAME | "
                    "self:skip=N | self:quant=4 | prompt-lookup | suffix | path / hub id | PATH.gguf; DRAFTER+suffix (e.g. default+suffix) "
                    "adds suffix-match candidates to DRAFTER's tree (default for the embedded target: default+suffix, "
-                   "the shipped feature drafter with suffix-match candidates)")
+                   "the shipped feature drafter with suffix-match candidates); MODEL@q4_1 (q5_0, q8_0) recomputes a GGUF "
+                   "drafter's layers as those blocks (cheaper steps; another drafter: docs/pair.md)")
     p.add_argument("--pair", default=None, metavar="NAME", help=PAIR_HELP)
     p.add_argument("--draft-vocab", type=_draft_vocab_value, default=None, metavar="N|FILE|all", help="a causal-LM "
                    "drafter's draft vocabulary: N (the first N token ids), FILE (a token map from `draftcert draft-vocab`: "
