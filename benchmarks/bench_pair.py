@@ -24,10 +24,12 @@ prompt is the median of its repeats, and its tokens/s is total tokens over the s
     what ``decode --baseline`` times: ``hf.model_forward`` per token, no generate() machinery).
 (b) ``hf-assisted``: ``target.generate(do_sample=False, assistant_model=<0.5B>)``, transformers'
     assisted generation with the same drafter: the peer a user would pick instead.
-(c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the 0.5B drafter, live certificates on, as a
-    chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D);
-    The drafter computes its output layer over its draft vocabulary as ``decode`` does by default: its
-    shipped token map (``drafting.draft_vocab.SHIPPED``: 32,768 tokens plus the sequence's own);
+(c) ``dc:RULE:SHAPE``: ``speculative_generate`` with ``decode --pair``'s drafter, live certificates on, as a
+    chain (``kN``) or a tree (``treeMxD``: top-M children along the greedy path, depth D): the 0.5B
+    drafter recomputed as Q4_1 blocks (``qwen2.5-coder-0.5b@q4_1``, ``models.pair.PAIRS``' ``decode_drafter``;
+    the stored one under ``--weights float32``), its output layer over its draft vocabulary as ``decode``
+    does by default: its shipped token map (``drafting.draft_vocab.SHIPPED``: 32,768 tokens plus the
+    sequence's own); ``dc:...@qwen2.5-coder-0.5b``: the drafter as stored;
     ``dc:RULE:SHAPE:vall``: over the whole vocabulary; ``dc:RULE:SHAPE:vN``: the first N token ids
     only (``decode --draft-vocab all`` and ``N``).
     ``dc:...@SPEC``: the same with the drafter ``SPEC`` (a ``--drafter`` spec, e.g.
@@ -113,7 +115,15 @@ DEFAULT_METHODS = [
     "dc:topm:2:k5", "dc:entropy:0.09:0.3:k5",
     "llamacpp:target", "llamacpp:spec:3", "llamacpp:spec:5", "llamacpp:spec:8", "llamacpp:spec:16", "llamacpp:lookup",
 ]  # fmt: skip
-TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+TARGET, DRAFTER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"  # hf-assisted's assistant and llama.cpp's drafter file
+
+
+def decode_drafter() -> str:
+    """The drafter spec of ``draftcert decode --pair qwen2.5-coder`` under the weights ``load_pair`` set."""
+    from draftcert.models.pair import PAIRS
+
+    fast = PAIRS["qwen2.5-coder"].decode_drafter
+    return fast if fast and os.environ.get("DRAFTCERT_WEIGHTS") != "float32" else DRAFTER
 
 
 @dataclass(frozen=True)
@@ -164,17 +174,18 @@ def _auto(target, tok, drafter, rule, spec=DRAFTER, vocab=None):
     return _AUTO[rule, spec, vocab]
 
 
-_DRAFTERS: dict = {}  # spec -> a drafter loaded for ``dc:...@SPEC`` methods
+_DRAFTERS: dict = {}  # (spec, vocab) -> a drafter made for ``dc:`` methods
 
 
-def _drafter_named(spec, target, tok):
-    """The drafter object of ``spec``, as ``draftcert decode --drafter SPEC`` makes it (a preset's shipped
-    token map included: ``qwen2.5-coder-0.5b@q4_1`` drafts over the 0.5B drafter's map)."""
+def _drafter_named(spec, target, tok, vocab=None):
+    """The drafter object of ``spec``, as ``draftcert decode --drafter SPEC [--draft-vocab VOCAB]`` makes
+    it (a preset's shipped token map by default: ``qwen2.5-coder-0.5b@q4_1`` drafts over the 0.5B's map)."""
     from draftcert.drafting import make_drafter
 
-    if spec not in _DRAFTERS:
-        _DRAFTERS[spec] = make_drafter(spec, target, tok)
-    return _DRAFTERS[spec]
+    if (spec, vocab) not in _DRAFTERS:  # the float32 checkpoints (--weights float32): in the target's dtype
+        dtype = target.dtype if os.environ.get("DRAFTCERT_WEIGHTS") == "float32" else None
+        _DRAFTERS[spec, vocab] = make_drafter(spec, target, tok, dtype=dtype, draft_vocab=vocab)
+    return _DRAFTERS[spec, vocab]
 
 
 def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
@@ -182,8 +193,6 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
     methods (prompt ``text``, the templated text of ``ids``) tokens is its ``LlamaRun``."""
     from draftcert.decode import speculative_generate
     from draftcert.decode.bench import timed_generate
-    from draftcert.drafting import ModelDrafter
-    from draftcert.drafting.draft_vocab import shipped_vocab
     from draftcert.decode.engine import greedy_generate
 
     if method.startswith("llamacpp:"):
@@ -204,14 +213,13 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
             toks, st = out[0, len(ids) :].tolist(), None
         else:
             method, _, spec = method.partition("@")
-            if spec:
-                drafter = _drafter_named(spec, target, tok)
             base, vocab = split_vocab(method)
             rule, kw = parse_dc(base, {"k": "auto", "tree": None})
-            if not spec:  # the 0.5B drafter over decode's default draft vocabulary, or --draft-vocab all / N
-                drafter = ModelDrafter(drafter, shipped_vocab(DRAFTER) if vocab is None else None if vocab == "all" else vocab)
+            # decode --pair's drafter (or SPEC's) over decode's default draft vocabulary, or --draft-vocab all / N
+            spec = spec or decode_drafter()
+            drafter = _drafter_named(spec, target, tok, None if vocab is None else vocab)
             if kw["k"] == "auto":  # decode's defaults: the adaptive draft length, timed as decode times itself
-                k, tree, factory = _auto(target, tok, drafter, rule, spec or DRAFTER, vocab)
+                k, tree, factory = _auto(target, tok, drafter, rule, spec, vocab)
                 res = timed_generate(target, drafter, ids, rule, k, tree, n_new, tokenizer=tok, draft_length=factory)
             else:
                 res = speculative_generate(target, drafter, ids, rule, max_new_tokens=n_new, tokenizer=tok, **kw)
@@ -415,7 +423,7 @@ def main(argv=None) -> int:
     sets = [("chat", range(args.chat)), ("code", range(args.chat, args.chat + args.code))]
     from draftcert.gguf.layers import numerics_of
 
-    print(f"pair qwen2.5-coder ({TARGET} drafted by {DRAFTER}), {dtype}, weights {args.weights} "
+    print(f"pair qwen2.5-coder ({TARGET} drafted by {decode_drafter()}), {dtype}, weights {args.weights} "
           f"(target {numerics_of(target)}, drafter {numerics_of(drafter)}); {args.chat} chat + {args.code} code "
           f"prompts x {args.max_new_tokens} tokens, {args.repeats} repeats, {args.threads} thread(s)", flush=True)
     if peer is not None:

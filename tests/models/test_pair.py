@@ -197,6 +197,26 @@ def test_apply_pair_sets_both_models_and_refuses_either_option():
     assert (args.target, args.drafter) == ("t", None)
 
 
+@pytest.mark.parametrize("weights, env, drafter", [
+    ("gguf-q8", None, "qwen2.5-coder-0.5b@q4_1"),
+    ("gguf", None, "qwen2.5-coder-0.5b@q4_1"),
+    (None, "gguf-q8", "qwen2.5-coder-0.5b@q4_1"),
+    ("float32", None, "qwen2.5-coder-0.5b"),  # no GGUF blocks to recompute: the drafter as converted
+    (None, "float32", "qwen2.5-coder-0.5b"),
+])
+def test_decode_and_bench_draft_with_the_q4_1_drafter_where_the_pair_runs_from_its_blocks(weights, env, drafter,
+                                                                                         monkeypatch):
+    monkeypatch.delenv("DRAFTCERT_WEIGHTS", raising=False)
+    if env is not None:
+        monkeypatch.setenv("DRAFTCERT_WEIGHTS", env)
+    args = _ns(pair="qwen2.5-coder", weights=weights)
+    apply_pair(args, speed=True)
+    assert (args.target, args.drafter) == ("qwen2.5-coder-1.5b", drafter)
+    args = _ns(pair="qwen2.5-coder", weights=weights)
+    apply_pair(args)  # profile, evaluate: the model as stored
+    assert args.drafter == "qwen2.5-coder-0.5b"
+
+
 @pytest.mark.parametrize("argv", [
     ["decode", "--prompt", "hi", "--pair", "qwen2.5-coder", "--target", "embedded"],
     ["bench", "--prompt", "hi", "--pair", "qwen2.5-coder", "--drafter", "prompt-lookup"],

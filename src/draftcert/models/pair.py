@@ -118,11 +118,13 @@ def size_text(n_bytes: float) -> str:
 
 @dataclass(frozen=True)
 class Pair:
-    """A named target/drafter preset (``--pair NAME``); both are ``PAIR_MODELS`` names."""
+    """A named target/drafter preset (``--pair NAME``); both are ``PAIR_MODELS`` names.  ``decode_drafter``:
+    the drafter spec ``decode`` and ``bench`` run where the pair computes from its GGUF blocks (docs/pair.md)."""
 
     name: str
     target: str
     drafter: str
+    decode_drafter: str | None = None
 
 
 def _parts(project: str, version: str, sizes_and_hashes) -> tuple[GgufPart, ...]:
@@ -189,7 +191,7 @@ PAIR_MODELS: dict[str, PairModel] = {
     )
 }
 PAIRS: dict[str, Pair] = {
-    "qwen2.5-coder": Pair("qwen2.5-coder", target="qwen2.5-coder-1.5b", drafter="qwen2.5-coder-0.5b"),
+    "qwen2.5-coder": Pair("qwen2.5-coder", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b@q4_1"),
 }
 # The drafter's strict acceptance on user prompts, for ``-k auto`` (``decode.shape.acceptance_of``): the strict
 # accept rate, teacher forced on the target's greedy path, of
