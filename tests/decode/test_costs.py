@@ -119,6 +119,7 @@ def test_acceptance_comes_from_user_prompt_evaluations_only(tmp_path):
     pair = acceptance_of("qwen2.5-coder-0.5b")  # the Qwen pair's drafter: measured by reproduce-paper --pair
     assert pair.by_depth == (0.813,) and "reproduce-paper" in pair.source
     assert acceptance_of("qwen2.5-coder-0.5b+suffix").by_depth == (0.813,)
+    assert acceptance_of("qwen2.5-coder-0.5b@q4_1") == pair  # recomputed blocks start from the stored model's figure
 
 
 @pytest.fixture()
