@@ -222,6 +222,8 @@ def test_graft_acceptance_counts_reached_grafted_nodes():
     h.accept([])  # both root children refused: the grafted one was tried
     assert (h.suffix_accepted, h.suffix_attempted) == (2, 4)
     assert h.graft_acceptance() == pytest.approx((0.7 * 2 + 2) / (2 + 4))
+    h.start(SEQ[:1])  # a new decode starts from the prior; the counters keep running
+    assert h.graft_acceptance() == pytest.approx(0.7) and (h.suffix_accepted, h.suffix_attempted) == (2, 4)
 
 
 def test_the_controller_prices_a_row_against_its_best_rate():

@@ -27,6 +27,7 @@ Q8 = {k: 8 for k in ("emb", "q", "k", "v", "o", "gate", "up", "down", "out")}
 def cache(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTCERT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("DRAFTCERT_WEIGHTS", "")  # unset, and restored after the test (the CLI's --weights sets it)
     return tmp_path / "cache"
 
 

@@ -206,9 +206,7 @@ def test_apply_pair_sets_both_models_and_refuses_either_option():
 ])
 def test_decode_and_bench_draft_with_the_q4_1_drafter_where_the_pair_runs_from_its_blocks(weights, env, drafter,
                                                                                          monkeypatch):
-    monkeypatch.delenv("DRAFTCERT_WEIGHTS", raising=False)
-    if env is not None:
-        monkeypatch.setenv("DRAFTCERT_WEIGHTS", env)
+    monkeypatch.setenv("DRAFTCERT_WEIGHTS", env or "")  # "": unset
     args = _ns(pair="qwen2.5-coder", weights=weights)
     apply_pair(args, speed=True)
     assert (args.target, args.drafter) == ("qwen2.5-coder-1.5b", drafter)

@@ -72,8 +72,8 @@ def acceptance_of(drafter_spec: str | None) -> Acceptance:
         parsed = None
     base = None if parsed is None else parsed.model_spec
     if parsed is not None and parsed.source in PAIR_DRAFTER_ACCEPTANCE:  # a preset pair's drafter (models/pair.py)
-        # NAME@q4_1 starts from NAME's figure: requantised, the 0.5B drafter's depth-1 acceptance stayed
-        # within 0.01 of the stored model's (benchmarks/bench_drafter_blocks.py); -k auto then follows its own
+        # NAME@q4_1 starts from NAME's figure: as Q4_1 blocks the 0.5B drafter's depth-1 acceptance was
+        # 0.741 against 0.766 stored (benchmarks/bench_drafter_blocks.py); -k auto then follows its own
         a, why = PAIR_DRAFTER_ACCEPTANCE[parsed.source]
         return Acceptance((a,), f"models.pair ({why}: {a:.2f} per depth)")
     try:

@@ -345,6 +345,7 @@ class HybridDrafter(Drafter):
         self.n_model = 0  # nodes 0 .. n_model - 1 of this round's tree are the model drafter's
         self.suffix_drafted = self.suffix_accepted = self.suffix_attempted = 0
         self._grafted_parents: set[int] = set()  # this round's nodes (-1: the root) with a grafted child
+        self._decode_start = (0, 0)  # (accepted, attempted) when this decode started: graft_acceptance's
 
     @property
     def forwards(self) -> int:
@@ -374,6 +375,7 @@ class HybridDrafter(Drafter):
     def start(self, prompt_ids: list[int]) -> None:
         self.model_drafter.start(prompt_ids)
         self.suffix.start(prompt_ids)
+        self._decode_start = (self.suffix_accepted, self.suffix_attempted)
 
     def observe(self, hidden) -> None:
         self.model_drafter.observe(hidden)
@@ -390,9 +392,11 @@ class HybridDrafter(Drafter):
 
     def graft_acceptance(self) -> float:
         """The chance that a reached grafted node is accepted: the Beta posterior mean over this
-        decode's grafted nodes, ``(GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + accepted) / (GRAFT_PRIOR_WEIGHT + attempted)``."""
-        return ((GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + self.suffix_accepted)
-                / (GRAFT_PRIOR_WEIGHT + self.suffix_attempted))
+        decode's grafted nodes (since ``start``; the counters themselves run over the drafter's life),
+        ``(GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + accepted) / (GRAFT_PRIOR_WEIGHT + attempted)``."""
+        accepted = self.suffix_accepted - self._decode_start[0]
+        attempted = self.suffix_attempted - self._decode_start[1]
+        return (GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + accepted) / (GRAFT_PRIOR_WEIGHT + attempted)
 
     def _priced_length(self, tree: DraftTree, chain: list[int]) -> int:
         """How many of ``chain``'s tokens to graft: up to the first node that would be added (not one
