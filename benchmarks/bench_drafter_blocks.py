@@ -8,8 +8,8 @@ Per prompt (``--max-new-tokens``, default 96), the target alone (``greedy_genera
 ``-k auto`` decode with each drafter take turns (``--repeats`` rounds, the order flipping each round;
 medians), each drafter with its own cost curve, as ``draftcert decode`` would run it.  Then a chain of
 ``--k`` drafts with each drafter (the same tokens: strict), whose depth-1 acceptance is the drafter's
-(not steered by timing).  The default prompts are held out of every training set and were not used to
-choose the blocks.
+(not steered by timing).  The default prompts are held out of every training set (MT-Bench, HumanEval,
+ShareGPT's held-out tenth).
 
 Last lines, ``name=value``: ``step_ms[stored|requant]`` (one-row drafter pass, map head, context 128),
 ``target_step_ms``, ``step_vs_target[...]``, ``acceptance_depth1[...]`` (the fixed chains' accepted /
