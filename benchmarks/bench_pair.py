@@ -217,7 +217,7 @@ def run_method(method, target, tok, drafter, ids, n_new, peer=None, text=None):
             rule, kw = parse_dc(base, {"k": "auto", "tree": None})
             # decode --pair's drafter (or SPEC's) over decode's default draft vocabulary, or --draft-vocab all / N
             spec = spec or decode_drafter()
-            drafter = _drafter_named(spec, target, tok, None if vocab is None else vocab)
+            drafter = _drafter_named(spec, target, tok, vocab)
             if kw["k"] == "auto":  # decode's defaults: the adaptive draft length, timed as decode times itself
                 k, tree, factory = _auto(target, tok, drafter, rule, spec, vocab)
                 res = timed_generate(target, drafter, ids, rule, k, tree, n_new, tokenizer=tok, draft_length=factory)

@@ -295,18 +295,22 @@ class SuffixDrafter(Drafter):
         pass
 
 
-def graft(tree: DraftTree, chain: list[int]) -> int:
+def graft(tree: DraftTree, chain: list[int], admit=None) -> int:
     """Add ``chain`` (tokens from the root down) to ``tree`` in place; returns the nodes added.
 
     The chain follows existing nodes while its tokens coincide with theirs, so the tree never holds
     two siblings with one token; the rest hangs below the last shared node (or the root), appended
     after every existing node (indices, ``expanded``, ``widths`` and ``q`` stay valid).
+    ``admit(j, rows)``, where given, is asked before adding ``chain[j]`` as a new node (``rows``: the
+    tree's nodes plus the pending token's row); where it says False the chain stops there.
     """
     children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
     node, added = -1, 0
-    for tok in chain:
+    for j, tok in enumerate(chain):
         nxt = children.get((node, tok))
         if nxt is None:
+            if admit is not None and not admit(j, 1 + len(tree)):
+                break
             nxt = tree.add(tok, node)
             children[(node, tok)] = nxt
             added += 1
@@ -384,9 +388,11 @@ class HybridDrafter(Drafter):
         tree = self.model_drafter.propose(seq, widths, expand_all)
         self.n_model = len(tree)
         chain = self.suffix.draft(seq, [1] * len(widths), False, self.depth_limit).tokens
-        if self.keep_grafting is not None:
-            chain = chain[: self._priced_length(tree, chain)]
-        self.suffix_drafted += graft(tree, chain)
+        admit = None
+        if self.keep_grafting is not None:  # c_j's row is worth it iff keep_grafting(s ** j, rows) (class docstring)
+            s, keep = self.graft_acceptance(), self.keep_grafting
+            admit = lambda j, rows: keep(s ** (j + 1), rows)  # noqa: E731
+        self.suffix_drafted += graft(tree, chain, admit)
         self._grafted_parents = {tree.parents[i] for i in range(self.n_model, len(tree))}
         return tree
 
@@ -397,21 +403,6 @@ class HybridDrafter(Drafter):
         accepted = self.suffix_accepted - self._decode_start[0]
         attempted = self.suffix_attempted - self._decode_start[1]
         return (GRAFT_PRIOR * GRAFT_PRIOR_WEIGHT + accepted) / (GRAFT_PRIOR_WEIGHT + attempted)
-
-    def _priced_length(self, tree: DraftTree, chain: list[int]) -> int:
-        """How many of ``chain``'s tokens to graft: up to the first node that would be added (not one
-        of the model's) whose verification row ``keep_grafting`` refuses (class docstring)."""
-        s = self.graft_acceptance()
-        children = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
-        node, rows, reach = -1, 1 + len(tree), 1.0  # rows: the pending token's and every node's
-        for j, tok in enumerate(chain):
-            reach *= s
-            node = None if node is None else children.get((node, tok))  # None: below a new node, all new
-            if node is None:  # a new node: it pays for its row, or the chain stops here
-                if not self.keep_grafting(reach, rows):
-                    return j
-                rows += 1
-        return len(chain)
 
     def accept(self, path: list[int]) -> None:
         """The model drafter hears the accepted path's prefix in its own tree; it catches up on the rest.
