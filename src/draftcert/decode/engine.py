@@ -38,6 +38,7 @@ import torch
 
 from ..criteria import Criterion
 from ..drafting import Drafter, ModelDrafter, make_drafter
+from ..forward.kv_buffer import append_rows
 from ..models import check_compatible
 from ..models.cache_state import CacheState, chain_of
 from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
@@ -275,17 +276,19 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         chains_only = state.layout.tree_refusal() is not None
         drafter.start(prompt)
         n_observed = 0  # the drafter has seen the target's features of seq[:n_observed] (or holds them in unseen)
-        # the target's features from plain rounds, handed to the drafter in one piece when it next needs them
-        # (a plain round then costs what the target's own greedy step does)
-        unseen: list[torch.Tensor] = []
+        # the target's features from plain rounds, copied into a buffer of spare rows (the next pass may
+        # reuse the buffer they sit in) and handed to the drafter in one piece when it next needs them: a
+        # plain round then costs what the target's own greedy step does
+        unseen_buffer, unseen = None, None  # unseen: [n, H], a prefix view of unseen_buffer
 
         def hand_over(rows, later: bool = False) -> None:
+            nonlocal unseen_buffer, unseen
             if later:
-                unseen.append(rows.clone())  # a copy: the next pass may reuse the buffer these rows sit in
+                unseen_buffer, unseen = append_rows(unseen_buffer, unseen, rows)
                 return
-            if unseen:
-                drafter.observe(torch.cat(unseen))
-                unseen.clear()
+            if unseen is not None:
+                drafter.observe(unseen)
+                unseen_buffer, unseen = None, None  # the drafter may keep what it was handed: a new buffer next
             if rows is not None:
                 drafter.observe(rows)
 
@@ -307,7 +310,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                     keep_drafting = lengths.keep_drafting
                 else:
                     widths = widths[:k]
-            if widths and unseen:
+            if widths and unseen is not None:
                 hand_over(None)
             draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
                                    config.min_margin, keep_drafting, keep_grafting) if widths else DraftTree())  # N nodes

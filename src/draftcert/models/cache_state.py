@@ -331,10 +331,10 @@ class CacheState:
         self._marked = self.checkpoint(n_cached) if self.layout.stateful else None
 
     def keep(self, start: int, offsets: list[int], n_fed: int) -> int:
-        if not self.layout.stateful:
+        if not self.layout.stateful and n_fed:
             keep_cache(self.cache, start, offsets)
             return start + len(offsets)
-        if offsets == list(range(n_fed)):  # everything fed was accepted: the state after the pass is exact
+        if offsets == list(range(n_fed)):  # everything fed accepted, or nothing fed (a plain round): exact as it is
             self._marked = None
             return start + len(offsets)
         if self._marked is None:
