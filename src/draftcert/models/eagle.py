@@ -173,6 +173,11 @@ def _layer_config(target, intermediate_size: int | None = None):
 _ROW_CACHE_SIZE = 8192
 _ROW_CACHE_MAX_CALL = 16  # a step over more tokens (a prompt's catch-up) embeds them in one call
 
+def _keep(rows: dict, item: int, value):  # rows[item] = value, the dict cleared first when full; the value
+    if len(rows) >= _ROW_CACHE_SIZE:
+        rows.clear()
+    return rows.setdefault(item, value)  # item is not there: value is stored
+
 class EagleDrafter(nn.Module):
     """The feature drafter (see the module docstring).  ``bind(target)`` before use."""
 
@@ -300,39 +305,35 @@ class EagleDrafter(nn.Module):
 
     def _embed(self, ids):
         """The target's embedding of ``ids`` (..., T) in the drafter's dtype.  Outside autograd, a
-        decode's few-token steps read rows from ``_inference_row`` (a GGUF embedding decodes its
+        decode's few-token steps read rows from ``_inference_rows`` (a GGUF embedding decodes its
         blocks on every call: 40-110 us a step, about a tenth of a drafted token on the embedded
         target); a row is the same bits either way (rows decode independently)."""
         emb = self.target.get_input_embeddings()
         if torch.is_grad_enabled() or ids.numel() > _ROW_CACHE_MAX_CALL:
             return emb(ids).to(self.dtype)
-        rows = [self._inference_row("embed", emb, t, lambda t: emb(torch.tensor([t], device=ids.device)).to(self.dtype)[0])
-                for t in ids.reshape(-1).tolist()]
-        return torch.stack(rows).reshape(*ids.shape, -1)
+        kept, toks = self._inference_rows("embed", emb), ids.reshape(-1).tolist()
+        rows = [kept[t] if t in kept else _keep(kept, t, emb(torch.tensor([t], device=ids.device)).to(self.dtype)[0])
+                for t in toks]  # one token: a view of its kept row (read only: ``step`` concatenates it)
+        return rows[0].view(*ids.shape, -1) if len(rows) == 1 else torch.stack(rows).reshape(*ids.shape, -1)
 
     def _rope(self, x, position_ids):
         """The rotary (cos, sin) of ``position_ids`` (1, T), as ``self.rotary`` computes them; outside
-        autograd a one-position step reads them from ``_inference_row`` (each element is computed from
+        autograd a one-position step reads them from ``_inference_rows`` (each element is computed from
         its own position alone, so a cached pair is the same bits)."""
         if torch.is_grad_enabled() or position_ids.numel() != 1:
             return self.rotary(x, position_ids=position_ids)
-        return self._inference_row("rope", x.dtype, int(position_ids.reshape(-1)[0]),
-                                   lambda _: self.rotary(x, position_ids=position_ids))
+        kept, pos = self._inference_rows("rope", x.dtype), int(position_ids.reshape(-1)[0])
+        return kept[pos] if pos in kept else _keep(kept, pos, self.rotary(x, position_ids=position_ids))
 
-    def _inference_row(self, kind: str, key, item: int, compute):
-        """``compute(item)``, kept in a per-process dict of rows computed for decoding (``_embed``,
-        ``_rope``; cleared when full), dropped when ``key`` (the embedding module, the dtype) or the
-        drafter's own dtype or device changes, and by ``bind``."""
-        full = (key if isinstance(key, torch.dtype) else id(key), self.dtype, self.device)
-        entry = self.__dict__.setdefault("_row_caches", {}).get(kind)
-        if entry is None or entry[0] != full:
-            entry = self.__dict__["_row_caches"][kind] = (full, {})
-        rows = entry[1]
-        if item not in rows:
-            if len(rows) >= _ROW_CACHE_SIZE:
-                rows.clear()
-            rows[item] = compute(item)
-        return rows[item]
+    def _inference_rows(self, kind: str, key) -> dict:
+        """The per-process dict of rows kept for decoding (``_embed``'s by token, ``_rope``'s by position), a new
+        one when ``key`` (the embedding module, the dtype) or the drafter's dtype or device changed (``bind``: all)."""
+        w = self.norm._parameters["weight"]  # the drafter's dtype and device (``dtype``, ``device``)
+        full = (key if isinstance(key, torch.dtype) else id(key), w.dtype, w.device)
+        caches = self.__dict__.setdefault("_row_caches", {})
+        if kind not in caches or caches[kind][0] != full:
+            caches[kind] = (full, {})
+        return caches[kind][1]
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
