@@ -243,7 +243,77 @@ DL_API int dl_layers(const int64_t *io, long L, const double *scale, float *h, l
     return rc;
 }
 
-/* For tests: out[M, n] = rms of each row of h[M, n] with weight w; y[n] = silu(g) * u. */
+/* min(tail, (z_(w) + spread) - 8 eps (1 + |z_(w)| + spread)) in float32, operation by operation as the torch
+ * expression of EagleDrafter.capped_tail; z_(w): the w-th largest of z[0 .. n) (duplicates counted, as
+ * topk's values), 1 <= w <= min(n, 64). */
+static float dl_cap(const float *z, long n, float tail, long w, float spread)
+{
+    float top[64]; /* the w largest so far, descending */
+    long have = 0;
+    for (long j = 0; j < n; j++) {
+        const float v = z[j];
+        if (have == w && !(v > top[w - 1])) continue;
+        long i = have < w ? have++ : w - 1;
+        for (; i > 0 && top[i - 1] < v; i--) top[i] = top[i - 1];
+        top[i] = v;
+    }
+    const float floor = top[w - 1];
+    const float margin = (8.0f * 1.1920928955078125e-07f) * ((1.0f + fabsf(floor)) + spread);
+    const float cap = (floor + spread) - margin;
+    return tail < cap ? tail : cap; /* torch.minimum (finite logits) */
+}
+
+/* A feature drafter's step (models/eagle.py) on rows [B, T] in one call:
+ *   x = fc([e | f])                      [B T, hidden]   (dq8_linear on each row's concatenation)
+ *   x = the drafter's decoder layer (x)  (dl_layers' operations, its one layer: io [10], scale)
+ *   g = rms(x; w_norm)                   [nr, hidden]    nr = B T rows, or each sequence's last row (last)
+ *   z = g W_d^T                          [nr, V_d]       (dq8_linear: the draft vocabulary's head rows)
+ *   t = min(w_t . g + b_t, cap)          [nr]            (V_d < V only; else no cap)
+ *   cap = (z_(w) + spread) - 8 eps (1 + |z_(w)| + spread)   z_(w): the w-th largest of the row of z
+ * e, f [B T, hidden] with row strides se, sf (floats).  The tail's dot product sums w_t[i] g[i] in double,
+ * i increasing, then rounds to float and adds b_t; the cap is evaluated in float32, operation by operation,
+ * as the torch expression of EagleDrafter.capped_tail (spread: float32 log(V - V_d), eps: float32's, 2^-23).
+ * Returns 0, -1 for a plan the kernels refuse, -2 when out of memory. */
+DL_API int dl_feature_step(const dl_linear *fc, const int64_t *io, double scale, const float *e, long se,
+                           const float *f, long sf, long B, long T, const float *cos, const float *sin_signed,
+                           const uint8_t *mask, long mb, long mm, long last, const float *w_norm, float eps,
+                           const dl_linear *head, const float *w_tail, const float *b_tail, long width, float spread,
+                           float *g, float *z, float *t, int threads)
+{
+    const dl_plan *p = (const dl_plan *)(intptr_t)io[0];
+    const long hid = p->hidden, M = B * T, nr = last ? B : M, Vd = head->n;
+    if (fc->k != 2 * hid || fc->n != hid || head->k != hid || width < 0 || width > 64 || width > Vd) return -1;
+    float *ef = malloc(sizeof(float) * (size_t)(M * 2 * hid)), *x = malloc(sizeof(float) * (size_t)(M * hid));
+    int rc = (ef && x) ? 0 : -2;
+    for (long m = 0; m < M && !rc; m++) {
+        memcpy(ef + m * 2 * hid, e + m * se, sizeof(float) * (size_t)hid);
+        memcpy(ef + m * 2 * hid + hid, f + m * sf, sizeof(float) * (size_t)hid);
+    }
+    if (!rc) rc = dl_lin(fc, ef, M, x, threads);
+    if (!rc) rc = dl_layers(io, 1, &scale, x, B, T, cos, sin_signed, mask, mb, mm, threads);
+    for (long r = 0; r < nr && !rc; r++) /* row r: x's row r, or sequence r's last */
+        dl_rms_row(x + (last ? r * T + T - 1 : r) * hid, w_norm, eps, hid, g + r * hid);
+    if (!rc) rc = dl_lin(head, g, nr, z, threads);
+    for (long r = 0; r < nr && !rc; r++) {
+        const float *gr = g + r * hid, *zr = z + r * Vd;
+        double s = 0.0;
+        for (long i = 0; i < hid; i++) s += (double)w_tail[i] * (double)gr[i];
+        float tail = (float)s + *b_tail;
+        t[r] = width > 0 ? dl_cap(zr, Vd, tail, width, spread) : tail;
+    }
+    free(ef), free(x);
+    return rc;
+}
+
+/* For tests: out[M, n] = rms of each row of h[M, n] with weight w; y[n] = silu(g) * u; out[r] = dl_cap of row r of
+ * z[rows, n] and tail[r]. */
+DL_API int dl_capped_tail(const float *z, long rows, long n, const float *tail, long w, float spread, float *out)
+{
+    if (w < 1 || w > 64 || w > n) return -1;
+    for (long r = 0; r < rows; r++) out[r] = dl_cap(z + r * n, n, tail[r], w, spread);
+    return 0;
+}
+
 DL_API int dl_rms(const float *h, const float *w, float eps, long M, long n, float *out)
 {
     for (long m = 0; m < M; m++) dl_rms_row(h + m * n, w, eps, n, out + m * n);

@@ -19,13 +19,14 @@ import torch
 
 from ..native import NativeLibrary
 
-__all__ = ["LIBRARY", "Linear", "Plan", "qkv", "attn_mlp", "layers", "rms", "silu_mul"]
+__all__ = ["LIBRARY", "Linear", "Plan", "qkv", "attn_mlp", "layers", "rms", "silu_mul", "capped_tail"]
 
 _HERE = Path(__file__).parent
 _KERNELS = _HERE.parent / "kernels"
 LIBRARY = NativeLibrary(_HERE / "layer_kernel.c", "dl_", {
     "dl_qkv": ("PPLPPPI", "I"), "dl_attn_mlp": ("PPLLPPLLLPLLLLPLLFI", "I"), "dl_layers": ("PLPPLLPPPLLI", "I"),
     "dl_rms": ("PPFLLP", "I"),
+    "dl_feature_step": ("PPDPLPLLLPPPLLLPFPPPLFPPPI", "I"), "dl_capped_tail": ("PLLPLFP", "I"),
     "dl_silu": ("PPLP", "I")}, source_flags=("-fvisibility=hidden",),
     includes=(_KERNELS / "block_matmul.c", _KERNELS / "row_attention.c"))
 
@@ -174,3 +175,13 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(g2)
     LIBRARY.require().dl_silu(g2.data_ptr(), u2.data_ptr(), g2.numel(), out.data_ptr())
     return out.reshape(g.shape)
+
+
+def capped_tail(z: torch.Tensor, tail: torch.Tensor, width: int, spread: float) -> torch.Tensor:
+    """The kernel's capped tail (``dl_feature_step``'s cap) of float32 rows ``z [R, n]`` and ``tail [R]`` (for tests)."""
+    z2, t2 = z.detach().to(torch.float32).contiguous(), tail.detach().to(torch.float32).reshape(-1).contiguous()
+    out = torch.empty_like(t2)
+    if LIBRARY.require().dl_capped_tail(z2.data_ptr(), z2.shape[0], z2.shape[1], t2.data_ptr(), int(width), float(spread),
+                                        out.data_ptr()):
+        raise ValueError(f"layer_kernel.capped_tail: width must be 1..min(64, {z2.shape[1]})")
+    return out

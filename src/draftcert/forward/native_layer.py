@@ -28,7 +28,8 @@ from ..kernels.attention import visibility
 from . import layer_kernel
 from .kv_buffer import spare_layer
 
-__all__ = ["enabled", "plan_of", "forward", "forward_layers", "forget", "ALL_LAYERS_IN_ONE_CALL"]
+__all__ = ["enabled", "is_q8", "plan_of", "forward", "forward_layers", "forget", "reserve", "cache_layer", "rotary_rows",
+           "visible_rows", "ALL_LAYERS_IN_ONE_CALL"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 _ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
@@ -40,7 +41,8 @@ def enabled() -> bool:
     return os.environ.get("DRAFTCERT_NATIVE_LAYERS", "1").strip() != "0" and layer_kernel.LIBRARY.available()
 
 
-def _q8(mod) -> bool:
+def is_q8(mod) -> bool:
+    """A ``GGUFLinear`` a native call can run: ``gguf-q8``, packed, on the CPU, untied, float32 bias or none."""
     return (isinstance(mod, GGUFLinear) and mod.numerics == CONTRACT_Q8 and mod.q8weight is not None
             and mod.q8weight.device.type == "cpu" and mod.__dict__.get("_tied") is None
             and (mod.bias is None or mod.bias.dtype == torch.float32))
@@ -78,7 +80,7 @@ def _build(layer, qk_norm: bool) -> layer_kernel.Plan | None:
     attn, mlp = layer.self_attn, layer.mlp
     am, mm = attn._modules, mlp._modules
     proj = [am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"], mm["up_proj"], mm["down_proj"]]
-    if not all(_q8(m) for m in proj):
+    if not all(is_q8(m) for m in proj):
         return None
     norms = [layer.input_layernorm, layer.post_attention_layernorm] + ([am["q_norm"], am["k_norm"]] if qk_norm else [])
     weights = [n._parameters["weight"] for n in norms]
@@ -122,7 +124,7 @@ def forget(model: torch.nn.Module) -> None:
         mod.__dict__.pop(_PLAN, None)
 
 
-def _rows(position_embeddings, B: int, T: int):
+def rotary_rows(position_embeddings, B: int, T: int):
     """(cos, sin with its first half negated), contiguous ``[B * T, D]`` (kept on the sin tensor: the
     decoder hands every layer the same one)."""
     cos, sin = position_embeddings
@@ -136,7 +138,7 @@ def _rows(position_embeddings, B: int, T: int):
     return memo[1], memo[2]
 
 
-def _visible(mask, B: int, T: int, S: int):
+def visible_rows(mask, B: int, T: int, S: int):
     """(ok, uint8 ``[B, T, S]`` visibility or None for causal) of the mask the layer was handed."""
     if mask is None:
         return True, None
@@ -157,11 +159,11 @@ def forward(plan: layer_kernel.Plan, attn, hidden_states: torch.Tensor, cache, p
     B, T, _ = hidden_states.shape
     idx = attn.layer_idx
     past = cache.get_seq_length(idx) if cache is not None else 0
-    ok, vis = _visible(mask, B, T, past + T)
+    ok, vis = visible_rows(mask, B, T, past + T)
     if not ok:
         return None
     h = hidden_states.contiguous()
-    cos, sin_signed = _rows(position_embeddings, B, T)
+    cos, sin_signed = rotary_rows(position_embeddings, B, T)
     qkv = layer_kernel.qkv(plan, h, cos, sin_signed)  # [B, T, (H + 2 Hkv) D]
     H, Hkv, D = plan.heads, plan.kv_heads, plan.head_dim
     k = qkv[..., H * D: (H + Hkv) * D].view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
@@ -171,6 +173,27 @@ def forward(plan: layer_kernel.Plan, attn, hidden_states: torch.Tensor, cache, p
     out = h.clone()
     layer_kernel.attn_mlp(plan, out, qkv, k, v, vis, attn.scaling)
     return out
+
+
+def reserve(lc, plan: layer_kernel.Plan, B: int, T: int, likes: dict | None = None) -> list[int]:
+    """Room for ``T`` new rows in ``kv_buffer``'s cache layer ``lc`` (its keys and values unchanged; the
+    caller writes them and commits ``n + T``): the layer's row of ``layer_kernel.layers``' ``io``,
+    ``[plan, key buffer, value buffer, kb, kh, ks, vb, vh, vs, n]``.  ``likes``: shapes' buffers reused."""
+    shape = (B, plan.kv_heads, T, plan.head_dim)
+    like = likes.get(shape) if likes is not None else None
+    if like is None:
+        like = torch.empty(shape, dtype=torch.float32)
+        if likes is not None:
+            likes[shape] = like
+    kb, vb, n = lc.reserve(like, like)
+    return [plan.ref, kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3], n]
+
+
+def cache_layer(cache, idx: int):
+    """``cache``'s layer ``idx`` where it is ``kv_buffer``'s (what :func:`reserve` takes), else None."""
+    layers = getattr(cache, "layers", None)
+    lc = layers[idx] if isinstance(layers, list) and 0 <= idx < len(layers) else None
+    return lc if type(lc) is spare_layer() else None
 
 
 ALL_LAYERS_IN_ONE_CALL = True  # ``forward_layers``' path (tests turn it off to compare it with the per-layer one)
@@ -184,16 +207,11 @@ def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache,
     last layer, or None (before anything was changed) where the call is not that case."""
     if cache is None or not ALL_LAYERS_IN_ONE_CALL or hidden_states.dtype != torch.float32:
         return None
-    spare = spare_layer()
-    layers = getattr(cache, "layers", None)
-    if not isinstance(layers, list):
-        return None
     B, T, _ = hidden_states.shape
     mine, past = [], None
     for attn in attns:
-        idx = attn.layer_idx
-        lc = layers[idx] if 0 <= idx < len(layers) else None
-        if type(lc) is not spare:
+        lc = cache_layer(cache, attn.layer_idx)
+        if lc is None:
             return None
         keys = lc.keys if lc.is_initialized else None
         n = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
@@ -202,18 +220,13 @@ def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache,
         elif n != past:
             return None
         mine.append(lc)
-    ok, vis = _visible(mask, B, T, past + T)
+    ok, vis = visible_rows(mask, B, T, past + T)
     if not ok:
         return None
-    cos, sin_signed = _rows(position_embeddings, B, T)
+    cos, sin_signed = rotary_rows(position_embeddings, B, T)
     io, scales, likes = [], [], {}
     for plan, attn, lc in zip(plans, attns, mine):
-        shape = (B, plan.kv_heads, T, plan.head_dim)
-        like = likes.get(shape)
-        if like is None:
-            like = likes[shape] = torch.empty(shape, dtype=torch.float32, device=hidden_states.device)
-        kb, vb, n = lc.reserve(like, like)  # room for the T rows (the layer's keys and values unchanged)
-        io.append([plan.ref, kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3], n])
+        io.append(reserve(lc, plan, B, T, likes))
         scales.append(float(attn.scaling))
     h = hidden_states.contiguous().clone()
     layer_kernel.layers(io, scales, h, cos, sin_signed, vis)

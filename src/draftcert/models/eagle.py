@@ -37,7 +37,8 @@ On a target computed from GGUF blocks (``gguf.layers.numerics_of``: ``gguf-exact
 weights as Q8_0 blocks (``DRAFTER_BLOCKS``; stored so in the file when saved with ``blocks=True``,
 else quantised at load) and its head as the draft vocabulary's rows of the target's own output
 blocks, each a ``GGUFLinear`` under the target's contract.  A drafted token then reads about
-``(layer + fc + V_d x H)`` bytes of blocks, a few percent of a target pass.
+``(layer + fc + V_d x H)`` bytes of blocks, a few percent of a target pass.  Under ``gguf-q8`` outside
+autograd a step is one native call (``forward.feature_step``: its final norm is the target's layers' rms).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import torch.nn as nn
 
 from ..fileio import atomic_path
 from .hf import cache_kwarg, new_cache
+from ..forward import feature_step
 from ..forward.decoder_layers import use_lean_layers
 from ..gguf.blocks import check_blocks, decode_rows, quantize_rows
 from ..gguf.layers import CONTRACTS, GGUFLinear, group_siblings, numerics_of
@@ -168,15 +170,6 @@ def _layer_config(target, intermediate_size: int | None = None):
         cfg.use_sliding_window = False
     return cfg
 
-
-# Rows a decode's steps keep (EagleDrafter._embed, _rope): tokens and positions seen, cleared when full.
-_ROW_CACHE_SIZE = 8192
-_ROW_CACHE_MAX_CALL = 16  # a step over more tokens (a prompt's catch-up) embeds them in one call
-
-def _keep(rows: dict, item: int, value):  # rows[item] = value, the dict cleared first when full; the value
-    if len(rows) >= _ROW_CACHE_SIZE:
-        rows.clear()
-    return rows.setdefault(item, value)  # item is not there: value is stored
 
 class EagleDrafter(nn.Module):
     """The feature drafter (see the module docstring).  ``bind(target)`` before use."""
@@ -305,35 +298,25 @@ class EagleDrafter(nn.Module):
 
     def _embed(self, ids):
         """The target's embedding of ``ids`` (..., T) in the drafter's dtype.  Outside autograd, a
-        decode's few-token steps read rows from ``_inference_rows`` (a GGUF embedding decodes its
+        decode's few-token steps read rows kept by ``feature_step.kept_rows`` (a GGUF embedding decodes its
         blocks on every call: 40-110 us a step, about a tenth of a drafted token on the embedded
         target); a row is the same bits either way (rows decode independently)."""
         emb = self.target.get_input_embeddings()
-        if torch.is_grad_enabled() or ids.numel() > _ROW_CACHE_MAX_CALL:
+        if torch.is_grad_enabled() or ids.numel() > feature_step.ROW_CACHE_MAX_CALL:
             return emb(ids).to(self.dtype)
-        kept, toks = self._inference_rows("embed", emb), ids.reshape(-1).tolist()
-        rows = [kept[t] if t in kept else _keep(kept, t, emb(torch.tensor([t], device=ids.device)).to(self.dtype)[0])
+        kept, toks = feature_step.kept_rows(self, "embed", emb, self.norm.weight), ids.reshape(-1).tolist()
+        rows = [kept[t] if t in kept else feature_step.keep(kept, t, emb(torch.tensor([t], device=ids.device)).to(self.dtype)[0])
                 for t in toks]  # one token: a view of its kept row (read only: ``step`` concatenates it)
         return rows[0].view(*ids.shape, -1) if len(rows) == 1 else torch.stack(rows).reshape(*ids.shape, -1)
 
     def _rope(self, x, position_ids):
         """The rotary (cos, sin) of ``position_ids`` (1, T), as ``self.rotary`` computes them; outside
-        autograd a one-position step reads them from ``_inference_rows`` (each element is computed from
+        autograd a one-position step reads them from ``feature_step.kept_rows`` (each element is computed from
         its own position alone, so a cached pair is the same bits)."""
         if torch.is_grad_enabled() or position_ids.numel() != 1:
             return self.rotary(x, position_ids=position_ids)
-        kept, pos = self._inference_rows("rope", x.dtype), int(position_ids.reshape(-1)[0])
-        return kept[pos] if pos in kept else _keep(kept, pos, self.rotary(x, position_ids=position_ids))
-
-    def _inference_rows(self, kind: str, key) -> dict:
-        """The per-process dict of rows kept for decoding (``_embed``'s by token, ``_rope``'s by position), a new
-        one when ``key`` (the embedding module, the dtype) or the drafter's dtype or device changed (``bind``: all)."""
-        w = self.norm._parameters["weight"]  # the drafter's dtype and device (``dtype``, ``device``)
-        full = (key if isinstance(key, torch.dtype) else id(key), w.dtype, w.device)
-        caches = self.__dict__.setdefault("_row_caches", {})
-        if kind not in caches or caches[kind][0] != full:
-            caches[kind] = (full, {})
-        return caches[kind][1]
+        kept, pos = feature_step.kept_rows(self, "rope", x.dtype, self.norm.weight), int(position_ids.reshape(-1)[0])
+        return kept[pos] if pos in kept else feature_step.keep(kept, pos, self.rotary(x, position_ids=position_ids))
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
@@ -377,7 +360,15 @@ class EagleDrafter(nn.Module):
         the tail are computed for the last row only (T = 1 in the results): a decode's catch-up step
         over the pairs of many plain rounds drafts from its last row alone.
         """
-        x = self.fc(torch.cat([self._embed(tokens), feats.to(self.dtype)], -1))
+        w = self.head_layer() if head_weight is None else head_weight
+        e = self._embed(tokens)
+        plan = None if torch.is_grad_enabled() or w is not self._block_head else feature_step.plan_of(
+            self, fc=self.fc, layer=self.layer, norm=self.norm, head=w, tail=self.tail, vocab_size=self.vocab_size,
+            width=PROPOSAL_WIDTH)  # gguf-q8 blocks: the step in one native call (forward/feature_step.py)
+        out = plan and feature_step.step(plan, e, feats.to(self.dtype), self._rope(e, position_ids), mask, cache, last_only)
+        if out:
+            return out
+        x = self.fc(torch.cat([e, feats.to(self.dtype)], -1))
         pe = self._rope(x, position_ids)
         kw = {cache_kwarg(self.layer): cache, "use_cache": True} if cache is not None else {}
         x = self.layer(x, attention_mask=mask, position_ids=position_ids, position_embeddings=pe, **kw)
@@ -386,7 +377,6 @@ class EagleDrafter(nn.Module):
         if last_only:
             x = x[:, -1:]
         g = self.norm(x)
-        w = self.head_layer() if head_weight is None else head_weight
         red = g @ w.T if isinstance(w, torch.Tensor) else w(g)
         return g, red, self.capped_tail(red, self.tail(g).squeeze(-1))
 
@@ -410,6 +400,12 @@ class EagleDrafter(nn.Module):
             out[..., self.vocab_ids] = reduced
             return out
         fill = tail - math.log(V - Vd)
+        if reduced.device.type == "cpu" and reduced.dtype == fill.dtype == torch.float32 and not (
+                torch.is_grad_enabled() and (reduced.requires_grad or fill.requires_grad)):  # numpy: a third of the time
+            out = torch.empty(*reduced.shape[:-1], V).numpy()
+            out[...] = fill.numpy()[..., None]
+            out[..., self.vocab_ids.cpu().numpy()] = reduced.numpy()
+            return torch.from_numpy(out)
         out = fill.unsqueeze(-1).expand(*reduced.shape[:-1], V).clone()
         out[..., self.vocab_ids] = reduced
         return out

@@ -1,0 +1,157 @@
+"""A feature drafter's step under ``gguf-q8`` in one native call (``layer_kernel.dl_feature_step``).
+
+``models.eagle.EagleDrafter.step`` written out (its docstring has the drafter's math)::
+
+    x = fc([embed(x_{s+1}) ; f_s])           # [B, T, hidden]         Q8_0 blocks, dq8_linear
+    x = decoder_layer(x)                      # the layer's native plan (native_layer), the cache appended
+    g = rms(x; w_norm)                        # [B, R, hidden]         R = T, or 1 (last_only)
+    z = W_d g                                 # [B, R, V_d]            the draft vocabulary's head rows
+    t = min(w_t . g + b_t, cap(z))            # [B, R]                 EagleDrafter.capped_tail's cap
+
+Why: a drafted token on the embedded target is about one target pass in ten, and most of a step was
+the ~15 torch operations and module calls around four small kernels (the layer itself already ran
+natively): 0.6 ms a step against 0.25 ms of kernels.
+
+Numbers: ``fc``, the layer and the head are the kernels a ``gguf-q8`` drafter runs anyway
+(``dq8_linear``, ``dl_layers``), the same bits as calling them one by one.  The final norm is
+``layer_kernel``'s rms (the target's layers' norm, not torch's), the tail's dot product a fixed
+float64 sum, and the cap is ``capped_tail``'s float32 expression evaluated operation by operation.
+So every row's outputs depend on that row (and the keys it sees) alone: the same bits in a chain's
+one-row step, a catch-up over many rows, a tree, and a teacher-forced batch.  It is the drafter's
+contract wherever it runs from blocks under ``gguf-q8`` outside autograd (decoding, profiling, the
+user-prompt evaluation); training runs float weights through torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from . import layer_kernel, native_layer
+
+__all__ = ["Plan", "plan_of", "step", "kept_rows", "keep", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
+
+_PLAN = "_draftcert_feature_plan"  # the drafter's (sources, Plan or None), in its __dict__
+
+
+class Plan:
+    """What ``dl_feature_step`` reads of a drafter: its fc and head calls, its layer's plan, its final norm's
+    and tail's weights (pointers into tensors kept alive here), the cap's width and spread."""
+
+    def __init__(self, fc, layer, layer_plan, norm, head, tail, width: int, spread: float):
+        self.fc = layer_kernel.Linear(fc.qtype, fc.q8weight, fc.out_features, fc.in_features, None)
+        self.head = layer_kernel.Linear(head.qtype, head.q8weight, head.out_features, head.in_features, None)
+        self.fc_struct, self.head_struct = self.fc.struct(), self.head.struct()
+        self.fc_ref, self.head_ref = ctypes.addressof(self.fc_struct), ctypes.addressof(self.head_struct)
+        self.layer_plan, self.attn = layer_plan, layer.self_attn
+        self.norm_weight, self.eps = norm.weight.detach(), float(norm.variance_epsilon)
+        self.tail_weight, self.tail_bias = tail.weight.detach().reshape(-1), tail.bias.detach()
+        self.width, self.spread, self.n_vocab = int(width), float(spread), int(head.out_features)
+        self.hidden = int(fc.out_features)
+
+
+def _float_vector(t, n: int) -> bool:
+    return t is not None and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and t.numel() == n
+
+
+def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) -> Plan | None:
+    """The plan of the drafter ``owner`` (kept in its ``__dict__``, made again when a part was replaced):
+    its ``fc``, decoder ``layer``, final ``norm``, ``head`` (the draft vocabulary's rows of the target's
+    output layer, ``V_d`` of ``vocab_size``) and ``tail``; the cap keeps the top ``width`` of q in the draft
+    vocabulary.  None where they do not run from ``gguf-q8`` blocks on the CPU or the native path is off."""
+    layer_plan = native_layer.plan_of(layer)
+    nw, tw, tb = norm._parameters.get("weight"), tail._parameters.get("weight"), tail._parameters.get("bias")
+    sources = (fc, layer_plan, head, nw, tw, tb, None if nw is None else nw.data_ptr(),
+               None if tw is None else tw.data_ptr(), None if tb is None else tb.data_ptr(), vocab_size, width)
+    memo = owner.__dict__.get(_PLAN)
+    if memo is not None and all(a is b or a == b for a, b in zip(memo[0], sources)):
+        return memo[1]
+    plan = None
+    H = getattr(fc, "out_features", 0)
+    if (layer_plan is not None and native_layer.is_q8(fc) and head is not None and native_layer.is_q8(head)
+            and fc.bias is None and head.bias is None and fc.in_features == 2 * H and head.in_features == H
+            and _float_vector(nw, H) and _float_vector(tw, H) and _float_vector(tb, 1)
+            and hasattr(norm, "variance_epsilon")):
+        V, Vd = int(vocab_size), head.out_features
+        width = 0 if Vd >= V else min(int(width), Vd)
+        plan = Plan(fc, layer, layer_plan, norm, head, tail, width, math.log(V - Vd) if width else 0.0)
+    owner.__dict__[_PLAN] = (sources, plan)
+    return plan
+
+
+def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings, mask, cache,
+         last_only: bool = False):
+    """(g [B, R, hidden], z [B, R, V_d], capped tail [B, R]) of the rows ``emb``, ``feats`` [B, T, hidden]
+    (float32), R = T or 1 (``last_only``); the drafter's cache (``kv_buffer``'s layer, or None: no cache)
+    gains the T rows.  None (before anything was changed) for a call the kernel does not take: a mask with
+    a bias, a cache layer of another kind."""
+    B, T, H = emb.shape
+    attn = plan.attn
+    idx = attn.layer_idx
+    if cache is not None:
+        lc = native_layer.cache_layer(cache, idx)
+        if lc is None:
+            return None
+        keys = lc.keys if lc.is_initialized else None
+        past = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
+    else:
+        lc, past = None, 0
+    ok, vis = native_layer.visible_rows(mask, B, T, past + T)
+    if not ok:
+        return None
+    e = emb.reshape(B * T, H)
+    f = feats.reshape(B * T, H)
+    if e.stride(-1) != 1:
+        e = e.contiguous()
+    if f.stride(-1) != 1:
+        f = f.contiguous()
+    cos, sin_signed = native_layer.rotary_rows(position_embeddings, B, T)
+    lp = plan.layer_plan
+    if lc is not None:
+        io = native_layer.reserve(lc, lp, B, T)
+    else:  # no cache: the T rows' keys and values in buffers of their own
+        kb = torch.empty(B, lp.kv_heads, T, lp.head_dim)
+        vb = torch.empty_like(kb)
+        io = [lp.ref, kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3], 0]
+    R = 1 if last_only else T
+    g = torch.empty(B, R, H)
+    z = torch.empty(B, R, plan.n_vocab)
+    t = torch.empty(B, R)
+    table = torch.tensor(io, dtype=torch.int64)
+    rc = layer_kernel.LIBRARY.require().dl_feature_step(
+        plan.fc_ref, table.data_ptr(), float(attn.scaling), e.data_ptr(), e.stride(0), f.data_ptr(), f.stride(0),
+        B, T, cos.data_ptr(), sin_signed.data_ptr(), vis.data_ptr() if vis is not None else None,
+        vis.stride(0) if vis is not None else 0, vis.stride(1) if vis is not None else 0, int(last_only),
+        plan.norm_weight.data_ptr(), plan.eps, plan.head_ref, plan.tail_weight.data_ptr(),
+        plan.tail_bias.data_ptr(), plan.width, plan.spread, g.data_ptr(), z.data_ptr(), t.data_ptr(),
+        torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"feature_step: the native step failed ({rc}: "
+                           f"{'out of memory' if rc == -2 else 'a plan the kernel refuses'})")
+    if lc is not None:
+        lc.commit(past + T)
+    return g, z, t
+
+
+# Rows a decode's steps keep (EagleDrafter._embed's by token, _rope's by position), cleared when full.
+ROW_CACHE_SIZE = 8192
+ROW_CACHE_MAX_CALL = 16  # a step over more tokens (a prompt's catch-up) embeds them in one call
+
+
+def kept_rows(owner, kind: str, key, like: torch.Tensor) -> dict:
+    """The dict of rows of ``kind`` kept in ``owner``'s ``__dict__`` (``_row_caches``; ``bind`` drops it), a new
+    one when ``key`` (a module, compared by identity, or a dtype) or ``like``'s dtype or device changed."""
+    full = (key if isinstance(key, torch.dtype) else id(key), like.dtype, like.device)
+    caches = owner.__dict__.setdefault("_row_caches", {})
+    if kind not in caches or caches[kind][0] != full:
+        caches[kind] = (full, {})
+    return caches[kind][1]
+
+
+def keep(rows: dict, item, value):
+    """``rows[item] = value`` (item not there yet), the dict cleared first when full; returns the value."""
+    if len(rows) >= ROW_CACHE_SIZE:
+        rows.clear()
+    return rows.setdefault(item, value)

@@ -1,0 +1,159 @@
+"""A feature drafter's step under gguf-q8 in one native call (forward/feature_step.py): the kernels it
+composes, row by row, the same bits however the rows are grouped; the cap as capped_tail's torch
+expression, bit for bit, on adversarial rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from draftcert.forward import feature_step, layer_kernel, native_layer
+from draftcert.gguf.layers import set_numerics
+from draftcert.models.eagle import PROPOSAL_WIDTH, load_eagle, save_eagle
+from draftcert.models.tree_attention import crop_cache
+from tests.tiny_gguf import tiny_gguf_llama
+from tests.train.test_drafter_blocks import VOCAB_IDS, _drafter
+
+pytestmark = pytest.mark.skipif(not layer_kernel.LIBRARY.available(), reason="no native layer kernel")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("feature-step")
+    target = tiny_gguf_llama(tmp, out_type=8)
+    set_numerics(target, "gguf-q8")
+    d = load_eagle(save_eagle(_drafter(target), tmp / "d.safetensors", blocks=True), target)
+    return target, d
+
+
+def _inputs(d, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 96, (1, T), generator=g)
+    feats = torch.randn(1, T, d.hidden_size, generator=g)
+    return tokens, feats
+
+
+def _causal(T, past=0):
+    allowed = torch.ones(T, past + T, dtype=torch.bool).tril(past)
+    return torch.zeros(T, past + T).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
+
+
+def _tail_sum(w, g):
+    """The kernel's tail before its cap: a float64 sum, i increasing, rounded to float32."""
+    s = 0.0
+    for wi, gi in zip(w.tolist(), g.tolist()):
+        s += wi * gi
+    return s
+
+
+def test_the_step_is_its_kernels_composed(pair, monkeypatch):
+    """g = the kernel's rms of the layer's output (the layer and fc as the torch path runs them: the same
+    kernels), z = the head's rows of g, t = capped_tail of the float64 tail sum: bit for bit."""
+    target, d = pair
+    assert feature_step.plan_of(d, fc=d.fc, layer=d.layer, norm=d.norm, head=d.head_layer(), tail=d.tail,
+                                vocab_size=d.vocab_size, width=PROPOSAL_WIDTH) is not None
+    tokens, feats = _inputs(d, 5)
+    pos, mask = torch.arange(5)[None], _causal(5)
+    with torch.no_grad():
+        g, z, t = d.step(tokens, feats, pos, mask, cache=d.new_cache())
+        seen = []
+        hook = d.layer.register_forward_hook(lambda m, a, out: seen.append(out[0] if isinstance(out, tuple) else out))
+        monkeypatch.setattr(feature_step, "plan_of", lambda *a, **k: None)  # the torch path: fc, the layer (its plan), ...
+        try:
+            d.step(tokens, feats, pos, mask, cache=d.new_cache())
+        finally:
+            hook.remove()
+    x = seen[0]  # [1, 5, H]: the layer's output
+    g_ref = layer_kernel.rms(x, d.norm.weight, d.norm.variance_epsilon)
+    assert torch.equal(g, g_ref)
+    head = d.head_layer()
+    assert torch.equal(z, head(g_ref))
+    w, b = d.tail.weight.reshape(-1), d.tail.bias
+    pre = torch.tensor([[_tail_sum(w, g_ref[0, i]) for i in range(5)]], dtype=torch.float64).float() + b
+    assert torch.equal(t, d.capped_tail(z, pre))
+
+
+def test_rows_give_the_same_bits_however_they_are_grouped(pair):
+    """A catch-up over T rows, the rows one by one (a chain), last_only and a batch of two sequences."""
+    target, d = pair
+    T = 6
+    tokens, feats = _inputs(d, T, seed=1)
+    with torch.no_grad():
+        whole = d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=d.new_cache())
+        cache = d.new_cache()
+        ones = [d.step(tokens[:, i:i + 1], feats[:, i:i + 1], torch.tensor([[i]]), None, cache=cache) for i in range(T)]
+        cache = d.new_cache()
+        last = d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=cache, last_only=True)
+        assert cache.get_seq_length(0) == T  # every row went into the cache
+        again = d.step(tokens[:, :1], feats[:, :1], torch.tensor([[T]]), None, cache=cache)  # after a last_only step
+        tokens2, feats2 = _inputs(d, T, seed=2)
+        batch = d.step(torch.cat([tokens2, tokens]), torch.cat([feats2, feats]), torch.arange(T)[None].expand(2, -1),
+                       _causal(T).expand(2, -1, -1, -1))
+    for k in range(3):
+        assert torch.equal(whole[k], torch.cat([o[k] for o in ones], 1))
+        assert torch.equal(last[k], whole[k][:, -1:])
+        assert torch.equal(batch[k][1:], whole[k])
+    with torch.no_grad():
+        cache = d.new_cache()
+        d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=cache)
+        crop_cache(cache, T - 2)  # a rejected chain's rows dropped, then re-fed
+        redo = d.step(tokens[:, T - 2:], feats[:, T - 2:], torch.arange(T - 2, T)[None], _causal(2, T - 2), cache=cache)
+    assert all(torch.equal(redo[k], whole[k][:, T - 2:]) for k in range(3))
+    assert torch.isfinite(again[1]).all()
+
+
+def test_the_torch_path_is_close(pair, monkeypatch):
+    """Off the native path (DRAFTCERT_NATIVE_LAYERS=0: the written-out torch layer) the step computes the same
+    function up to float32 rounding (its norm is torch's, its layer transformers')."""
+    target, d = pair
+    tokens, feats = _inputs(d, 4, seed=3)
+    with torch.no_grad():
+        native = d.step(tokens, feats, torch.arange(4)[None], _causal(4), cache=d.new_cache())
+        monkeypatch.setenv("DRAFTCERT_NATIVE_LAYERS", "0")
+        native_layer.forget(d)  # the variable is read when a plan is made
+        try:
+            assert feature_step.plan_of(d, fc=d.fc, layer=d.layer, norm=d.norm, head=d.head_layer(), tail=d.tail,
+                                        vocab_size=d.vocab_size, width=PROPOSAL_WIDTH) is None
+            other = d.step(tokens, feats, torch.arange(4)[None], _causal(4), cache=d.new_cache())
+        finally:
+            monkeypatch.delenv("DRAFTCERT_NATIVE_LAYERS")
+            native_layer.forget(d)
+    for a, b in zip(native, other):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+def _torch_cap(z, tail, width, spread):
+    """EagleDrafter.capped_tail's expression."""
+    floor = z.topk(width, dim=-1).values[..., -1]
+    margin = 8 * torch.finfo(z.dtype).eps * (1 + floor.abs() + spread)
+    return torch.minimum(tail, (floor + spread - margin).to(tail.dtype))
+
+
+@pytest.mark.parametrize("n,width", [(12, 8), (4096, 8), (8, 8), (200, 1), (70, 64)])
+def test_the_cap_is_capped_tails_expression_bit_for_bit(n, width):
+    g = torch.Generator().manual_seed(n + width)
+    rows = [torch.randn(n, generator=g) * 5,
+            torch.full((n,), 3.25),  # every value tied
+            torch.randint(-3, 3, (n,), generator=g).float(),  # many ties at the w-th value
+            torch.randn(n, generator=g) * 1e30,  # huge magnitudes
+            torch.randn(n, generator=g) * 1e-30,  # tiny ones
+            -torch.rand(n, generator=g) - 1e4]
+    z = torch.stack(rows)
+    spread = math.log(151_936 - n)
+    floor = z.topk(width, dim=-1).values[:, -1]
+    # tails just below, at and above the cap, and far from it
+    for tail in (floor + spread, floor + spread - 1e-3, floor - 50.0, floor + 50.0,
+                 torch.nextafter(floor + spread, torch.tensor(-math.inf))):
+        got = layer_kernel.capped_tail(z, tail, width, spread)
+        assert torch.equal(got, _torch_cap(z, tail, width, spread))
+        # what the cap is for: every token outside the draft vocabulary stays below the top w
+        assert bool((got.double() - torch.tensor(spread, dtype=torch.float32).double() < floor.double()).all()
+                    | ~torch.isfinite(floor).all())
+
+
+def test_a_width_the_kernel_does_not_take_is_refused():
+    with pytest.raises(ValueError, match="width"):
+        layer_kernel.capped_tail(torch.zeros(1, 4), torch.zeros(1), 5, 1.0)
