@@ -92,10 +92,8 @@ class FeatureDrafter(Drafter):
         if new <= 0:
             raise RuntimeError("feature drafter: no new target features since the last round")
         pos = torch.arange(self.n_valid, n_feat, device=dev)[None]
-        allowed = torch.ones(new, self.n_valid + new, dtype=torch.bool, device=dev).tril(self.n_valid)
-        mask = torch.zeros(new, self.n_valid + new, dtype=dt, device=dev).masked_fill_(~allowed, torch.finfo(dt).min)
-        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, mask[None, None],
-                          last_only=True)  # q [1, V]: the root's
+        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, None,
+                          last_only=True)  # causal over the cache; q [1, V]: the root's
         self.n_valid = n_feat
         # g_of[n]: the feature the drafter guessed at node n (-1: the root); a node is fed its parent's.
         g_of = {-1: g[-1]}

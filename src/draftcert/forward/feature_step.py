@@ -31,7 +31,7 @@ import torch
 
 from . import layer_kernel, native_layer
 
-__all__ = ["Plan", "plan_of", "step", "kept_rows", "keep", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
+__all__ = ["Plan", "plan_of", "step", "causal_mask", "kept_rows", "keep", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
 
 _PLAN = "_draftcert_feature_plan"  # the drafter's (sources, Plan or None), in its __dict__
 
@@ -84,7 +84,8 @@ def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) 
 def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings, mask, cache,
          last_only: bool = False):
     """(g [B, R, hidden], z [B, R, V_d], capped tail [B, R]) of the rows ``emb``, ``feats`` [B, T, hidden]
-    (float32), R = T or 1 (``last_only``); the drafter's cache (``kv_buffer``'s layer, or None: no cache)
+    (float32), R = T or 1 (``last_only``); ``mask`` additive ``[B or 1, 1, T, past + T]``, or None: causal
+    (:func:`causal_mask`); the drafter's cache (``kv_buffer``'s layer, or None: no cache)
     gains the T rows.  None (before anything was changed) for a call the kernel does not take: a mask with
     a bias, a cache layer of another kind."""
     B, T, H = emb.shape
@@ -133,6 +134,12 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
     if lc is not None:
         lc.commit(past + T)
     return g, z, t
+
+
+def causal_mask(T: int, past: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``[1, 1, T, past + T]`` that :func:`step` reads ``None`` as: row i sees keys <= past + i."""
+    allowed = torch.ones(T, past + T, dtype=torch.bool).tril(past)
+    return torch.zeros(T, past + T, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 # Rows a decode's steps keep (EagleDrafter._embed's by token, _rope's by position), cleared when full.

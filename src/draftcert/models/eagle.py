@@ -310,13 +310,15 @@ class EagleDrafter(nn.Module):
         return rows[0].view(*ids.shape, -1) if len(rows) == 1 else torch.stack(rows).reshape(*ids.shape, -1)
 
     def _rope(self, x, position_ids):
-        """The rotary (cos, sin) of ``position_ids`` (1, T), as ``self.rotary`` computes them; outside
-        autograd a one-position step reads them from ``feature_step.kept_rows`` (each element is computed from
-        its own position alone, so a cached pair is the same bits)."""
-        if torch.is_grad_enabled() or position_ids.numel() != 1:
+        """The rotary (cos, sin) of ``position_ids`` (1, T), as ``self.rotary`` computes them; outside autograd
+        a few-position step reads each position's from ``feature_step.kept_rows`` (an element is computed from
+        its own position alone, so a kept pair is the same bits)."""
+        if torch.is_grad_enabled() or position_ids.shape[0] != 1 or position_ids.numel() > feature_step.ROW_CACHE_MAX_CALL:
             return self.rotary(x, position_ids=position_ids)
-        kept, pos = feature_step.kept_rows(self, "rope", x.dtype, self.norm.weight), int(position_ids.reshape(-1)[0])
-        return kept[pos] if pos in kept else feature_step.keep(kept, pos, self.rotary(x, position_ids=position_ids))
+        kept, out = feature_step.kept_rows(self, "rope", x.dtype, self.norm.weight), []
+        for pos in position_ids.reshape(-1).tolist():
+            out.append(kept[pos] if pos in kept else feature_step.keep(kept, pos, self.rotary(x, position_ids=torch.tensor([[pos]], device=x.device))))
+        return out[0] if len(out) == 1 else tuple(torch.cat([pe[i] for pe in out], -2) for i in (0, 1))
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
@@ -354,7 +356,7 @@ class EagleDrafter(nn.Module):
     def step(self, tokens, feats, position_ids, mask, cache=None, head_weight=None, last_only: bool = False):
         """One drafting step for rows (B, T): returns (feature g (B,T,H), reduced logits (B,T,V_d), tail (B,T)).
 
-        ``mask`` is an additive 4-D attention mask (B or 1, 1, T, cached + T) over the cache.
+        ``mask`` is an additive 4-D attention mask (B or 1, 1, T, cached + T) over the cache; None: causal.
         ``head_weight``: the float rows ``[V_d, H]`` or a layer (``head_layer``); default ``head_layer()``.
         ``last_only``: every row goes through the layer (and into the cache), but g, the logits and
         the tail are computed for the last row only (T = 1 in the results): a decode's catch-up step
@@ -368,6 +370,8 @@ class EagleDrafter(nn.Module):
         out = plan and feature_step.step(plan, e, feats.to(self.dtype), self._rope(e, position_ids), mask, cache, last_only)
         if out:
             return out
+        if mask is None and tokens.shape[-1] > 1:  # causal over the cache, as the native step reads None
+            mask = feature_step.causal_mask(tokens.shape[-1], cache.get_seq_length(0) if cache is not None else 0, self.dtype)
         x = self.fc(torch.cat([e, feats.to(self.dtype)], -1))
         pe = self._rope(x, position_ids)
         kw = {cache_kwarg(self.layer): cache, "use_cache": True} if cache is not None else {}
