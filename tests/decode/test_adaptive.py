@@ -360,3 +360,42 @@ def test_plain_rounds_hand_a_feature_drafter_every_feature_in_order(tiny, prompt
     with torch.inference_mode():
         _, want = forward_with_hidden(target, new_cache(target), seq[:n], 1)
     torch.testing.assert_close(drafter.feats[:n], want.to(drafter.feats.dtype), rtol=1e-9, atol=1e-9)
+
+
+class _RightSuffix:
+    """A suffix index whose chain is always the target's greedy continuation, up to ``limit`` tokens."""
+
+    def __init__(self, greedy: list[int], length: int = 4):
+        self.greedy, self.length = greedy, length
+
+    def start(self, prompt_ids):
+        self.n_prompt = len(prompt_ids)
+
+    def draft(self, seq, widths, expand_all=False, limit=None):
+        t = len(seq) - self.n_prompt
+        return chain_draft(self.greedy[t: t + min(self.length, limit or self.length)])
+
+
+@pytest.mark.parametrize("grafts", [True, False])
+def test_plain_rounds_of_a_hybrid_verify_its_priced_suffix_chain(tiny, prompts, grafts):
+    """A hybrid whose model is always wrong: -k auto stops asking the model, and its plain rounds still
+    verify the suffix chain (right here), so most tokens come from copies; without that, only the rounds
+    that ask the model graft anything."""
+    from draftcert.drafting.suffix import HybridDrafter
+
+    target, _, _ = tiny
+    prompt = prompts[1]
+    ref = greedy_generate(target, prompt, N_NEW)
+    wrong = _Scripted(ref, right=False, vocab=target.config.vocab_size)
+    hybrid = HybridDrafter(as_drafter(wrong), suffix=_RightSuffix(ref))
+    hybrid.grafts_in_plain_rounds = grafts
+    factory = lambda: AdaptiveDraftLength(_costs(draft_share=1.5), (0.5,))  # noqa: E731  the model never pays
+    config = DecodeConfig.build(target, "strict", 6, None, N_NEW, draft_length=factory)
+    out, st = decode_loop(target, hybrid, prompt, config)
+    assert out == ref
+    asked = wrong.proposed  # rounds that asked the model (probes)
+    assert asked <= 0.3 * st.num_rounds
+    if grafts:
+        assert hybrid.suffix_accepted >= 0.6 * N_NEW and st.tokens_per_forward > 2.5
+    else:
+        assert hybrid.suffix_drafted <= 4 * asked and st.tokens_per_forward < 1.6

@@ -53,7 +53,11 @@ to the node's depth), it asks whether that node's marginal rate beats the best p
     reach / (T(rows + 1) - T(rows))  >  max_k rate(k)
 
 with T the cost curve's verification of ``rows`` causal rows (the timed rounds' drift applied), so a
-match that keeps being accepted drafts deep and one that fails is cut to the rows it pays for.
+match that keeps being accepted drafts deep and one that fails is cut to the rows it pays for.  A
+plain round (k = 0) prices the same chain, hung from the root with the model drafter idle
+(``grafts_in_plain_rounds``): a copy from the prompt needs no drafter step, so a prompt whose model
+drafts do not pay still gets its copies.  Such a round's outcome says nothing of the model drafter's
+acceptance and is not timed as a plain round.
 
 **Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
 draft lengths).  The calibrated ``round_seconds`` is a prediction made once per machine, under

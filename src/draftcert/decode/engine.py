@@ -302,9 +302,10 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
         while not ended:
             seq, n_cached = row.seq, row.n_cached
             t0 = clock()
-            widths, keep_drafting, keep_grafting = config.widths, None, None
+            widths, keep_drafting, keep_grafting, grafts = config.widths, None, None, False
             if lengths is not None:  # -k auto: whether to draft; a drafter with a distribution then sets the length
                 k = lengths.next_k()
+                grafts = not k and getattr(drafter, "grafts_in_plain_rounds", False)  # a hybrid's priced suffix chain, its model idle
                 keep_grafting = getattr(lengths, "keep_grafting", None)  # a hybrid's suffix nodes, each priced by its row
                 if k and confident:
                     keep_drafting = lengths.keep_drafting
@@ -313,7 +314,7 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             if widths and unseen is not None:
                 hand_over(None)
             draft = (propose_draft(drafter, seq, widths, config.expand_all, config.max_new_tokens - len(row.out) - 1,
-                                   config.min_margin, keep_drafting, keep_grafting) if widths else DraftTree())  # N nodes
+                                   config.min_margin, keep_drafting, keep_grafting) if widths or grafts else DraftTree())  # N nodes
             if chains_only:
                 draft = chain_of(draft)
             n_before = n_cached  # recurrent state: re-fed tokens beyond a pass's worth are caught up first
@@ -328,8 +329,8 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                                     state.layout, row.stats)  # [1 + N, V]
             t2 = clock()
             verdict, log = settle(config, row.stats, logits, draft, spent, batch)  # accept, certify (or keep), record
-            if lengths is not None:
-                lengths.observe(log.depth_accepted)
+            if lengths is not None:  # the model drafter's acceptance (a plain round's grafts are not its drafts)
+                lengths.observe(log.depth_accepted if widths else [])
             t3 = clock()
             if with_hidden:  # a feature drafter gets the target's features of every position it has not seen
                 n_pending = len(seq) - n_cached
@@ -339,11 +340,11 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                     rows = list(range(n_observed - n_cached, n_pending)) + [n_pending + j for j in verdict.path]
                     hand_over(hidden[rows], later=not widths)
                 n_observed = len(seq) + len(verdict.path)
-            if widths:  # a plain round asked the drafter for nothing: nothing to accept
+            if widths or len(draft):  # a plain round without grafts asked the drafter for nothing
                 drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
             row.n_cached = state.keep(len(seq), verdict.path, len(draft))
-            if lengths is not None and lengths.timed:  # strict's -k auto: the round's own cost (adaptive.py)
+            if lengths is not None and lengths.timed and (widths or not len(draft)):  # strict's -k auto: the round's cost
                 lengths.observe_seconds(len(draft), clock() - t0)
             spent[0] += t1 - t0
             spent[1] += t2 - t1

@@ -27,6 +27,9 @@ The optional parts, with the defaults a drafter that does not need them inherits
   that adds model-free nodes beyond its model's (a hybrid's suffix chain) calls it before each with
   the probability that the node is reached and accepted and the verification rows the round has
   without it, and adds no more where it returns False (``suffix.HybridDrafter``);
+- ``grafts_in_plain_rounds`` (False): the drafter's model-free nodes are worth a look in a round whose
+  model drafts nothing (``-k auto``'s k = 0): the engine then calls ``propose(seq, [])`` (a hybrid's suffix
+  chain alone, each node priced by ``keep_grafting``; the model not run) and ``accept`` with its path;
 - ``fork()`` (None): a fresh drafter with the same settings sharing the model, for batches (each row
   keeps its own state); None where the drafter cannot fork;
 - ``model_drafter`` (None): the drafter that runs a model (itself for a ``ModelDrafter`` or a
@@ -56,6 +59,7 @@ class Drafter(Protocol):
     min_margin: float | None = None
     keep_drafting: "Callable[[Sequence[float]], bool] | None" = None
     keep_grafting: "Callable[[float, int], bool] | None" = None
+    grafts_in_plain_rounds: bool = False
     model_drafter: "Drafter | None" = None  # the drafter inside that runs a model, or None
 
     def start(self, prompt_ids: list[int]) -> None:

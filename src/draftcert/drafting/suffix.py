@@ -338,7 +338,11 @@ class HybridDrafter(Drafter):
     over this decode's grafted nodes (prior ``GRAFT_PRIOR``), and ``rows`` the round's rows so far.
     A long match whose continuations keep being accepted still drafts deep (s near 1); one whose
     grafts fail is cut to the rows it pays for.  Without ``keep_grafting`` the whole chain is grafted.
+    A plain round of ``-k auto`` (its model drafts nothing) still grafts the priced chain, onto the root
+    (``grafts_in_plain_rounds``): a copy from the prompt costs no drafter step.
     """
+
+    grafts_in_plain_rounds = True
 
     def __init__(self, model_drafter, suffix: SuffixIndex | None = None):
         self.model_drafter = model_drafter
@@ -350,6 +354,7 @@ class HybridDrafter(Drafter):
         self.suffix_drafted = self.suffix_accepted = self.suffix_attempted = 0
         self._grafted_parents: set[int] = set()  # this round's nodes (-1: the root) with a grafted child
         self._decode_start = (0, 0)  # (accepted, attempted) when this decode started: graft_acceptance's
+        self._asked = False  # this round asked the model drafter (``propose`` with widths)
 
     @property
     def forwards(self) -> int:
@@ -385,9 +390,12 @@ class HybridDrafter(Drafter):
         self.model_drafter.observe(hidden)
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
-        tree = self.model_drafter.propose(seq, widths, expand_all)
+        """The model drafter's tree with the suffix chain grafted on; ``widths`` empty (a plain round of
+        ``-k auto``, ``grafts_in_plain_rounds``): the suffix chain alone, the model drafter not asked."""
+        self._asked = bool(widths)
+        tree = self.model_drafter.propose(seq, widths, expand_all) if widths else DraftTree()
         self.n_model = len(tree)
-        chain = self.suffix.draft(seq, [1] * len(widths), False, self.depth_limit).tokens
+        chain = self.suffix.draft(seq, [1] * max(1, len(widths)), False, self.depth_limit).tokens
         admit = None
         if self.keep_grafting is not None:  # c_j's row is worth it iff keep_grafting(s ** j, rows) (class docstring)
             s, keep = self.graft_acceptance(), self.keep_grafting
@@ -412,4 +420,5 @@ class HybridDrafter(Drafter):
         self.suffix_accepted += accepted
         # the walk stopped below its last node (or the root): a grafted child there was tried and refused
         self.suffix_attempted += accepted + ((path[-1] if path else -1) in self._grafted_parents)
-        self.model_drafter.accept(own)
+        if self._asked:  # a plain round's grafts: the model drafted nothing to keep or drop
+            self.model_drafter.accept(own)
