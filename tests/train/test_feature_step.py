@@ -31,7 +31,7 @@ def pair(tmp_path_factory):
 
 def _inputs(d, T, seed=0):
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 96, (1, T), generator=g)
+    tokens = torch.randint(0, 96, (1, T), generator=g)  # the tiny target's 96 tokens
     feats = torch.randn(1, T, d.hidden_size, generator=g)
     return tokens, feats
 
@@ -76,10 +76,10 @@ def test_the_step_is_its_kernels_composed(pair, monkeypatch):
     assert torch.equal(t, d.capped_tail(z, pre))
 
 
-def test_rows_give_the_same_bits_however_they_are_grouped(pair):
+@pytest.mark.parametrize("T", [6, 20])  # 20: past the rows a step keeps rotary pairs for (ROW_CACHE_MAX_CALL)
+def test_rows_give_the_same_bits_however_they_are_grouped(pair, T):
     """A catch-up over T rows, the rows one by one (a chain), last_only and a batch of two sequences."""
     target, d = pair
-    T = 6
     tokens, feats = _inputs(d, T, seed=1)
     with torch.no_grad():
         whole = d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=d.new_cache())

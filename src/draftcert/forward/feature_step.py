@@ -31,7 +31,7 @@ import torch
 
 from . import layer_kernel, native_layer
 
-__all__ = ["Plan", "plan_of", "step", "causal_mask", "kept_rows", "keep", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
+__all__ = ["Plan", "plan_of", "step", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
 
 _PLAN = "_draftcert_feature_plan"  # the drafter's (sources, Plan or None), in its __dict__
 
@@ -162,3 +162,15 @@ def keep(rows: dict, item, value):
     if len(rows) >= ROW_CACHE_SIZE:
         rows.clear()
     return rows.setdefault(item, value)
+
+
+def kept_rotary(kept: dict, rotary, x: torch.Tensor, position_ids: torch.Tensor):
+    """``rotary(x, position_ids)``'s (cos, sin) ``[1, T, D]`` for ``position_ids`` ``[1, T]``, from each position's
+    pair computed alone once and kept in ``kept`` (an element depends on its own position only)."""
+    pairs = []
+    for pos in position_ids.reshape(-1).tolist():
+        pair = kept.get(pos)
+        if pair is None:
+            pair = keep(kept, pos, rotary(x, position_ids=torch.tensor([[pos]], device=x.device)))
+        pairs.append(pair)
+    return pairs[0] if len(pairs) == 1 else tuple(torch.cat([p[i] for p in pairs], -2) for i in (0, 1))

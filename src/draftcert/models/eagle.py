@@ -315,10 +315,8 @@ class EagleDrafter(nn.Module):
         its own position alone, so a kept pair is the same bits)."""
         if torch.is_grad_enabled() or position_ids.shape[0] != 1 or position_ids.numel() > feature_step.ROW_CACHE_MAX_CALL:
             return self.rotary(x, position_ids=position_ids)
-        kept, out = feature_step.kept_rows(self, "rope", x.dtype, self.norm.weight), []
-        for pos in position_ids.reshape(-1).tolist():
-            out.append(kept[pos] if pos in kept else feature_step.keep(kept, pos, self.rotary(x, position_ids=torch.tensor([[pos]], device=x.device))))
-        return out[0] if len(out) == 1 else tuple(torch.cat([pe[i] for pe in out], -2) for i in (0, 1))
+        return feature_step.kept_rotary(feature_step.kept_rows(self, "rope", x.dtype, self.norm.weight), self.rotary, x,
+                                        position_ids)
 
     def head_weight(self):
         """The draft vocabulary's rows of the target's output layer (``[V_d, H]``, the drafter's
