@@ -22,7 +22,7 @@ def target(tmp_path_factory):
     return tiny_gguf_llama(tmp_path_factory.mktemp("tiny"), out_type=8)
 
 
-def _drafter(target, width=64, seed=0):
+def random_drafter(target, width=64, seed=0):
     """A drafter with random (not identity) weights: every linear matters to its output."""
     torch.manual_seed(seed)
     d = EagleDrafter(target, VOCAB_IDS, intermediate_size=width)
@@ -35,11 +35,11 @@ def _drafter(target, width=64, seed=0):
 
 def _block_drafter(target, tmp_path):
     """A block drafter as a file holds it, loaded for the target."""
-    return load_eagle(save_eagle(_drafter(target), tmp_path / "d.safetensors", blocks=True), target)
+    return load_eagle(save_eagle(random_drafter(target), tmp_path / "d.safetensors", blocks=True), target)
 
 
 def test_saved_blocks_round_trip_and_are_what_runs(target, tmp_path):
-    d = _drafter(target)
+    d = random_drafter(target)
     want = {name: quantize_rows(lin.weight, DRAFTER_BLOCKS) for name, lin in d.block_linears().items()}
     assert set(want) >= {"fc", "layer.self_attn.q_proj", "layer.mlp.down_proj"}
     f16 = save_eagle(d, tmp_path / "f16.safetensors")
@@ -73,7 +73,7 @@ def test_block_drafter_computes_the_dequantised_weights(target, tmp_path):
     """Under gguf-exact-f32 the block drafter's step equals a float drafter holding the blocks' values,
     up to float32 summation order."""
     d = _block_drafter(target, tmp_path)
-    ref = _drafter(target)
+    ref = random_drafter(target)
     with torch.no_grad():
         for name, lin in ref.block_linears().items():
             lin.weight.copy_(decode_rows(quantize_rows(lin.weight, DRAFTER_BLOCKS), DRAFTER_BLOCKS, lin.in_features))
@@ -111,7 +111,7 @@ def test_damaged_blocks_are_refused(target, tmp_path):
     from safetensors.torch import load_file, save_file
     from safetensors import safe_open
 
-    p = save_eagle(_drafter(target), tmp_path / "d.safetensors", blocks=True)
+    p = save_eagle(random_drafter(target), tmp_path / "d.safetensors", blocks=True)
     with safe_open(str(p), "pt") as f:
         meta = f.metadata()
     sd = load_file(str(p))

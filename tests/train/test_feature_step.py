@@ -14,7 +14,7 @@ from draftcert.gguf.layers import set_numerics
 from draftcert.models.eagle import PROPOSAL_WIDTH, load_eagle, save_eagle
 from draftcert.models.tree_attention import crop_cache
 from tests.tiny_gguf import tiny_gguf_llama
-from tests.train.test_drafter_blocks import VOCAB_IDS, _drafter
+from tests.train.test_drafter_blocks import VOCAB_IDS, random_drafter
 
 pytestmark = pytest.mark.skipif(not layer_kernel.LIBRARY.available(), reason="no native layer kernel")
 
@@ -25,7 +25,7 @@ def pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("feature-step")
     target = tiny_gguf_llama(tmp, out_type=8)
     set_numerics(target, "gguf-q8")
-    d = load_eagle(save_eagle(_drafter(target), tmp / "d.safetensors", blocks=True), target)
+    d = load_eagle(save_eagle(random_drafter(target), tmp / "d.safetensors", blocks=True), target)
     return target, d
 
 
