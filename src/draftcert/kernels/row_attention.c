@@ -196,8 +196,10 @@ int ra_attention(const float *q, long qb, long qh, long qm, const float *k, long
 #pragma omp for schedule(static)
         for (long t = 0; t < n; t++) {
             if (!sc || !acc) continue;
-            const long b = t / (M * Hkv * per), i = (t / (Hkv * per)) % M, g = (t / per) % Hkv, h0 = g * groups + t % per * hc;
-            const long nh = groups - t % per * hc < hc ? groups - t % per * hc : hc;
+            /* the rows of one head chunk are consecutive tasks, so a thread reads that KV group's keys and
+             * values from memory once and again from its cache for the next rows (a pass of several rows) */
+            const long b = t / (Hkv * per * M), g = (t / (per * M)) % Hkv, c = (t / M) % per, i = t % M;
+            const long h0 = g * groups + c * hc, nh = groups - c * hc < hc ? groups - c * hc : hc;
 #if defined(__AVX512F__)
             if (!generic && (D == 64 || D == 128)) {
                 const float *qs[16];
