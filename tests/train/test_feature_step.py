@@ -157,3 +157,54 @@ def test_the_cap_is_capped_tails_expression_bit_for_bit(n, width):
 def test_a_width_the_kernel_does_not_take_is_refused():
     with pytest.raises(ValueError, match="width"):
         layer_kernel.capped_tail(torch.zeros(1, 4), torch.zeros(1), 5, 1.0)
+
+
+_WORKER = r"""
+import sys, numpy as np, torch
+from pathlib import Path
+torch.set_num_threads(1)
+from draftcert.forward import layer_kernel
+from draftcert.gguf.layers import set_numerics
+from draftcert.models.eagle import load_eagle, save_eagle
+from tests.tiny_gguf import tiny_gguf_llama
+from tests.train.test_drafter_blocks import random_drafter
+from tests.train.test_feature_step import _causal, _inputs
+tmp = Path(sys.argv[1])
+assert layer_kernel.LIBRARY.available(), layer_kernel.LIBRARY.reason()
+target = tiny_gguf_llama(tmp, out_type=8)
+set_numerics(target, "gguf-q8")
+d = load_eagle(save_eagle(random_drafter(target), tmp / "d.safetensors", blocks=True), target)
+tokens, feats = _inputs(d, 7, seed=4)
+with torch.no_grad():
+    g, z, t = d.step(tokens, feats, torch.arange(7)[None], _causal(7), cache=d.new_cache())
+np.savez(sys.argv[2], g=g.numpy(), z=z.numpy(), t=t.numpy())
+"""
+
+
+def test_the_avx2_build_gives_the_same_bits(pair, tmp_path):
+    """The step (and with it the drafter's native decoder layer) built without AVX-512 (the AVX2 code of every
+    kernel, ``DRAFTCERT_NATIVE_CFLAGS``) gives this build's bits on the same drafter and rows."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from draftcert.native import cpu_flags
+
+    if not {"avx2", "fma", "f16c"} <= set(cpu_flags().split()) or "avx512f" not in cpu_flags().split():
+        pytest.skip("needs an AVX-512 machine that also runs AVX2 code")
+    target, d = pair
+    tokens, feats = _inputs(d, 7, seed=4)
+    with torch.no_grad():
+        mine = d.step(tokens, feats, torch.arange(7)[None], _causal(7), cache=d.new_cache())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: src/, tests/
+    env = {**os.environ, "DRAFTCERT_NATIVE_CFLAGS": "-mno-avx512f -mno-avxvnni", "DRAFTCERT_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), root, os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "avx2.npz"
+    run = subprocess.run([sys.executable, "-c", _WORKER, str(tmp_path), str(out)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = np.load(out)
+    for name, a in zip("gzt", mine):
+        assert np.array_equal(got[name].view(np.int32), a.numpy().view(np.int32)), f"{name} differs on the AVX2 build"
