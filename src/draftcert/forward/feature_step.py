@@ -49,7 +49,6 @@ class Plan:
         self.norm_weight, self.eps = norm.weight.detach(), float(norm.variance_epsilon)
         self.tail_weight, self.tail_bias = tail.weight.detach().reshape(-1), tail.bias.detach()
         self.width, self.spread, self.n_vocab = int(width), float(spread), int(head.out_features)
-        self.hidden = int(fc.out_features)
 
 
 def _float_vector(t, n: int) -> bool:
