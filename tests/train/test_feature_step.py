@@ -29,14 +29,14 @@ def pair(tmp_path_factory):
     return target, d
 
 
-def _inputs(d, T, seed=0):
+def step_inputs(d, T, seed=0):
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 96, (1, T), generator=g)  # the tiny target's 96 tokens
     feats = torch.randn(1, T, d.hidden_size, generator=g)
     return tokens, feats
 
 
-def _causal(T, past=0):
+def causal_mask_of(T, past=0):
     allowed = torch.ones(T, past + T, dtype=torch.bool).tril(past)
     return torch.zeros(T, past + T).masked_fill_(~allowed, torch.finfo(torch.float32).min)[None, None]
 
@@ -55,8 +55,8 @@ def test_the_step_is_its_kernels_composed(pair, monkeypatch):
     target, d = pair
     assert feature_step.plan_of(d, fc=d.fc, layer=d.layer, norm=d.norm, head=d.head_layer(), tail=d.tail,
                                 vocab_size=d.vocab_size, width=PROPOSAL_WIDTH) is not None
-    tokens, feats = _inputs(d, 5)
-    pos, mask = torch.arange(5)[None], _causal(5)
+    tokens, feats = step_inputs(d, 5)
+    pos, mask = torch.arange(5)[None], causal_mask_of(5)
     with torch.no_grad():
         g, z, t = d.step(tokens, feats, pos, mask, cache=d.new_cache())
         seen = []
@@ -80,27 +80,27 @@ def test_the_step_is_its_kernels_composed(pair, monkeypatch):
 def test_rows_give_the_same_bits_however_they_are_grouped(pair, T):
     """A catch-up over T rows, the rows one by one (a chain), last_only and a batch of two sequences."""
     target, d = pair
-    tokens, feats = _inputs(d, T, seed=1)
+    tokens, feats = step_inputs(d, T, seed=1)
     with torch.no_grad():
-        whole = d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=d.new_cache())
+        whole = d.step(tokens, feats, torch.arange(T)[None], causal_mask_of(T), cache=d.new_cache())
         cache = d.new_cache()
         ones = [d.step(tokens[:, i:i + 1], feats[:, i:i + 1], torch.tensor([[i]]), None, cache=cache) for i in range(T)]
         cache = d.new_cache()
-        last = d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=cache, last_only=True)
+        last = d.step(tokens, feats, torch.arange(T)[None], causal_mask_of(T), cache=cache, last_only=True)
         assert cache.get_seq_length(0) == T  # every row went into the cache
         again = d.step(tokens[:, :1], feats[:, :1], torch.tensor([[T]]), None, cache=cache)  # after a last_only step
-        tokens2, feats2 = _inputs(d, T, seed=2)
+        tokens2, feats2 = step_inputs(d, T, seed=2)
         batch = d.step(torch.cat([tokens2, tokens]), torch.cat([feats2, feats]), torch.arange(T)[None].expand(2, -1),
-                       _causal(T).expand(2, -1, -1, -1))
+                       causal_mask_of(T).expand(2, -1, -1, -1))
     for k in range(3):
         assert torch.equal(whole[k], torch.cat([o[k] for o in ones], 1))
         assert torch.equal(last[k], whole[k][:, -1:])
         assert torch.equal(batch[k][1:], whole[k])
     with torch.no_grad():
         cache = d.new_cache()
-        d.step(tokens, feats, torch.arange(T)[None], _causal(T), cache=cache)
+        d.step(tokens, feats, torch.arange(T)[None], causal_mask_of(T), cache=cache)
         crop_cache(cache, T - 2)  # a rejected chain's rows dropped, then re-fed
-        redo = d.step(tokens[:, T - 2:], feats[:, T - 2:], torch.arange(T - 2, T)[None], _causal(2, T - 2), cache=cache)
+        redo = d.step(tokens[:, T - 2:], feats[:, T - 2:], torch.arange(T - 2, T)[None], causal_mask_of(2, T - 2), cache=cache)
     assert all(torch.equal(redo[k], whole[k][:, T - 2:]) for k in range(3))
     assert torch.isfinite(again[1]).all()
 
@@ -109,15 +109,15 @@ def test_the_torch_path_is_close(pair, monkeypatch):
     """Off the native path (DRAFTCERT_NATIVE_LAYERS=0: the written-out torch layer) the step computes the same
     function up to float32 rounding (its norm is torch's, its layer transformers')."""
     target, d = pair
-    tokens, feats = _inputs(d, 4, seed=3)
+    tokens, feats = step_inputs(d, 4, seed=3)
     with torch.no_grad():
-        native = d.step(tokens, feats, torch.arange(4)[None], _causal(4), cache=d.new_cache())
+        native = d.step(tokens, feats, torch.arange(4)[None], causal_mask_of(4), cache=d.new_cache())
         monkeypatch.setenv("DRAFTCERT_NATIVE_LAYERS", "0")
         native_layer.forget(d)  # the variable is read when a plan is made
         try:
             assert feature_step.plan_of(d, fc=d.fc, layer=d.layer, norm=d.norm, head=d.head_layer(), tail=d.tail,
                                         vocab_size=d.vocab_size, width=PROPOSAL_WIDTH) is None
-            other = d.step(tokens, feats, torch.arange(4)[None], _causal(4), cache=d.new_cache())
+            other = d.step(tokens, feats, torch.arange(4)[None], causal_mask_of(4), cache=d.new_cache())
         finally:
             monkeypatch.delenv("DRAFTCERT_NATIVE_LAYERS")
             native_layer.forget(d)
@@ -168,15 +168,15 @@ from draftcert.gguf.layers import set_numerics
 from draftcert.models.eagle import load_eagle, save_eagle
 from tests.tiny_gguf import tiny_gguf_llama
 from tests.train.test_drafter_blocks import random_drafter
-from tests.train.test_feature_step import _causal, _inputs
+from tests.train.test_feature_step import causal_mask_of, step_inputs
 tmp = Path(sys.argv[1])
 assert layer_kernel.LIBRARY.available(), layer_kernel.LIBRARY.reason()
 target = tiny_gguf_llama(tmp, out_type=8)
 set_numerics(target, "gguf-q8")
 d = load_eagle(save_eagle(random_drafter(target), tmp / "d.safetensors", blocks=True), target)
-tokens, feats = _inputs(d, 7, seed=4)
+tokens, feats = step_inputs(d, 7, seed=4)
 with torch.no_grad():
-    g, z, t = d.step(tokens, feats, torch.arange(7)[None], _causal(7), cache=d.new_cache())
+    g, z, t = d.step(tokens, feats, torch.arange(7)[None], causal_mask_of(7), cache=d.new_cache())
 np.savez(sys.argv[2], g=g.numpy(), z=z.numpy(), t=t.numpy())
 """
 
@@ -195,9 +195,9 @@ def test_the_avx2_build_gives_the_same_bits(pair, tmp_path):
     if not {"avx2", "fma", "f16c"} <= set(cpu_flags().split()) or "avx512f" not in cpu_flags().split():
         pytest.skip("needs an AVX-512 machine that also runs AVX2 code")
     target, d = pair
-    tokens, feats = _inputs(d, 7, seed=4)
+    tokens, feats = step_inputs(d, 7, seed=4)
     with torch.no_grad():
-        mine = d.step(tokens, feats, torch.arange(7)[None], _causal(7), cache=d.new_cache())
+        mine = d.step(tokens, feats, torch.arange(7)[None], causal_mask_of(7), cache=d.new_cache())
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: src/, tests/
     env = {**os.environ, "DRAFTCERT_NATIVE_CFLAGS": "-mno-avx512f -mno-avxvnni", "DRAFTCERT_CACHE": str(tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([os.path.join(root, "src"), root, os.environ.get("PYTHONPATH", "")])}
@@ -208,3 +208,20 @@ def test_the_avx2_build_gives_the_same_bits(pair, tmp_path):
     got = np.load(out)
     for name, a in zip("gzt", mine):
         assert np.array_equal(got[name].view(np.int32), a.numpy().view(np.int32)), f"{name} differs on the AVX2 build"
+
+
+def test_a_replaced_weight_makes_the_plan_again(pair):
+    """The final norm's weight replaced by a new tensor (twice the old: an exact scaling) is what the next step
+    reads: g exactly doubles."""
+    target, d = pair
+    tokens, feats = step_inputs(d, 3, seed=5)
+    old = d.norm.weight
+    with torch.no_grad():
+        g1, _, _ = d.step(tokens, feats, torch.arange(3)[None], None, cache=d.new_cache())
+        d.norm.weight = torch.nn.Parameter(old.detach() * 2, requires_grad=False)
+        try:
+            g2, _, _ = d.step(tokens, feats, torch.arange(3)[None], None, cache=d.new_cache())
+        finally:
+            d.norm.weight = old
+        g3, _, _ = d.step(tokens, feats, torch.arange(3)[None], None, cache=d.new_cache())
+    assert torch.equal(g2, 2 * g1) and torch.equal(g3, g1)

@@ -33,7 +33,7 @@ from . import layer_kernel, native_layer
 
 __all__ = ["Plan", "plan_of", "step", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
 
-_PLAN = "_draftcert_feature_plan"  # the drafter's (sources, Plan or None), in its __dict__
+_PLAN = "_draftcert_feature_plan"  # the drafter's (parts, values, Plan or None), in its __dict__
 
 
 class Plan:
@@ -62,11 +62,11 @@ def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) 
     vocabulary.  None where they do not run from ``gguf-q8`` blocks on the CPU or the native path is off."""
     layer_plan = native_layer.plan_of(layer)
     nw, tw, tb = norm._parameters.get("weight"), tail._parameters.get("weight"), tail._parameters.get("bias")
-    sources = (fc, layer_plan, head, nw, tw, tb, None if nw is None else nw.data_ptr(),
-               None if tw is None else tw.data_ptr(), None if tb is None else tb.data_ptr(), vocab_size, width)
+    parts = (fc, layer_plan, head, nw, tw, tb)  # compared by identity
+    values = tuple(None if t is None else t.data_ptr() for t in (nw, tw, tb)) + (vocab_size, width)  # by value
     memo = owner.__dict__.get(_PLAN)
-    if memo is not None and all(a is b or a == b for a, b in zip(memo[0], sources)):
-        return memo[1]
+    if memo is not None and memo[1] == values and all(a is b for a, b in zip(memo[0], parts)):
+        return memo[2]
     plan = None
     H = getattr(fc, "out_features", 0)
     if (layer_plan is not None and native_layer.is_q8(fc) and head is not None and native_layer.is_q8(head)
@@ -76,7 +76,7 @@ def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) 
         V, Vd = int(vocab_size), head.out_features
         width = 0 if Vd >= V else min(int(width), Vd)
         plan = Plan(fc, layer, layer_plan, norm, head, tail, width, math.log(V - Vd) if width else 0.0)
-    owner.__dict__[_PLAN] = (sources, plan)
+    owner.__dict__[_PLAN] = (parts, values, plan)
     return plan
 
 
