@@ -399,3 +399,21 @@ def test_plain_rounds_of_a_hybrid_verify_its_priced_suffix_chain(tiny, prompts, 
         assert hybrid.suffix_accepted >= 0.6 * N_NEW and st.tokens_per_forward > 2.5
     else:
         assert hybrid.suffix_drafted <= 4 * asked and st.tokens_per_forward < 1.6
+
+
+def test_a_counted_untimed_round_keeps_the_next_catch_up_untimed():
+    """A plain round's grafts are observed as ``observe_seconds(0, 0.0)``: no timing, but a round without the
+    model drafting, so a drafting round after more than UNTIMED_AFTER_PLAIN of them (its drafter catches up
+    on them) is not timed either."""
+    from draftcert.decode.adaptive import UNTIMED_AFTER_PLAIN
+
+    ctl = AdaptiveDraftLength(_costs(), (0.5,), timed=True)
+    ctl.observe_seconds(0, 1.0)  # the prefill's round: skipped
+    ctl.observe_seconds(1, 1.1)  # a drafting round after the prompt's catch-up: untimed
+    ctl.observe_seconds(1, 1.1)  # timed
+    assert ctl.timed_n[1] == 1
+    for _ in range(UNTIMED_AFTER_PLAIN + 1):
+        ctl.observe_seconds(0, 0.0)
+    assert ctl.timed_n[0] == 0  # counted, not timed
+    ctl.observe_seconds(1, 5.0)  # catches up on them: untimed
+    assert ctl.timed_n[1] == 1

@@ -57,7 +57,7 @@ match that keeps being accepted drafts deep and one that fails is cut to the row
 plain round (k = 0) prices the same chain, hung from the root with the model drafter idle
 (``grafts_in_plain_rounds``): a copy from the prompt needs no drafter step, so a prompt whose model
 drafts do not pay still gets its copies.  Such a round's outcome says nothing of the model drafter's
-acceptance and is not timed as a plain round.
+acceptance, and it counts as a round without a draft but is not timed as a plain step.
 
 **Timed rounds** (``timed=True``; the engine sets it for strict, whose tokens do not depend on the
 draft lengths).  The calibrated ``round_seconds`` is a prediction made once per machine, under
@@ -131,7 +131,8 @@ class AdaptiveDraftLength:
         """A round of ``k`` drafted tokens took ``seconds`` (wall clock, drafting to acceptance); the
         first call (the round holding the prefill) is not a round's cost and is skipped, and so is a
         drafting round whose drafter first caught up on more than ``UNTIMED_AFTER_PLAIN`` rounds'
-        tokens (the first drafting round, a probe)."""
+        tokens (the first drafting round, a probe).  ``seconds`` 0: a round counted, not timed (a plain
+        round's suffix grafts: the model drafter idle, so the next drafting round catches up on it)."""
         self.rounds_seen += 1
         caught_up = k > 0 and self.plain_since_draft > UNTIMED_AFTER_PLAIN
         self.plain_since_draft = 0 if k > 0 else self.plain_since_draft + 1

@@ -344,8 +344,9 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                 drafter.accept(verdict.path)
             # [pending] + the accepted nodes, or (recurrent state, draft not accepted whole) back to n_cached
             row.n_cached = state.keep(len(seq), verdict.path, len(draft))
-            if lengths is not None and lengths.timed and (widths or not len(draft)):  # strict's -k auto: the round's cost
-                lengths.observe_seconds(len(draft), clock() - t0)
+            if lengths is not None and lengths.timed:  # strict's -k auto: the round's own cost (adaptive.py)
+                grafted = not widths and len(draft)  # a plain round's grafts: a round without the model, untimed
+                lengths.observe_seconds(0 if grafted else len(draft), 0.0 if grafted else clock() - t0)
             spent[0] += t1 - t0
             spent[1] += t2 - t1
             spent[4] += clock() - t3
