@@ -417,3 +417,89 @@ def test_a_counted_untimed_round_keeps_the_next_catch_up_untimed():
     assert ctl.timed_n[0] == 0  # counted, not timed
     ctl.observe_seconds(1, 5.0)  # catches up on them: untimed
     assert ctl.timed_n[1] == 1
+
+
+# ---------------------------------------------------------------------------
+# a model drafter's catch-up (AdaptiveDraftLength.set_budget, Costs.drafter_catch_up)
+
+
+def _catch_up_gain(ctl: AdaptiveDraftLength, remaining: int) -> float:
+    """What drafting saves over ``remaining`` tokens at the best predicted rate: the rule's left side."""
+    rates = ctl.rates()
+    return remaining * (1.0 / rates[0] - 1.0 / max(rates[1:]))
+
+
+def test_a_catch_up_dearer_than_what_drafting_saves_keeps_the_round_plain():
+    """remaining * (1/rate(0) - 1/rate(k)) > behind * catch_up decides, on either side of the boundary;
+    a round's own catch-up (costs.ROUND_CATCH_UP tokens) is not counted twice."""
+    from draftcert.decode.costs import ROUND_CATCH_UP
+
+    ctl = AdaptiveDraftLength(_costs(), (0.6,), catch_up=0.01)
+    gain = _catch_up_gain(ctl, 64)
+    assert gain > 0 and ctl.next_k() >= 1  # no budget given: the rule is off
+    for behind, drafts in ((gain / 0.01 * 0.99, True), (gain / 0.01 * 1.01, False)):
+        ctl = AdaptiveDraftLength(_costs(), (0.6,), catch_up=0.01)
+        ctl.set_budget(64, int(behind) + ROUND_CATCH_UP)
+        assert (ctl.next_k() >= 1) == drafts, behind
+        assert ctl.declined == (0 if drafts else 1)
+    ctl = AdaptiveDraftLength(_costs(), (0.6,), catch_up=0.01)
+    ctl.set_budget(64, ROUND_CATCH_UP)  # only what a drafting round catches up on anyway
+    assert ctl.next_k() >= 1
+    ctl = AdaptiveDraftLength(_costs(), (0.6,))  # no catch-up cost (a feature drafter): any prompt length
+    ctl.set_budget(1, 10**6)
+    assert ctl.next_k() >= 1
+    with pytest.raises(ValueError, match="catch_up"):
+        AdaptiveDraftLength(_costs(), (0.6,), catch_up=-1.0)
+
+
+def test_the_catch_up_cost_comes_from_the_cost_curve():
+    c = _costs()
+    c.drafter_catch_up = 0.25
+    assert AdaptiveDraftLength(c, (0.6,)).catch_up == 0.25
+    assert AdaptiveDraftLength(_costs(), (0.6,)).catch_up == 0.0
+
+
+def test_no_probe_where_even_the_shipped_acceptance_could_not_pay_the_catch_up():
+    """A plain run's probe first catches the drafter up on the run: near the end of a decode, or far
+    behind, it cannot pay even if the drafter turns out as good as shipped, so it is not made."""
+    probes = {}
+    for catch_up in (0.0, 0.5):  # 0.5: a token of catch-up costs half a target step (_costs: 1 s)
+        ctl = AdaptiveDraftLength(_costs(), (0.6,), probe_every=4, catch_up=catch_up)
+        for _ in range(8):
+            ctl.observe([False])  # the evidence: depth 1 fails, plain is best
+        ks = []
+        for i in range(30):
+            ctl.set_budget(30 - i, 40 + i)  # 40 tokens behind and growing, the budget shrinking
+            k = ctl.next_k()
+            ks.append(k)
+            if k:
+                ctl.observe([False])
+        probes[catch_up] = sum(1 for k in ks if k)
+    assert probes[0.0] >= 2 and probes[0.5] == 0 and ctl.declined >= 20, probes
+
+
+def test_a_long_prompt_before_a_short_answer_is_left_to_the_target():
+    """The first round: the drafter is a whole prompt behind.  A long prompt's catch-up is more than
+    a short answer's drafting saves (plain), not more than a long answer's (drafting), and a short
+    prompt's is paid at once."""
+    picks = {}
+    for prompt, remaining in ((2000, 64), (2000, 4000), (20, 64)):
+        ctl = AdaptiveDraftLength(_costs(0.1), (0.8,), timed=True, catch_up=0.02)
+        ctl.set_budget(remaining, prompt)
+        picks[prompt, remaining] = ctl.next_k()
+    assert picks[2000, 64] == 0 and picks[2000, 4000] >= 1 and picks[20, 64] >= 1, picks
+
+
+def test_a_model_drafter_too_far_behind_leaves_the_decode_to_the_target(tiny, prompts):
+    """Engine end to end: with a catch-up priced far above what drafting saves, the model drafter is
+    never run and the output is the greedy one; priced at nothing, it drafts."""
+    target, drafter, _ = tiny
+    prompt = prompts[1]
+    ref = greedy_generate(target, prompt, N_NEW)
+    for catch_up, drafted in ((10.0, False), (0.0, True)):
+        model = ModelDrafter(drafter)
+        factory = lambda: AdaptiveDraftLength(_costs(), (0.9,), catch_up=catch_up)  # noqa: E731
+        config = DecodeConfig.build(target, "strict", 6, None, N_NEW, draft_length=factory)
+        out, st = decode_loop(target, model, prompt, config)
+        assert out == ref
+        assert (model.forwards > 0) == drafted and (st.num_drafts > 0) == drafted, (catch_up, st.draft_lengths)

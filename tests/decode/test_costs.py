@@ -222,3 +222,14 @@ def test_time_interleaved_runs_round_robin_drops_the_warm_up_and_times_only_run(
     assert order[:3] == ["<", "a", ">"]
     assert med == {"a": 2.0, "b": 6.0}  # medians of passes 1..3: (1, 3, 2) and (4, 6, 8)
     assert progress == [(i, 8) for i in range(1, 9)]
+
+
+def test_a_model_drafters_catch_up_is_timed_and_a_model_free_drafters_is_not(tiny_pair):
+    """``drafter_catch_up``: the one-token round with the drafter CATCH_UP_TOKENS further behind, per
+    extra token; a drafter without a cache of its own (prompt lookup) has none."""
+    target, drafter = tiny_pair
+    c = costs_mod.measure(target, drafter.fork(), SHAPES, repeats=1)
+    assert c.drafter_catch_up is not None and c.drafter_catch_up >= 0.0
+    assert Costs.from_dict(json.loads(json.dumps(c.as_dict()))).drafter_catch_up == c.drafter_catch_up
+    lookup = costs_mod.measure(target, make_drafter("prompt-lookup", target), [((1,), False)], repeats=1)
+    assert lookup.drafter_catch_up is None

@@ -44,6 +44,22 @@ accepted probe, or a round that drafts because the rates say so, sets the wait b
 1/16 to about 1/128.
 Relaxed rules accept more than strict: the posterior learns it.
 
+**A drafter that must first catch up** (``catch_up``: a separate model's seconds per token it has not
+seen, timed with the cost curve, ``Costs.drafter_catch_up``; 0 for drafters that read the target's
+features).  A model drafter has not seen the prompt when a decode starts, nor the tokens of a plain
+run when it probes: its next drafting round first runs it over those ``behind`` tokens, a prefill that
+can cost more than speculation then saves.  Before each round the engine says how many new tokens
+are left (``remaining``) and how far behind the drafter is (``set_budget``); a drafting round (or a
+probe) is chosen only where the speed-up it predicts pays for the catch-up within the decode::
+
+    remaining * (1 / rate(0) - 1 / rate(k))  >  behind * catch_up
+
+with ``rate(k)`` the best drafting rate (a probe: the best under the prior acceptance, the drafter as
+good as shipped), else the round is plain.  A short answer after a long prompt is then decoded by
+the target alone, and a plain run near the end of a decode is not probed.  The first round decides
+on the calibrated costs: measuring the target alone first (plain rounds before the first draft)
+lost more on prompts where drafting pays than it saved where it does not.
+
 **Model-free nodes priced by their rows** (``keep_grafting``).  A hybrid drafter's suffix chain
 (``drafting.suffix.HybridDrafter``) may run far deeper than the model's chain (a 16-token match
 copied from the prompt), and every node it adds is one more verification row.  Before adding a node
@@ -82,7 +98,7 @@ could not be repeated.
 
 from __future__ import annotations
 
-from .costs import Costs, round_key, round_seconds
+from .costs import ROUND_CATCH_UP, Costs, round_key, round_seconds
 
 __all__ = ["AdaptiveDraftLength", "PRIOR_WEIGHT", "PROBE_EVERY", "MAX_PROBE_GAP", "MAX_K", "TIMED_WEIGHT"]
 
@@ -101,7 +117,8 @@ class AdaptiveDraftLength:
     """The draft length of each round (module docstring); one instance per decode."""
 
     def __init__(self, costs: Costs, prior: tuple[float, ...], *, max_k: int = MAX_K,
-                 prior_weight: float = PRIOR_WEIGHT, probe_every: int = PROBE_EVERY, timed: bool = False):
+                 prior_weight: float = PRIOR_WEIGHT, probe_every: int = PROBE_EVERY, timed: bool = False,
+                 catch_up: float | None = None):
         if not prior or any(not 0.0 <= a <= 1.0 for a in prior):
             raise ValueError(f"adaptive draft length: prior acceptance must be probabilities, got {prior!r}")
         if max_k < 1 or prior_weight <= 0 or probe_every < 1:
@@ -117,6 +134,12 @@ class AdaptiveDraftLength:
         self.seconds = [costs.target_step or round_seconds(costs, 0, [], False, "")]
         self.seconds += [round_seconds(costs, k, [1] * k, False, round_key((1,) * k, False)) for k in range(1, max_k + 1)]
         self.timed = timed
+        # seconds per token a drafter catching up on tokens it has not seen spends (module docstring)
+        self.catch_up = float(costs.drafter_catch_up or 0.0) if catch_up is None else float(catch_up)
+        if not self.catch_up >= 0.0:
+            raise ValueError(f"adaptive draft length: catch_up must be seconds >= 0, got {catch_up!r}")
+        self.remaining, self.behind = None, 0  # set_budget's, for the next round
+        self.declined = 0  # drafting rounds and probes the catch-up rule turned into plain rounds
         self._round_seconds, self._a1 = list(self.seconds), self.prior  # keep_drafting's, set by rates()
         self._best_rate, self._drift = 1.0 / self.seconds[0], 1.0  # keep_grafting's, set by rates()
         self.ratio_sum = [0.0] * (max_k + 1)  # measured / predicted seconds, summed per draft length
@@ -169,14 +192,34 @@ class AdaptiveDraftLength:
         seconds = self.round_seconds()
         acceptance = self.acceptance()
         self._round_seconds, self._a1 = seconds, acceptance[0]
+        out = self._rates_of(seconds, acceptance)
+        self._best_rate = max(out)  # keep_grafting's
+        self._drift = seconds[1] / self.seconds[1] if self.seconds[1] > 0 else 1.0
+        return out
+
+    @staticmethod
+    def _rates_of(seconds: list[float], acceptance: list[float]) -> list[float]:
         out, tokens, reach = [1.0 / seconds[0]], 1.0, 1.0
         for k, a in enumerate(acceptance, start=1):
             reach *= a
             tokens += reach
             out.append(tokens / seconds[k])
-        self._best_rate = max(out)  # keep_grafting's
-        self._drift = seconds[1] / self.seconds[1] if self.seconds[1] > 0 else 1.0
         return out
+
+    def set_budget(self, remaining: int | None, behind: int = 0) -> None:
+        """Before a round: ``remaining`` new tokens the decode may still emit (None: no limit known) and
+        ``behind``, the tokens of the sequence the drafter has not been run over yet (the whole prompt
+        before its first draft; a plain run's tokens before a probe).  The first ``costs.ROUND_CATCH_UP``
+        of them are part of a drafting round's calibrated cost; the rule prices the rest."""
+        self.remaining, self.behind = remaining, max(0, int(behind) - ROUND_CATCH_UP)  # a round's own: in its cost
+
+    def _catch_up_pays(self, rate0: float, rate: float) -> bool:
+        """``remaining * (1 / rate0 - 1 / rate) > behind * catch_up`` (module docstring); True where
+        nothing is behind or no budget was given."""
+        cost = self.behind * self.catch_up
+        if cost <= 0.0 or self.remaining is None:
+            return True
+        return rate > 0 and self.remaining * (1.0 / rate0 - 1.0 / rate) > cost
 
     def next_k(self) -> int:
         """The draft length of the next round."""
@@ -185,17 +228,31 @@ class AdaptiveDraftLength:
         if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
             self.plain_measures += 1  # after the first timed drafting round: measure the target alone
             return 0
+        catching_up = self.behind * self.catch_up > 0.0 and self.remaining is not None
+        declined = False
+        if best and catching_up and not self._catch_up_pays(rates[0], rates[best]):
+            best, declined = 0, True  # the drafter's catch-up costs more than drafting would save
         self.probing = False
         if best == 0:
             self.plain_run += 1
-            if self.plain_run > self.probe_gap:  # probe: one drafted token, the cheapest test of depth 1
-                best = 1
+            if self.plain_run > self.probe_gap and not declined and self._probe_pays(rates[0]):
+                best = 1  # probe: one drafted token, the cheapest test of depth 1
                 self.probing = True
+            elif self.plain_run > self.probe_gap or declined:
+                self.declined += 1
         elif self.probe_gap != self.probe_every:  # drafting on the evidence: probes start over
             self.probe_gap = self.probe_every
         if best:
             self.plain_run = 0
         return best
+
+    def _probe_pays(self, rate0: float) -> bool:
+        """Whether a probe's catch-up could pay: the catch-up rule with the best rate the drafter would
+        reach at its prior acceptance (as good as shipped)."""
+        if self.behind * self.catch_up <= 0.0 or self.remaining is None:
+            return True
+        rates = self._rates_of(self._round_seconds, [self.prior] * self.max_k)
+        return self._catch_up_pays(rate0, max(rates[1:]))
 
     def keep_grafting(self, reach: float, rows: int) -> bool:
         """Whether a model-free node (a hybrid's suffix graft, ``drafting.suffix.HybridDrafter``) is

@@ -49,10 +49,13 @@ from ..models.cache_state import CacheState
 from ..models.tree_attention import DraftTree, crop_cache, keep_cache
 from ..summary import argmax_lowest
 
-__all__ = ["Costs", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
+__all__ = ["Costs", "ROUND_CATCH_UP", "CATCH_UP_TOKENS", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "overhead_rounds", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
-COSTS_VERSION = 3  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest); 3: certificates in batches
+COSTS_VERSION = 4  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest); 3: certificates in
+# batches; 4: a model drafter's catch-up per token (drafter_catch_up)
+ROUND_CATCH_UP = 3  # tokens a timed drafting round's drafter catches up on first (the pending token, two accepted drafts)
+CATCH_UP_TOKENS = 64  # the extra tokens the catch-up job runs a model drafter over
 
 
 @dataclass
@@ -64,6 +67,9 @@ class Costs:
     overhead: dict[int, float] = field(default_factory=dict)  # engine work per round besides forwards, by verify size
     target_prefill: float | None = None
     drafter_prefill: float | None = None
+    # a model drafter's seconds per token of a catch-up (its run over tokens it has not seen: the prompt
+    # before its first draft, a plain run's tokens before a probe) beyond a drafting round's own
+    drafter_catch_up: float | None = None
     # one round's drafting timed whole, by shape prefix "w1,w2,...[|static]" (see round_key)
     drafter_round: dict[str, float] = field(default_factory=dict)
     feature: bool = False
@@ -224,7 +230,8 @@ class EngineJobs:
     """The engine's timed jobs on one machine state (the target's cache holds ``context`` tokens of
     ``ids``), shared by ``measure`` and ``replay.speed.calibrate``: ``run(kind, n)`` runs job
     ``("t", n)`` a chain verification of n rows, ``("tt", n)`` the tree ``trees[n]``'s, ``("dr", key)``
-    one drafting round of ``rounds[key] = (widths, expand_all)``, ``("o", n)`` the per-round work
+    one drafting round of ``rounds[key] = (widths, expand_all)`` (``("dc", n)``: the one-token round,
+    its drafter n tokens further behind, restored by the caller), ``("o", n)`` the per-round work
     ``work[n]``, ``("g", 1)`` the target alone's greedy step; it returns False for another kind."""
     target: object
     tcache: object
@@ -251,6 +258,9 @@ class EngineJobs:
         elif kind == "dr":
             w, e = self.rounds[n]
             self.drafter.propose(self.seq, w, e)
+            self.drafter.accept([])
+        elif kind == "dc":  # a catch-up: the drafter was restored n tokens further back
+            self.drafter.propose(self.seq, [1], False)
             self.drafter.accept([])
         elif kind == "o":
             round_work(*self.work[n])
@@ -306,8 +316,9 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     ``drafter``: a drafter object (``make_drafter``'s: model, feature or prompt-lookup drafter);
     ``shapes``: (widths, expand_all) per candidate; chain verification is timed for 1..max(max_rows,
     largest chain) rows, tree verification (tree mask) for each tree's size, each shape's drafting
-    whole (propose + accept after a rewind of the drafter's cache), the per-round work O(n) and the
-    target alone's greedy step.  The target's cache holds ``context`` tokens; every job is
+    whole (propose + accept after a rewind of the drafter's cache), a model drafter's catch-up (the
+    one-token round with the drafter ``CATCH_UP_TOKENS`` tokens further behind: ``drafter_catch_up``,
+    the extra seconds per token), the per-round work O(n) and the target alone's greedy step.  The target's cache holds ``context`` tokens; every job is
     interleaved round robin ``repeats`` times after one warm-up round (load on a shared machine
     then hits every size alike) and the median is kept.  ``on_progress(done, total)`` hears of
     every timed job.
@@ -327,10 +338,15 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
         drafter.observe(hidden)
     else:
         model_forward(target, tcache, ids[:context], 1)
-    rewind = context - 2  # each timed drafting round catches up over 2 new tokens, as after an accepted draft
+    rewind = context + 1 - ROUND_CATCH_UP  # each timed drafting round catches up over these, as after an accepted draft
     cached = drafter.model_drafter  # the part that keeps a KV cache (the drafter itself, or a hybrid's model drafter)
-    point = None
+    point = early = None
+    behind = min(CATCH_UP_TOKENS, rewind - 1)
     if hasattr(cached, "checkpoint"):  # a model drafter: its cache at the rewind point, restored before each round
+        if behind >= 8:  # ... and ``behind`` tokens further back, for the catch-up job
+            drafter.propose(seq[:rewind - behind], [1])
+            drafter.accept([])
+            early = cached.checkpoint()
         drafter.propose(seq[:rewind], [1])
         drafter.accept([])
         point = cached.checkpoint()
@@ -342,12 +358,15 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
     trees = sorted({1 + _nodes(w, e) for w, e in shapes if max(w) > 1 or e})
     rounds = {round_key(w, e): (list(w), e) for w, e in shapes}
     jobs = [("t", n) for n in sorted(chains)] + [("tt", n) for n in trees] + [("dr", r) for r in rounds]
+    jobs += [("dc", behind)] if early is not None and "1" in rounds else []
     jobs += [("o", n) for n in sorted(chains | set(trees))] + [("g", 1)]
     work = {n: overhead_inputs(n, V, g, next(target.parameters()).dtype) for n in sorted(chains | set(trees))}
     tree_drafts = {n: tree_for(n - 1) for n in trees}
 
     def before(job):
-        if job[0] == "dr" and point is not None:
+        if job[0] == "dc":
+            cached.restore(early)
+        elif job[0] == "dr" and point is not None:
             cached.restore(point)
         elif job[0] == "dr" and cached is not None:
             crop_cache(cached.cache, rewind)
@@ -362,6 +381,7 @@ def measure(target, drafter, shapes: list[tuple[tuple[int, ...], bool]], *, max_
         target={n: med[("t", n)] for n in sorted(chains)},
         drafter={1: med[("dr", "1")]} if "1" in rounds else {1: 0.0},
         drafter_round={r: med[("dr", r)] for r in rounds}, feature=feature, target_step=med[("g", 1)],
+        drafter_catch_up=max(0.0, med[("dc", behind)] - med[("dr", "1")]) / behind if ("dc", behind) in med else None,
         target_tree={n: med[("tt", n)] for n in trees},
         overhead={n: med[("o", n)] / overhead_rounds(n) for n in sorted(chains | set(trees))},
         context=context, repeats=repeats,

@@ -304,6 +304,9 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
             t0 = clock()
             widths, keep_drafting, keep_grafting, grafts = config.widths, None, None, False
             if lengths is not None:  # -k auto: whether to draft; a drafter with a distribution then sets the length
+                if hasattr(lengths, "set_budget"):  # what is left to decode, and what a model drafter must catch up on
+                    seen = getattr(drafter.model_drafter, "n_valid", None)
+                    lengths.set_budget(config.max_new_tokens - len(row.out), len(seq) - seen if seen is not None else 0)
                 k = lengths.next_k()
                 grafts = not k and getattr(drafter, "grafts_in_plain_rounds", False)  # a hybrid's priced suffix chain, its model idle
                 keep_grafting = getattr(lengths, "keep_grafting", None)  # a hybrid's suffix nodes, each priced by its row
