@@ -67,7 +67,10 @@ per prompt otherwise); every dc row reports its drift (fraction of emitted token
 target's argmax after the decode's own prefix, from the decoder's statistics).  For llama.cpp's
 speculative rows tokens/forward is generated tokens / (generated - accepted draft tokens).
 Chat prompts are ShareGPT's held-out split (``load_prompts("sharegpt")``, never used for
-training), code prompts HumanEval's first ones.
+training), code prompts HumanEval's first ones; ``--long N`` adds a third set, ``long``: the N
+longest held-out ShareGPT first turns of at most ``LONG_CHARS`` characters (pasted documents to
+summarise, fix or answer about, 600-800 tokens: where a separate drafter's prefill of the prompt
+costs most).
 
 ``--costs-only``: the compute-dtype measurement of docs/pair.md: for each dtype, the target's
 forward after a prompt cache with 1, 2, 4 and 6 rows (the verification pass sizes) and the
@@ -83,7 +86,7 @@ llamacpp:target), ``pair_greedy_vs_llamacpp_target=`` (with a ``greedy`` row: dr
 llamacpp:target), ``pair_vs_llamacpp_target=`` (best strict dc / llamacpp:target),
 ``pair_vs_llamacpp_best=`` (best strict dc / the fastest of llamacpp:target, its best
 llamacpp:spec:N and llamacpp:lookup), and per prompt set ``pair_vs_llamacpp_target_chat=``,
-``..._code=``, ``pair_vs_llamacpp_best_chat=``, ``..._code=`` (on that set's prompts only: the
+``..._code=`` (``_long=`` with ``--long``), ``pair_vs_llamacpp_best_chat=``, ``..._code=`` (on that set's prompts only: the
 overall best strict method's tokens/s over llamacpp:target's, and over the fastest llama.cpp
 method's on that set), and with llamacpp:spec:N rows ``pair_vs_llamacpp_spec=`` (best strict dc / the
 fastest llamacpp:spec:N) and ``pair_vs_llamacpp_spec_chat=``, ``..._code=`` (on that set: over the
@@ -149,6 +152,19 @@ def parse_llamacpp(method: str) -> tuple[str, int | None]:
     except ValueError:
         pass
     raise ValueError(f"method {method!r}: llama.cpp methods are llamacpp:target, llamacpp:spec:N, llamacpp:lookup[:N]")
+
+
+LONG_CHARS = 3000  # --long: ShareGPT's first turns are cut at 4,000 characters (prompts.py); these fit 1k tokens
+
+
+def long_prompts(n: int) -> list:
+    """The ``n`` longest held-out ShareGPT prompts of at most ``LONG_CHARS`` characters, longest first."""
+    from draftcert.prompts import load_prompts
+
+    if n <= 0:
+        return []
+    fit = [p for p in load_prompts("sharegpt") if len(p.text) <= LONG_CHARS]
+    return sorted(fit, key=lambda p: (-len(p.text), p.id))[:n]
 
 
 def prompt_text(tok, text: str) -> str:
@@ -354,6 +370,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chat", type=int, default=4, help="held-out ShareGPT prompts (default 4)")
     ap.add_argument("--code", type=int, default=4, help="HumanEval prompts (default 4)")
+    ap.add_argument("--long", type=int, default=0, help=f"the longest held-out ShareGPT prompts of at most {LONG_CHARS} "
+                    "characters (default 0)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats per prompt and method (default 3)")
     ap.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated; see the module docstring")
@@ -387,7 +405,10 @@ def main(argv=None) -> int:
     from draftcert.models import PAIR_DTYPE
     from draftcert.prompts import encode_prompt, load_prompts
 
-    prompts = load_prompts("sharegpt", args.chat) + load_prompts("humaneval", args.code)
+    prompts = [p for name, n in (("sharegpt", args.chat), ("humaneval", args.code)) if n > 0 for p in load_prompts(name, n)]
+    prompts += long_prompts(args.long)
+    if not prompts:
+        ap.error("no prompts: give --chat, --code or --long a count above 0")
     if args.costs_only:
         return costs_only(args, prompts[0].text)
     dtype = args.dtype or PAIR_DTYPE
@@ -420,7 +441,8 @@ def main(argv=None) -> int:
             if list(tok(t, add_special_tokens=False)["input_ids"]) != ids:
                 raise SystemExit(f"prompt {prompts[k].id}: our tokenizer gives other ids from the templated text "
                                  "than encode_prompt; llama.cpp cannot be fed the same prompt as text")  # fmt: skip
-    sets = [("chat", range(args.chat)), ("code", range(args.chat, args.chat + args.code))]
+    sets = [("chat", range(args.chat)), ("code", range(args.chat, args.chat + args.code)),
+            ("long", range(args.chat + args.code, args.chat + args.code + args.long))]
     from draftcert.gguf.layers import numerics_of
 
     print(f"pair qwen2.5-coder ({TARGET} drafted by {decode_drafter()}), {dtype}, weights {args.weights} "
