@@ -229,6 +229,9 @@ def adaptive_draft_length(target, drafter, drafter_spec: str, *, use_cache: bool
     line = (f"adaptive draft length, k = 0..{MAX_K} chosen before each round from the acceptance "
             f"{'and round times ' if timed else ''}seen so far; "
             f"it starts at k={start} (predicted {rates[start]:.1f} tokens/s; the target alone {rates[0]:.1f}); "
-            f"prior acceptance from {acc.source}; costs {source}")
+            f"prior acceptance from {acc.source}"
+            + (f"; the drafter catches up on tokens it has not seen (the prompt first) at {1e3 * costs.drafter_catch_up:.2f} "
+               "ms a token, and drafts only where that pays within the decode" if costs.drafter_catch_up else "")
+            + f"; costs {source}")
     return (lambda: AdaptiveDraftLength(costs, prior, timed=timed)), line
 
