@@ -447,7 +447,7 @@ def main(argv=None) -> int:
 
     print(f"pair qwen2.5-coder ({TARGET} drafted by {decode_drafter()}), {dtype}, weights {args.weights} "
           f"(target {numerics_of(target)}, drafter {numerics_of(drafter)}); {args.chat} chat + {args.code} code "
-          f"prompts x {args.max_new_tokens} tokens, {args.repeats} repeats, {args.threads} thread(s)", flush=True)
+          f"{f'+ {args.long} long ' if args.long else ''}prompts x {args.max_new_tokens} tokens, {args.repeats} repeats, {args.threads} thread(s)", flush=True)
     if peer is not None:
         print(f"llama.cpp: {peer.bins['llama-completion'].parent} on {peer.target_gguf} and {peer.drafter_gguf}",
               flush=True)  # fmt: skip
