@@ -127,7 +127,8 @@ def _common(p) -> None:
     p.add_argument("-k", type=_k_value, default=None, help="draft tokens per round (tree depth for tree:M; 0: no drafts, "
                    "the target alone), or 'auto': before each round, the chain length (0..6, none included) with the "
                    "best predicted tokens/s from this machine's measured cost curve and the acceptance seen so far in "
-                   "the decode, a model or feature drafter's chain then growing while its own probabilities say one "
+                   "the decode (a separate drafter model's run over the tokens it has not seen, the prompt first, "
+                   "priced in), a model or feature drafter's chain then growing while its own probabilities say one "
                    "more token pays (up to 6); tree:M gets the best tree, chosen once (decode's default; bench's: "
                    f"{FEATURE_K} with a feature drafter such as the shipped default, else {MODEL_K})")
     p.add_argument("--draft-margin", type=float, default=None, metavar="NATS", help="the drafter's confidence stop: a "
