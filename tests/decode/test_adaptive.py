@@ -503,3 +503,4 @@ def test_a_model_drafter_too_far_behind_leaves_the_decode_to_the_target(tiny, pr
         out, st = decode_loop(target, model, prompt, config)
         assert out == ref
         assert (model.forwards > 0) == drafted and (st.num_drafts > 0) == drafted, (catch_up, st.draft_lengths)
+        assert (st.catch_up_plain == st.num_rounds) != drafted and st.summary()["rounds_plain_for_catch_up"] == st.catch_up_plain

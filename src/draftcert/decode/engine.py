@@ -361,4 +361,5 @@ def decode_loop(target, drafter: Drafter, prompt: list[int], config: DecodeConfi
                     batch.flush()
                     spent[3] += clock() - t4
     row.stats.drafter_forwards = drafter.forwards - forwards0
+    row.stats.catch_up_plain = getattr(lengths, "declined", 0)
     return row.out, row.stats

@@ -142,6 +142,8 @@ class DecodeStats:
     baseline_match: bool | None = None  # strict: emitted tokens identical to plain greedy decoding
     rounds: list[RoundLog] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)  # [k] rounds that drafted k nodes (0: none)
+    # -k auto: plain rounds (of draft_lengths[0]) a model drafter's catch-up kept plain (adaptive.py)
+    catch_up_plain: int = 0
     stage_seconds: list[float] = field(default_factory=list)  # [stage] (STAGES): the engine's rounds, first decode
 
     def __post_init__(self):
@@ -347,6 +349,7 @@ class DecodeStats:
             "tree_widths": list(self.tree) if self.tree else None,  # drafted children per depth; null: a chain
             "adaptive": self.adaptive,  # -k auto: each round's chain length chosen during the decode, 0..k
             "rounds_by_draft_length": list(self.draft_lengths),  # [n] rounds that drafted n nodes
+            "rounds_plain_for_catch_up": self.catch_up_plain,  # of them plain: the drafter's catch-up would not pay
             **self.acceptance_metrics(),
             "drafter_forwards": self.drafter_forwards,
             "divergence_spent": self.divergence_spent,  # nats
