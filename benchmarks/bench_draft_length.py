@@ -5,12 +5,12 @@ drafts its greedy chain of ``--depth`` tokens from the target's prefix, recordin
 probability of each drafted token (``pi_d = softmax(q_d)[drafted]``) and how many of them the target's
 greedy text matches (what strict accepts).  Each policy is then played on those drafts, round after
 round as the engine plays it (a round emits its accepted tokens and the target's next one), and priced
-with this machine's cost curve (``decode.costs.engine_costs``, the one ``-k auto`` uses; measured on
+with this machine's cost curve (``decode.draft_shape.costs.engine_costs``, the one ``-k auto`` uses; measured on
 first use and cached):
 
 - ``plain``: the target alone (``k = 0`` every round), the reference;
 - ``kN``: a fixed chain of N;
-- ``auto-k``: ``decode.adaptive.AdaptiveDraftLength``'s k each round, the chain exactly k long
+- ``auto-k``: ``decode.draft_shape.adaptive.AdaptiveDraftLength``'s k each round, the chain exactly k long
   (the controller without the drafter's confidence);
 - ``auto``: what ``draftcert decode`` does: the controller decides whether to draft, and the chain
   grows while ``AdaptiveDraftLength.keep_drafting`` says one more depth pays;
@@ -97,9 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from draftcert.decode.adaptive import MAX_K
+    from draftcert.decode.draft_shape.adaptive import MAX_K
     from draftcert.decode.engine import greedy_generate
-    from draftcert.decode.shape import adaptive_draft_length
+    from draftcert.decode.draft_shape.shape import adaptive_draft_length
     from draftcert.drafting.make import make_drafter
     from draftcert.models import get_pair, load_target
     from draftcert.models.drafter_loading import parse_drafter_spec

@@ -55,7 +55,7 @@ from draftcert.profile import profile
 from draftcert.prompts import encode_prompt, load_prompts
 from draftcert.replay import Shape, load_replay_trace
 from draftcert.replay.api import replay
-from draftcert.decode.costs import Costs
+from draftcert.decode.draft_shape.costs import Costs
 from draftcert.replay.speed import calibrate
 
 

@@ -15,9 +15,9 @@ its total tokens over the sum, over prompts, of its fastest repeat):
 (c) ``dc:RULE:SHAPE``: ``speculative_generate`` with the shipped drafter (``--drafter``), live
     certificates on, as a chain (``k=K``), a tree (``treeMxD``: top-M children along the greedy path,
     depth D) or ``auto`` (what ``draftcert decode``'s default ``-k auto`` picks on this machine:
-    ``draftcert.decode.shape.choose`` on the cached cost curve, printed with its reason).
+    ``draftcert.decode.draft_shape.shape.choose`` on the cached cost curve, printed with its reason).
 
-Then the machine's cost curve, at 1 and 2 threads (``draftcert.decode.costs.measure``, the engine's
+Then the machine's cost curve, at 1 and 2 threads (``draftcert.decode.draft_shape.costs.measure``, the engine's
 own timing: a verification of n = 1..9 rows after a 128-token cache (``--cost-context``), with the kernels
 ``draftcert.kernels.linear_chooser`` measured for this machine and with the plain layers, alternated;
 one drafter round of k=1; the certificate work per round), relative to one row, and the kernel
@@ -67,7 +67,7 @@ def cost_curve(target, drafter, threads: int, reps: int = 5, context: int = 128)
     """The engine's cost curve at ``threads`` threads: median seconds of a verification of n = 1..9 rows
     with the measured kernels (``t``) and the plain layers (``plain``), alternated ``reps`` times; one
     drafter round of k=1 (``drafter``); the certificate work of a round verifying n rows (``cert``)."""
-    from draftcert.decode.costs import measure
+    from draftcert.decode.draft_shape.costs import measure
     from draftcert.drafting.make import make_drafter
     from draftcert.kernels import linear_chooser
 
@@ -120,7 +120,7 @@ def _print_costs(target, drafter, reps: int, context: int) -> None:
 def _auto_shape(target, drafter, dspec: str) -> dict:
     """What `draftcert decode -k auto` picks on this machine (printed with its reason)."""
     from draftcert.drafting.make import make_drafter
-    from draftcert.decode.shape import auto_shape
+    from draftcert.decode.draft_shape.shape import auto_shape
 
     choice, source = auto_shape(target, make_drafter(drafter, target), dspec, on_note=lambda m: print(m, flush=True))
     print(f"dc:*:auto = {choice.why()}; {source}", flush=True)

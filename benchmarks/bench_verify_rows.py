@@ -51,7 +51,7 @@ def _parse_rows(text: str) -> list[int]:
 def measure(args) -> dict:
     """This process's figures (the imports are of whatever ``draftcert`` PYTHONPATH names)."""
     import draftcert
-    from draftcert.decode.costs import chain_for
+    from draftcert.decode.draft_shape.costs import chain_for
     from draftcert.decode.round import verify
     from draftcert.gguf.layers import numerics_of
     from draftcert.kernels import block_matmul, row_attention

@@ -38,7 +38,7 @@ import torch
 from draftcert.decode import speculative_generate
 from draftcert.drafting.make import DEFAULT_DRAFTER_TRAINED, make_drafter
 from draftcert.decode.engine import greedy_generate
-from draftcert.decode.shape import auto_engine_args
+from draftcert.decode.draft_shape.shape import auto_engine_args
 from draftcert.drafting.suffix import SuffixIndex, SuffixStore
 from draftcert.decode.timing import interleave
 from draftcert.models import load_target, numerics_of

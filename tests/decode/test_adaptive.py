@@ -1,4 +1,4 @@
-"""The adaptive draft length of ``-k auto`` (decode/adaptive.py) and ``k = 0``: a drafter that is always
+"""The adaptive draft length of ``-k auto`` (decode/draft_shape/adaptive.py) and ``k = 0``: a drafter that is always
 wrong falls back to the target's own greedy steps (probing now and then), one that is always right keeps
 speculating, and strict stays the greedy decoding whatever the lengths."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from draftcert.decode import greedy_generate, speculative_generate
-from draftcert.decode.adaptive import PLAIN_MEASURES, RATIO_CLIP, TIMED_WEIGHT, AdaptiveDraftLength
+from draftcert.decode.draft_shape.adaptive import PLAIN_MEASURES, RATIO_CLIP, TIMED_WEIGHT, AdaptiveDraftLength
 from draftcert.decode.config import DecodeConfig
-from draftcert.decode.costs import Costs
+from draftcert.decode.draft_shape.costs import Costs
 from draftcert.decode.engine import decode_loop
 from draftcert.drafting import ModelDrafter, as_drafter
 from tests.chain_round import chain_draft
@@ -184,7 +184,7 @@ def test_only_strict_is_steered_by_its_timing(tiny):
 
 
 def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
-    from draftcert.decode.adaptive import MAX_PROBE_GAP
+    from draftcert.decode.draft_shape.adaptive import MAX_PROBE_GAP
 
     lengths = AdaptiveDraftLength(_costs(), (0.05,), probe_every=4)
     gaps = []
@@ -207,7 +207,7 @@ def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
 def test_a_probe_after_a_plain_run_is_not_timed():
     """A probe's drafter catches up on every token of the plain run before it: its round is no measure of
     a drafting round's cost, so a slow probe must not make drafting look dear (it is not timed)."""
-    from draftcert.decode.adaptive import UNTIMED_AFTER_PLAIN
+    from draftcert.decode.draft_shape.adaptive import UNTIMED_AFTER_PLAIN
 
     lengths = AdaptiveDraftLength(_costs(), (0.05,), probe_every=8, timed=True)
     lengths.observe_seconds(0, 5.0)  # the prefill's round: never timed
@@ -405,7 +405,7 @@ def test_a_counted_untimed_round_keeps_the_next_catch_up_untimed():
     """A plain round's grafts are observed as ``observe_seconds(0, 0.0)``: no timing, but a round without the
     model drafting, so a drafting round after more than UNTIMED_AFTER_PLAIN of them (its drafter catches up
     on them) is not timed either."""
-    from draftcert.decode.adaptive import UNTIMED_AFTER_PLAIN
+    from draftcert.decode.draft_shape.adaptive import UNTIMED_AFTER_PLAIN
 
     ctl = AdaptiveDraftLength(_costs(), (0.5,), timed=True)
     ctl.observe_seconds(0, 1.0)  # the prefill's round: skipped
@@ -432,7 +432,7 @@ def _catch_up_gain(ctl: AdaptiveDraftLength, remaining: int) -> float:
 def test_a_catch_up_dearer_than_what_drafting_saves_keeps_the_round_plain():
     """remaining * (1/rate(0) - 1/rate(k)) > behind * catch_up decides, on either side of the boundary;
     a round's own catch-up (costs.ROUND_CATCH_UP tokens) is not counted twice."""
-    from draftcert.decode.costs import ROUND_CATCH_UP
+    from draftcert.decode.draft_shape.costs import ROUND_CATCH_UP
 
     ctl = AdaptiveDraftLength(_costs(), (0.6,), catch_up=0.01)
     gain = _catch_up_gain(ctl, 64)

@@ -1,5 +1,5 @@
-"""The engine's cost curve (``draftcert.decode.costs``) and ``-k auto``'s choice of draft shape
-(``draftcert.decode.shape``): the best predicted tokens/s on synthetic curves, the formula for
+"""The engine's cost curve (``draftcert.decode.draft_shape.costs``) and ``-k auto``'s choice of draft shape
+(``draftcert.decode.draft_shape.shape``): the best predicted tokens/s on synthetic curves, the formula for
 expected tokens per round, and a cache that never uses another machine's curve."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from draftcert.decode import costs as costs_mod
-from draftcert.decode.costs import Costs, engine_costs, round_seconds
+from draftcert.decode.draft_shape import costs as costs_mod
+from draftcert.decode.draft_shape.costs import Costs, engine_costs, round_seconds
 from draftcert.drafting.make import make_drafter
-from draftcert.decode.shape import CANDIDATES, Acceptance, acceptance_of, choose, expected_tokens
+from draftcert.decode.draft_shape.shape import CANDIDATES, Acceptance, acceptance_of, choose, expected_tokens
 from tests.tiny_models import tiny_qwen3
 
 
@@ -187,8 +187,8 @@ def test_speculative_generate_k_auto_is_the_clis_choice(tiny_pair):
     the adaptive draft length (recorded in the stats), a tree:M rule the best tree of its width (the same
     cost curve and acceptance); both stay lossless, and an explicit tree is refused."""
     from draftcert.decode import greedy_generate, speculative_generate
-    from draftcert.decode.adaptive import MAX_K
-    from draftcert.decode.shape import auto_shape
+    from draftcert.decode.draft_shape.adaptive import MAX_K
+    from draftcert.decode.draft_shape.shape import auto_shape
 
     target, _ = tiny_pair
     prompt = [3, 14, 15, 92, 65, 35]

@@ -227,8 +227,8 @@ def test_graft_acceptance_counts_reached_grafted_nodes():
 
 
 def test_the_controller_prices_a_row_against_its_best_rate():
-    from draftcert.decode.adaptive import AdaptiveDraftLength
-    from draftcert.decode.costs import Costs
+    from draftcert.decode.draft_shape.adaptive import AdaptiveDraftLength
+    from draftcert.decode.draft_shape.costs import Costs
 
     costs = Costs("calibrated", {1: 0.010, 2: 0.011, 3: 0.012}, {1: 0.001}, overhead={1: 0.0}, target_step=0.010)
     ctl = AdaptiveDraftLength(costs, (0.5,), max_k=2)

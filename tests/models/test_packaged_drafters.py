@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from draftcert.decode.shape import acceptance_of
+from draftcert.decode.draft_shape.shape import acceptance_of
 from draftcert.models.eagle import DRAFTER_BLOCKS, FORMAT, PACKAGED, packaged_path
 
 MAX_BYTES = 30 * 2**20  # issue 47: a shipped drafter is at most 30 MB

@@ -5,7 +5,7 @@ On a loaded machine a calibration once timed a 1-token target pass at 0.146 s an
 calibration checks its timings (``speed.timing_problems``), times again a bounded number of times
 (``speed.RETIMES``), and if they stay unreliable the replay says so ("timings unreliable: ...") in the
 printed output and in report.md and quotes no predicted speed-up.  The timer is faked at its public
-seam, ``draftcert.replay.speed.time_interleaved`` (the one timer of decode/costs.py)."""
+seam, ``draftcert.replay.speed.time_interleaved`` (the one timer of decode/draft_shape/costs.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from draftcert.cli import main
-from draftcert.decode.costs import Costs
+from draftcert.decode.draft_shape.costs import Costs
 from draftcert.replay import speed
 
 

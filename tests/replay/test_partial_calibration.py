@@ -22,7 +22,7 @@ import torch
 from draftcert.cli import main
 
 pytestmark = pytest.mark.usefixtures("sound_timings")  # plumbing, not the timings' noise (conftest)
-from draftcert.decode.costs import Costs
+from draftcert.decode.draft_shape.costs import Costs
 from draftcert.replay import Shape, load_replay_trace, replay
 from draftcert.replay import report_section as replay_report
 from draftcert.replay.api import calibration_shapes

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from draftcert.decode import HybridDrafter, SuffixIndex, SuffixStore, make_drafter, speculative_generate
-from draftcert.decode.shape import CANDIDATES
+from draftcert.decode.draft_shape.shape import CANDIDATES
 from draftcert.prompts import encode_prompt
 from draftcert.replay import Shape, load_replay_trace, replay
 from draftcert.replay.walk import DEFAULT_KS

@@ -116,7 +116,7 @@ def test_trace_replay_columns(trace, profiled):
 
 def test_calibrate_and_predict(pair, trace, sound_timings):
     from draftcert.replay.api import replay
-    from draftcert.decode.costs import Costs
+    from draftcert.decode.draft_shape.costs import Costs
     from draftcert.replay.speed import calibrate
 
     model, drafter, _ = pair

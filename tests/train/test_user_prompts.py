@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftcert.cli import main
-from draftcert.decode.shape import acceptance_of
+from draftcert.decode.draft_shape.shape import acceptance_of
 from tests.tiny_models import tiny_qwen3
 from draftcert.models.eagle import load_eagle
 from draftcert.prompts import Prompt

@@ -194,7 +194,7 @@ def _default_k(args, drafter) -> None:
 
 def _auto_k(args, target, drafter, dspec):
     """-k auto (decode's default): each round's chain length chosen during the decode, no draft included
-    (``decode/adaptive.py``), from this machine's cost curve (``decode/costs.py``: measured on first use,
+    (``decode/draft_shape/adaptive.py``), from this machine's cost curve (``decode/draft_shape/costs.py``: measured on first use,
     then cached); for tree:M the best tree before it.  One line says what and why.  Returns the
     adaptive draft length's factory (None: a fixed shape)."""
     if args.k not in (None, "auto"):

@@ -18,7 +18,7 @@ from ..prompts import encode_prompt, load_prompts
 from ..replay.api import DEFAULT_MARGINS, calibration_shapes, choose_drafter, format_table, parse_ks, replay, write_replay
 from ..replay.trace_reader import load_replay_trace
 from ..replay.explain import attach_text, explain, format_explain, load_tokenizer, write_explain
-from ..decode.costs import Costs, forward_count_costs
+from ..decode.draft_shape.costs import Costs, forward_count_costs
 from ..replay.speed import RETIMES, calibrate
 from .checks import check_run_dir_writable, set_threads
 

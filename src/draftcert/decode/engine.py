@@ -45,10 +45,10 @@ from ..models.hf import eos_token_ids, model_forward, new_cache, vocab_size_of
 from ..criteria import Strict, TreeCoverage
 from ..models.tree_attention import DraftTree
 from ..summary import argmax_lowest
-from .adaptive import MAX_K
+from .draft_shape.adaptive import MAX_K
 from .config import DecodeConfig, check_max_new_tokens, resolve_criterion
 from .round import CertificateBatch, DecodeRow, catch_up, emit, propose_draft, settle, verify
-from .shape import adaptive_draft_length, auto_engine_args
+from .draft_shape.shape import adaptive_draft_length, auto_engine_args
 from .stats import STAGES, DecodeStats, RoundLog
 
 __all__ = ["speculative_generate", "greedy_generate", "DecodeResult", "check_drafter_vocab", "prepare_decode",
@@ -229,11 +229,11 @@ def speculative_generate(
     k : draft tokens per round for a chain (default tree depth for tree:M; 0: no drafts, the target's
         own greedy steps), or ``"auto"`` (the CLI's default): for a chain rule, each round's chain
         length in 0..6 with the best predicted tokens/s from this machine's cost curve (measured on
-        first use, then cached: ``decode.costs``) and the acceptance seen so far in this decode,
+        first use, then cached: ``decode.draft_shape.costs``) and the acceptance seen so far in this decode,
         starting from the drafter's shipped acceptance by depth, a drafter with a distribution then
         growing each drafting round's chain while its own probabilities say one more token pays
-        (``decode.adaptive``; ``stats.draft_lengths`` counts the rounds of each length); for ``tree:M`` the width-M tree
-        with the best prediction, chosen once (``decode.shape.auto_engine_args``).  With an explicit
+        (``decode.draft_shape.adaptive``; ``stats.draft_lengths`` counts the rounds of each length); for ``tree:M`` the width-M tree
+        with the best prediction, chosen once (``decode.draft_shape.shape.auto_engine_args``).  With an explicit
         ``tree``, ``"auto"`` is not allowed (the tree fixes the shape).
     tree : None (chain), ``(m, depth)`` (top-m children along the drafter's
         greedy path), or ``[w1, w2, ...]`` (static full tree, width w_d at depth d).

@@ -116,7 +116,7 @@ class DecodeStats:
     criterion: str
     k: int  # the chain's length (with ``adaptive``: the longest a round may draft)
     tree: list[int] | None  # widths per depth, None for a chain of k
-    adaptive: bool = False  # -k auto: each round's chain length chosen during the decode (decode/adaptive.py)
+    adaptive: bool = False  # -k auto: each round's chain length chosen during the decode (decode/draft_shape/adaptive.py)
     num_rounds: int = 0  # verification rounds (one target forward each, but see stepwise_forwards)
     stepwise_forwards: int = 0  # target forwards beyond one per round (models verified token by token: models.cache_state)
     catchup_forwards: int = 0  # target forwards feeding re-fed tokens of recurrent state on their own (round.catch_up)

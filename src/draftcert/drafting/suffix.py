@@ -333,7 +333,7 @@ class HybridDrafter(Drafter):
 
     **A graft priced node by node** (``keep_grafting``, set by ``-k auto``): the suffix chain
     c_1 .. c_D follows the model's nodes for free; each node it adds costs a verification row, so
-    before adding c_j it asks ``keep_grafting(s ** j, rows)`` (``decode.adaptive``), where
+    before adding c_j it asks ``keep_grafting(s ** j, rows)`` (``decode.draft_shape.adaptive``), where
     s = ``graft_acceptance()`` is the chance that a reached grafted node is accepted, a Beta posterior
     over this decode's grafted nodes (prior ``GRAFT_PRIOR``), and ``rows`` the round's rows so far.
     A long match whose continuations keep being accepted still drafts deep (s near 1); one whose

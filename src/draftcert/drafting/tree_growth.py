@@ -22,7 +22,7 @@ Draft length from confidence (``keep_drafting``, chains and (m, depth) trees): a
 d, the drafter's probability of its greedy child at each depth so far, ``pi_j = softmax(q_j)[top]``
 for j = 1..d, is handed to ``keep_drafting(pis)``; where it returns False the tree stops there,
 before the drafter's next forward (no pass is computed and thrown away, unlike the margin stop, which
-needs the next depth's q).  ``decode.adaptive.AdaptiveDraftLength.keep_drafting`` is the rule the
+needs the next depth's q).  ``decode.draft_shape.adaptive.AdaptiveDraftLength.keep_drafting`` is the rule the
 engine passes: one more depth while its expected tokens pay its drafter step and verification row.
 
 Tie rule: ``summary.topk_lowest_ids``, deterministic on every device, and the order the profile's

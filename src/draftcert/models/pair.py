@@ -193,7 +193,7 @@ PAIR_MODELS: dict[str, PairModel] = {
 PAIRS: dict[str, Pair] = {
     "qwen2.5-coder": Pair("qwen2.5-coder", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b@q4_1"),
 }
-# The drafter's strict acceptance on user prompts, for ``-k auto`` (``decode.shape.acceptance_of``): the strict
+# The drafter's strict acceptance on user prompts, for ``-k auto`` (``decode.draft_shape.shape.acceptance_of``): the strict
 # accept rate, teacher forced on the target's greedy path, of
 # ``draftcert reproduce-paper --pair qwen2.5-coder --out runs/paper-pair`` (4 ShareGPT held-out + 4 HumanEval
 # prompts x 64 tokens, float32, this project's 2-core Xeon): 0.778 on chat, 0.848 on code; their mean.

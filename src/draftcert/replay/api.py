@@ -25,7 +25,7 @@ from ..fileio import json_value, write_json
 from ..models import DEFAULT_DRAFTER, parse_drafter_spec
 from .trace_reader import ReplayTrace, load_replay_trace, load_tokenizer, prompt_token_ids
 from .speed_figures import write_figures
-from ..decode.costs import Costs
+from ..decode.draft_shape.costs import Costs
 from .speed import missing_costs, predict
 from .walk import DEFAULT_KS, DEFAULT_STATIC, DEFAULT_TREE_WIDTHS, ConfigReplay, Shape, default_shapes, replay_config, rule_kind
 

@@ -17,7 +17,7 @@ from .api import missing_costs_note, replay, unreliable_note
 from .trace_reader import trace_has_drafter
 from .explain import DEFAULT_EPSILON, explain
 from .speed_figures import FIGURE_NAMES, MIN_TRIES, write_figures
-from ..decode.costs import Costs
+from ..decode.draft_shape.costs import Costs
 
 __all__ = ["replay_section", "section_for_report"]
 

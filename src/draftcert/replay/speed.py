@@ -1,6 +1,6 @@
 """Predicted speed of a replayed configuration.
 
-The cost model and its table (``Costs``, ``round_seconds``) live in ``draftcert.decode.costs``,
+The cost model and its table (``Costs``, ``round_seconds``) live in ``draftcert.decode.draft_shape.costs``,
 shared with the engine's draft-shape choice (``-k auto``).  Cost model (seconds): one round =
 ``T(1 + nodes)`` (the target verifies the pending
 token and every draft node in one forward over its KV cache) + ``O(1 + nodes)`` (the
@@ -34,7 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..decode.costs import (Costs, EngineJobs, overhead_inputs, overhead_rounds, round_key, round_seconds, time_interleaved,
+from ..decode.draft_shape.costs import (Costs, EngineJobs, overhead_inputs, overhead_rounds, round_key, round_seconds, time_interleaved,
                             tree_for)
 from ..drafting.make import make_drafter
 from ..decode.timing import SPREAD_LIMIT, spread

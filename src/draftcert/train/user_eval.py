@@ -15,7 +15,7 @@ token s + d + 1 exists::
 
     accept@d = #(drafts 1..d all equal the target's greedy tokens) / #(drafts 1..d-1 all equal them)
 
-the acceptance at depth d given the path so far was accepted, ``a_d(1)`` of ``decode.shape``
+the acceptance at depth d given the path so far was accepted, ``a_d(1)`` of ``decode.draft_shape.shape``
 (which reads these figures for ``-k auto``).  ``reach@d`` is the unconditional fraction (all d
 accepted) and ``mean_run`` = sum_d reach@d, the expected accepted drafts per round of a chain of
 ``depth``.

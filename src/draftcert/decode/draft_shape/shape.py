@@ -30,13 +30,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..criteria import TreeCoverage
-from ..models import eagle, parse_drafter_spec
-from ..models.pair import PAIR_DRAFTER_ACCEPTANCE
+from ...criteria import TreeCoverage
+from ...models import eagle, parse_drafter_spec
+from ...models.pair import PAIR_DRAFTER_ACCEPTANCE
 from .adaptive import MAX_K, AdaptiveDraftLength
 from .costs import Costs, engine_costs, round_key, round_seconds
-from .config import resolve_criterion
-from ..models.cache_state import layout_of
+from ..config import resolve_criterion
+from ...models.cache_state import layout_of
 
 __all__ = ["Acceptance", "Candidate", "Choice", "CANDIDATES", "DEFAULT_ACCEPT", "acceptance_of", "choose",
            "expected_tokens", "candidates_for", "auto_shape", "auto_engine_args", "adaptive_draft_length"]

@@ -34,20 +34,20 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .._cache import cache_root
-from ..criteria import Strict
-from ..fileio import write_json
-from ..kernels.linear_chooser import cpu_model
-from ..forward import layer_kernel
-from ..kernels import block_matmul, packed_matmul
-from ..gguf.layers import numerics_of
-from ..drafting.draft_vocab import vocabulary_of
-from ..models.hf import forward_with_hidden, model_forward, vocab_size_of
-from .round import CERT_BATCH_ROWS, CertificateBatch, accept, record, verify
-from .stats import DecodeStats
-from ..models.cache_state import CacheState
-from ..models.tree_attention import DraftTree, crop_cache, keep_cache
-from ..summary import argmax_lowest
+from ..._cache import cache_root
+from ...criteria import Strict
+from ...fileio import write_json
+from ...kernels.linear_chooser import cpu_model
+from ...forward import layer_kernel
+from ...kernels import block_matmul, packed_matmul
+from ...gguf.layers import numerics_of
+from ...drafting.draft_vocab import vocabulary_of
+from ...models.hf import forward_with_hidden, model_forward, vocab_size_of
+from ..round import CERT_BATCH_ROWS, CertificateBatch, accept, record, verify
+from ..stats import DecodeStats
+from ...models.cache_state import CacheState
+from ...models.tree_attention import DraftTree, crop_cache, keep_cache
+from ...summary import argmax_lowest
 
 __all__ = ["Costs", "ROUND_CATCH_UP", "CATCH_UP_TOKENS", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "overhead_rounds", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
