@@ -978,7 +978,10 @@ static inline __m512i bc4(const int8_t *p)
 }
 /* acc + the 16 lanes' 4-byte dot products of w (unsigned) with the 4 signed bytes at p, broadcast.
  * Written as the instruction's memory-broadcast form: compilers emit a separate vpbroadcastd for
- * _mm512_set1_epi32 here, one more instruction for every multiply-add. */
+ * _mm512_set1_epi32 here, one more instruction for every multiply-add.  DP takes it for Q4_K, and for
+ * Q6_K tiles of 2+ rows; a one-row Q6_K tile is faster with the separate broadcast on an AMD EPYC
+ * (Zen 4): 0.93-0.96 of the time streaming a 190-220 MB weight, both builds in one process in turns
+ * on one buffer (benchmarks/bench_kernel_ab.py; Q4_K, unchanged, 0.99-1.00 in the same runs). */
 static inline __attribute__((always_inline)) __m512i dp_bcast(__m512i acc, __m512i w, const int8_t *p)
 {
 #if defined(__GNUC__)
@@ -988,7 +991,7 @@ static inline __attribute__((always_inline)) __m512i dp_bcast(__m512i acc, __m51
     return _mm512_dpbusd_epi32(acc, w, bc4(p));
 #endif
 }
-#define DP(acc, w, p) (qtype == Q4_K || qtype == Q6_K ? dp_bcast((acc), (w), (p)) : _mm512_dpbusd_epi32((acc), (w), bc4(p)))
+#define DP(acc, w, p) (qtype == Q4_K || (qtype == Q6_K && MT > 1) ? dp_bcast((acc), (w), (p)) : _mm512_dpbusd_epi32((acc), (w), bc4(p)))
 #ifndef Q8PF /* the packing is read in order: a tile of 2+ rows prefetches each block's size Q8PF bytes ahead, */
 #define Q8PF 3072 /* so the loads run ahead of the rows' integer work (what a pass of several rows adds) */
 #endif
