@@ -11,7 +11,10 @@ cache rollback; ``O(n)``: the engine's acceptance walk, certificates and statist
 drafting: one drafter forward per drafted depth, ``sum D(front)`` (the first front is the catch-up
 over the pending token), or, where it was timed whole (``drafter_round``, by ``round_key``), the
 drafter's whole round (propose + accept).  The target alone pays ``target_step`` per token
-(``greedy_generate``'s loop body: one cached forward and its argmax).
+(``greedy_generate``'s loop body: one cached forward and its argmax).  A model drafter that has not
+seen some tokens (the prompt before its first draft, a plain run before a probe) first runs over
+them: ``drafter_catch_up`` seconds a token beyond the ``ROUND_CATCH_UP`` a timed round includes
+(``adaptive.py`` weighs it against what drafting saves).
 
 A shape's predicted rate is ``expected tokens per round / round`` (``draftcert.decode.shape``).
 
