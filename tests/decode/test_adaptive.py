@@ -5,6 +5,7 @@ speculating, and strict stays the greedy decoding whatever the lengths."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -504,3 +505,28 @@ def test_a_model_drafter_too_far_behind_leaves_the_decode_to_the_target(tiny, pr
         assert out == ref
         assert (model.forwards > 0) == drafted and (st.num_drafts > 0) == drafted, (catch_up, st.draft_lengths)
         assert (st.catch_up_plain == st.num_rounds) != drafted and st.summary()["rounds_plain_for_catch_up"] == st.catch_up_plain
+
+
+def test_decode_says_when_a_drafters_catch_up_kept_its_rounds_plain(ckpt, monkeypatch, capsys):
+    """``draftcert decode``: a catch-up priced far above what drafting saves keeps every round plain,
+    and the summary line and ``--json`` say so."""
+    from draftcert.cli import main
+    from draftcert.decode.draft_shape import shape as shape_mod
+
+    measured = shape_mod.engine_costs
+
+    def dear(*args, **kwargs):
+        costs, source = measured(*args, **kwargs)
+        costs.target = {n: costs.target[1] for n in costs.target}  # rows and drafting free: drafting would pay ...
+        costs.drafter_round = {key: 1e-9 for key in costs.drafter_round}
+        costs.drafter_catch_up = 10.0  # ... but for its catch-up, seconds a token: no decode of 8 tokens pays for it
+        return costs, source
+
+    monkeypatch.setattr(shape_mod, "engine_costs", dear)
+    base = ["decode", "--target", ckpt, "--drafter", "self:skip=1", "--prompt", "hello", "--max-new-tokens", "8",
+            "--no-progress"]
+    assert main(base) == 0
+    assert "8 rounds plain where the drafter's run over tokens it had not seen" in capsys.readouterr().err
+    assert main(base + ["--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["summary"]
+    assert summary["rounds_plain_for_catch_up"] == 8 and summary["num_drafts"] == 0

@@ -333,7 +333,10 @@ def run_decode(args) -> int:
            + f", drift {s['drift']:.3f}, certified {cert}, {s['tokens_per_second']:.2f} tokens/s "
            + (f"(an untimed warm-up round took {warm:.2f}s)" if warm is not None else "(first round timed cold: --no-warmup)")
            + "; acceptance rate per position " + " ".join(_num(a) for a in s["acceptance_rate_per_pos"])
-           + "; accepted-tokens histogram " + " ".join(map(str, s["accepted_tokens_histogram"])))
+           + "; accepted-tokens histogram " + " ".join(map(str, s["accepted_tokens_histogram"]))
+           + (f"; {s['rounds_plain_for_catch_up']} rounds plain where the drafter's run over tokens it had not seen "
+              "(the prompt first) would cost more than drafting saves in the tokens left"
+              if s.get("rounds_plain_for_catch_up") else ""))
     if args.baseline:
         flag = " (UNRELIABLE: see the timing line)" if s["timing_reliable"] is False else ""
         msg += (f", speedup {s['speedup']:.2f}x vs target alone ({_num(s['baseline_tokens_per_second'])} tokens/s){flag}"
