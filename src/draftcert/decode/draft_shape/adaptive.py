@@ -219,7 +219,7 @@ class AdaptiveDraftLength:
         cost = self.behind * self.catch_up
         if cost <= 0.0 or self.remaining is None:
             return True
-        return rate > 0 and self.remaining * (1.0 / rate0 - 1.0 / rate) > cost
+        return self.remaining * (1.0 / rate0 - 1.0 / rate) > cost
 
     def next_k(self) -> int:
         """The draft length of the next round."""
@@ -228,10 +228,9 @@ class AdaptiveDraftLength:
         if self.timed and best and self.plain_measures < PLAIN_MEASURES and sum(self.timed_n[1:]):
             self.plain_measures += 1  # after the first timed drafting round: measure the target alone
             return 0
-        catching_up = self.behind * self.catch_up > 0.0 and self.remaining is not None
-        declined = False
-        if best and catching_up and not self._catch_up_pays(rates[0], rates[best]):
-            best, declined = 0, True  # the drafter's catch-up costs more than drafting would save
+        declined = bool(best) and not self._catch_up_pays(rates[0], rates[best])
+        if declined:  # the drafter's catch-up costs more than drafting would save
+            best = 0
         self.probing = False
         if best == 0:
             self.plain_run += 1
@@ -249,8 +248,6 @@ class AdaptiveDraftLength:
     def _probe_pays(self, rate0: float) -> bool:
         """Whether a probe's catch-up could pay: the catch-up rule with the best rate the drafter would
         reach at its prior acceptance (as good as shipped)."""
-        if self.behind * self.catch_up <= 0.0 or self.remaining is None:
-            return True
         rates = self._rates_of(self._round_seconds, [self.prior] * self.max_k)
         return self._catch_up_pays(rate0, max(rates[1:]))
 
