@@ -11,6 +11,13 @@ speed change).
 
     python benchmarks/bench_kernel_ab.py --compare ../other-checkout/src [--types q4_k,q6_k]
         [--shapes 151936x1536,65536x4096,8960x1536] [--rows 1,2,3,4] [--threads 2] [--repeats 21]
+        [--copies 1]
+
+``--copies N`` packs N distinct weights of each shape (each from its own random blocks) and times a
+turn as the N calls in order, as a decoder's layers call one shape after another: a small layer's
+weights (the 0.5B drafter's [896, 4864] is 2.7 MB) then come from memory, not the cache, and the
+per-call costs that a large shape hides (the threads' start and join, the activations' quantisation)
+count as they do in a decode.  Times are per call (a turn ÷ N).
 
 Both builds read one packed buffer where they pack alike: on such a VM two copies of the same
 bytes, allocated apart, streamed at speeds up to a tenth apart in one process (the same code on
@@ -66,6 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,2,3,4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--copies", type=int, default=1, help="distinct weights of each shape, called in turn (a layer stack)")
     args = ap.parse_args(argv)
     from draftcert.kernels import block_matmul
     from draftcert.native import NativeLibrary
@@ -78,13 +86,15 @@ def main(argv=None) -> int:
         ap.error(f"--types: unknown {unknown}; known: {', '.join(TYPES)}")
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s.strip()]
     rows = sorted({int(r) for r in args.rows.split(",")})
+    if args.copies < 1:
+        ap.error("--copies: at least 1")
     this = block_matmul.LIBRARY.require()
     base = NativeLibrary(other_src, "dq", block_matmul.LIBRARY.signatures).require()
     if not (this.dq8_vectorised() and base.dq8_vectorised()):
         print("bench_kernel_ab.py: a build without the vectorised gguf-q8 code: nothing to compare", file=sys.stderr)
         return 2
     print(f"this: {block_matmul.LIBRARY.source}\nother: {other_src}\n{args.threads} thread(s), "
-          f"medians of {args.repeats} turns", flush=True)
+          f"medians of {args.repeats} turns" + (f", {args.copies} weights a shape" if args.copies > 1 else ""), flush=True)
     g = torch.Generator().manual_seed(0)
     ratios, same, lines = [], True, []
     for t in types:
@@ -92,23 +102,27 @@ def main(argv=None) -> int:
         for n, k in shapes:
             if k % per:
                 continue
-            blocks = random_blocks(t, n, k, g)
-            pa, pb = packed(this, qid, blocks, n, k, args.threads), packed(base, qid, blocks, n, k, args.threads)
-            del blocks
-            if torch.equal(pa, pb):  # one buffer for both: where memory sits changes its speed (module docstring)
-                pb = pa
-            else:
-                print(f"{t} [{n}, {k}]: the builds pack differently; each reads its own copy", flush=True)
+            pas, pbs = [], []
+            for _ in range(args.copies):
+                blocks = random_blocks(t, n, k, g)
+                pa, pb = packed(this, qid, blocks, n, k, args.threads), packed(base, qid, blocks, n, k, args.threads)
+                del blocks
+                if torch.equal(pa, pb):  # one buffer for both: where memory sits changes its speed (module docstring)
+                    pb = pa
+                elif not pas:
+                    print(f"{t} [{n}, {k}]: the builds pack differently; each reads its own copy", flush=True)
+                pas.append(pa), pbs.append(pb)
             x = torch.randn(max(rows), k, generator=g)
             for m in rows:
                 ya, yb = torch.empty(m, n), torch.empty(m, n)
                 ta, tb = [], []
-                calls = [(this, pa, ya, ta), (base, pb, yb, tb)]
+                calls = [(this, pas, ya, ta), (base, pbs, yb, tb)]
                 for rep in range(args.repeats + 1):
-                    for lib, w, y, times in calls[:: 1 if rep % 2 else -1]:  # the order alternates
+                    for lib, ws, y, times in calls[:: 1 if rep % 2 else -1]:  # the order alternates
                         t0 = time.perf_counter()
-                        lib.dq8_linear(qid, w.data_ptr(), n, k, x.data_ptr(), m, None, y.data_ptr(), args.threads)
-                        times.append(time.perf_counter() - t0)
+                        for w in ws:
+                            lib.dq8_linear(qid, w.data_ptr(), n, k, x.data_ptr(), m, None, y.data_ptr(), args.threads)
+                        times.append((time.perf_counter() - t0) / len(ws))
                 same &= torch.equal(ya.view(torch.int32), yb.view(torch.int32))
                 a, b = statistics.median(ta[1:]), statistics.median(tb[1:])  # the first turn warms up
                 key = f"{t},{n}x{k},M{m}"

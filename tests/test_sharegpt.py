@@ -75,6 +75,31 @@ def test_first_human_turn_split_pieces_and_length_are_applied():
     assert [(p.id, p.text) for p in got] == [("sharegpt/a_0", "first question"), ("sharegpt/d_0", "hi there")]
 
 
+def test_every_turn_of_every_piece_for_training():
+    long_q = "x" * (P.SHAREGPT_MAX_CHARS + 1)
+    convs = [
+        {"id": "a_0", "conversations": [{"from": "human", "value": "first question"}, {"from": "gpt", "value": "ok"},
+                                         {"from": "human", "value": "continue"},  # a bare follow-up: too short
+                                         {"from": "gpt", "value": "ok"},
+                                         {"from": "human", "value": "now explain it to a child, please"}]},
+        {"id": "a_1", "conversations": [{"from": "gpt", "value": "..."}, {"from": "human", "value": "and a second piece asks this"},
+                                         {"from": "human", "value": long_q}]},
+        _conv("b_0", "hi"),  # a first turn keeps the first-turn rule (non-empty)
+        _conv("c_1", "thanks!"),  # a later piece's first turn is a later turn: too short
+    ]
+    text = json.dumps(convs)
+    got = read_sharegpt([text], split=None, turns="all")
+    assert [(p.id, p.text) for p in got] == [
+        ("sharegpt/a_0", "first question"), ("sharegpt/a_0#2", "now explain it to a child, please"),
+        ("sharegpt/a_1", "and a second piece asks this"), ("sharegpt/b_0", "hi")]
+    # the first turns are exactly what turns="first" reads, under the same ids
+    first = read_sharegpt([text], split=None)
+    assert [(p.id, p.text) for p in first] == [("sharegpt/a_0", "first question"), ("sharegpt/b_0", "hi")]
+    assert {(p.id, p.text) for p in first} <= {(p.id, p.text) for p in got}
+    with pytest.raises(ValueError, match="turns must be"):
+        read_sharegpt([text], split=None, turns="later")
+
+
 def test_the_held_out_split_is_deterministic_about_a_tenth_and_keeps_pieces_together():
     ids = [f"conv{i:05d}" for i in range(5000)]
     held = [i for i in ids if sharegpt_split(i) == "heldout"]
@@ -95,3 +120,6 @@ def test_the_real_sharegpt_file_reads_tolerantly():
     assert not {p.id for p in held} & {p.id for p in train}
     assert all(p.id.endswith("_0") and 0 < len(p.text) <= P.SHAREGPT_MAX_CHARS for p in held)
     assert held[0].id == "sharegpt/VY7cMKG_0"
+    turns = P.load_prompts("sharegpt-train-turns")  # every human turn of the training split
+    assert 40000 < len(turns) < 60000 and {p.id for p in train} <= {p.id for p in turns}
+    assert not {p.id.split("#")[0] for p in turns} & {p.id for p in held}

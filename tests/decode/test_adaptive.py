@@ -184,6 +184,20 @@ def test_only_strict_is_steered_by_its_timing(tiny):
     assert seen == {"strict": True, "relaxed:2:0.1": False, "typical:0.09:0.3": False}
 
 
+def test_a_drafter_object_made_from_a_spec_is_priced_as_its_spec(tiny):
+    """make_drafter's object remembers its spec: -k auto reads the same shipped acceptance and cost
+    curve for it as for the string (a user builds a drafter once and decodes with it often)."""
+    from draftcert.decode.engine import auto_draft
+    from draftcert.drafting import make_drafter
+
+    target, tok, _ = tiny
+    made = make_drafter("pld:3")
+    assert made.spec == "prompt-lookup:3"
+    auto_draft(target, "prompt-lookup:3", tok, "strict", None)  # measured once, then cached under the spec
+    by_string = auto_draft(target, "prompt-lookup:3", tok, "strict", None)[4]
+    assert "cached at" in by_string and auto_draft(target, made, tok, "strict", None)[4] == by_string
+
+
 def test_rejected_probes_back_off_and_an_accepted_one_resets_the_wait():
     from draftcert.decode.draft_shape.adaptive import MAX_PROBE_GAP
 

@@ -62,7 +62,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory (data, checkpoints, train.log, drafter.safetensors)")
     p.add_argument("--prompts", default=d.prompts,
                    help="training prompts: 'self' (written by the target, Magpie-style; default), 'sharegpt-train' "
-                        "(ShareGPT V3 human turns, training split) or a .txt/.jsonl file; held-out sets are filtered out")
+                        "(ShareGPT V3 first human turns, training split, ~8,200), 'sharegpt-train-turns' (every human "
+                        "turn of those conversations, ~51,000) or a .txt/.jsonl file; held-out sets are filtered out")
     p.add_argument("--max-prompt-tokens", type=int, default=None,
                    help="prompt length cap in tokens (default 48 for self-written prompts, 256 for a prompt source)")
     p.add_argument("--objective", choices=OBJECTIVES, default=d.objective,

@@ -155,7 +155,8 @@ def greedy_generate(target, input_ids, max_new_tokens: int = 64, *, eos_token_id
 def auto_draft(target, drafter, tokenizer, criterion, tree, *, spec: str | None = None, on_note=None):
     """``k="auto"``: (k, tree, the drafter object, ``DecodeConfig.draft_length``, the line that says
     what was chosen and why), as ``draftcert decode -k auto`` chooses.  ``spec``: the drafter's
-    ``--drafter`` string where ``drafter`` is an object (its shipped acceptance and the cost cache key).
+    ``--drafter`` string where ``drafter`` is an object (its shipped acceptance and the cost cache key);
+    an object ``make_drafter`` built from a spec string carries it (``.spec``).
 
     A chain rule gets the adaptive draft length (``adaptive.AdaptiveDraftLength``: each round's
     chain length, no draft included, from the acceptance seen so far); a ``tree:M`` rule the best
@@ -163,8 +164,9 @@ def auto_draft(target, drafter, tokenizer, criterion, tree, *, spec: str | None 
     if tree is not None:
         raise ValueError("k='auto' chooses the chain or tree itself: pass tree=None, or an integer k with a tree")
     obj = make_drafter(drafter, target, tokenizer)
-    # a spec names the drafter's shipped acceptance figures; an object is keyed by its class (0.3 prior)
-    spec = spec or (drafter if isinstance(drafter, str) else type(obj).__name__)
+    # a spec names the drafter's shipped acceptance figures: the string, else the spec make_drafter built the
+    # object from; any other object is keyed by its class (0.3 prior)
+    spec = spec or (drafter if isinstance(drafter, str) else getattr(obj, "spec", None) or type(obj).__name__)
     if isinstance(resolve_criterion(criterion, 1, None)[0], TreeCoverage):
         args, choice, source = auto_engine_args(target, obj, spec, criterion, on_note=on_note)
         return args["k"], args["tree"], obj, None, f"-k auto: {choice.why()}; {source}"

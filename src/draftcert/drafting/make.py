@@ -47,6 +47,10 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
     ``DraftVocabulary``, or ``"all"`` (every token); None: a preset drafter loaded from a spec gets its
     shipped token map (``draft_vocab.SHIPPED``), any other the whole vocabulary.  ValueError for a
     drafter without an output layer of its own.
+
+    A drafter built from a spec string keeps it as ``.spec``, in its canonical form (``default`` ->
+    ``eagle:smollm2-135m-instruct``): ``speculative_generate(..., drafter=obj, k="auto")`` then starts
+    from that drafter's shipped acceptance and its cost curve, as with the string.
     """
     if draft_vocab is not None:
         made = make_drafter(drafter, target, tokenizer, dtype=dtype)
@@ -63,14 +67,19 @@ def make_drafter(drafter, target=None, tokenizer=None, *, dtype=None, draft_voca
     if isinstance(drafter, (str, os.PathLike)):
         spec = parse_drafter_spec(drafter)
         if spec.kind == "prompt-lookup":
-            return PromptLookupDrafter() if spec.max_ngram is None else PromptLookupDrafter(max_ngram=spec.max_ngram)
-        if spec.kind == "suffix":
-            return SuffixDrafter()
-        if target is None:
+            made = PromptLookupDrafter() if spec.max_ngram is None else PromptLookupDrafter(max_ngram=spec.max_ngram)
+        elif spec.kind == "suffix":
+            made = SuffixDrafter()
+        elif target is None:
             raise ValueError(f"drafter {spec.spec!r}: loading it needs the target model (make_drafter(spec, target, tokenizer))")
-        model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target,
-                            shipped_vocab(spec.source))  # a requantised preset (NAME@q4_1) keeps its token map
-        return HybridDrafter(model) if spec.suffix else model
+        else:
+            model = _wrap_model(load_drafter(spec.model_spec, target, tokenizer, dtype=dtype), target,
+                                shipped_vocab(spec.source))  # a requantised preset (NAME@q4_1) keeps its token map
+            made = HybridDrafter(model) if spec.suffix else model
+        # the object remembers its spec: -k auto reads the shipped acceptance and keys its cost curve by it
+        # (decode.engine.auto_draft) when the object is passed, not the string (built once, decoded with often)
+        made.spec = spec.spec
+        return made
     if isinstance(drafter, torch.nn.Module) and (hasattr(drafter, "config") or hasattr(drafter, "vocab_ids")):
         return _wrap_model(drafter, target)
     raise ValueError(

@@ -174,8 +174,8 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     if cfg.ttt < 1 or cfg.draft_vocab < 1 or cfg.epochs <= 0 or cfg.batch_tokens < 2 or cfg.gen_batch < 1:
         raise ValueError("train-drafter: ttt, draft vocabulary, epochs, batch tokens and gen batch must be positive")
     if cfg.prompts.lower().replace("_", "-") in EVALUATION_SETS:
-        raise ValueError(f"--prompts {cfg.prompts}: an evaluation set, never trained on; use 'self', 'sharegpt-train' "
-                         "or a file")
+        raise ValueError(f"--prompts {cfg.prompts}: an evaluation set, never trained on; use 'self', 'sharegpt-train', "
+                         "'sharegpt-train-turns' or a file")
     if cfg.user_eval_prompts < 0 or cfg.user_eval_depth < 1:
         raise ValueError("train-drafter: user-eval prompts must be >= 0 and its depth >= 1")
     parse_criterion(cfg.criterion)  # ValueError for an unknown rule
