@@ -182,6 +182,32 @@ def _close_to_torch_layers(model, monkeypatch, calls: list, rel: float) -> None:
     assert (native.argmax(-1) == torch_layers.argmax(-1)).float().mean() >= 0.9
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_rows_split_over_threads_give_the_same_bits(family, monkeypatch):
+    """Where it is large (DL_PARALLEL_FLOATS) the per-row work (norms, rotary, the activation, the residual
+    adds) is split over the threads, and dl_layers keeps one scratch for every layer: a prefill's logits
+    and a batch's are the same bits on 1, 2 and 3 threads.  (A wider model than the others here: at
+    hidden 64 no pass of these sizes is large enough to be split.)"""
+    model = _to_q8(tiny_lm(family, seed=4, hidden_size=512, intermediate_size=1024, num_attention_heads=8))
+    calls = _counting(monkeypatch)
+    V = model.config.vocab_size
+    gen = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, V, (120,), generator=gen).tolist()  # 120 rows x 512 > 2^15 floats
+    batch = torch.randint(0, V, (4, 30), generator=gen)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            with torch.inference_mode():
+                outs.append((model_forward(model, new_cache(model), prompt, len(prompt)), model(input_ids=batch).logits))
+    finally:
+        torch.set_num_threads(before)
+    assert calls and all(calls)
+    for prefill, batched in outs[1:]:
+        assert torch.equal(prefill, outs[0][0]) and torch.equal(batched, outs[0][1])
+
+
 @pytest.mark.parametrize("family,extra", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
                                           ("llama", {"attention_bias": True, "mlp_bias": True})])
 def test_native_layers_on_transformers_models(family, extra, monkeypatch):

@@ -26,8 +26,12 @@
  *     elementwise operations (-ffp-contract=off), so the rotary is torch's bits;
  *   - silu(g) = g * s, s = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) by row_attention's
  *     expf (glibc's on [-104, 0], libm's below); then silu(g) * u.
- * Threads: the linear layers and the attention split their work over OpenMP threads; the rest runs on
- * the calling thread (one row's norm is ~1 us).  Built by draftcert.native with -ffp-contract=off;
+ * Threads: the linear layers and the attention split their work over OpenMP threads, and so does the
+ * per-row work (norms, rotary, the activation, the residual adds) where it is large (DL_PARALLEL_FLOATS:
+ * a prefill's, a batch's); below, one row's norm (~1 us) costs less than waking them.  Each row is computed alone, so
+ * the bits are the same however the rows are split.  dl_layers allocates its scratch once for every
+ * layer: a prefill's [M, 2 inter] floats are tens of MB, which allocated per layer would be fresh pages
+ * each time, faulted in and zeroed by the kernel.  Built by draftcert.native with -ffp-contract=off;
  * block_matmul.c and row_attention.c are compiled into the same library (their symbols are hidden:
  * only dl_* is exported). */
 #include "../kernels/block_matmul.c"
@@ -112,15 +116,62 @@ static int dl_lin(const dl_linear *L, const float *x, long M, float *y, int thre
     return dq8_linear((int)L->qtype, L->packed, L->n, L->k, x, M, L->bias, y, threads);
 }
 
+/* The per-row work over M rows of `width` floats is split over the threads from DL_PARALLEL_FLOATS floats
+ * on (~30 us of the activation: a prefill's, a batch's, the pair target's MLP from 4 rows): below, waking
+ * the threads costs about what the split saves. */
+#define DL_PARALLEL_FLOATS (1L << 15)
+#define DL_ROWS_OMP(M, width, threads) \
+    num_threads(threads) if ((threads) > 1 && (M) > 1 && (M) * (width) >= DL_PARALLEL_FLOATS) schedule(static)
+
+/* A layer pass's scratch, for M rows of the largest plan (dl_scratch_new); causal: a [T, S] mask or NULL. */
+typedef struct {
+    float *x, *tmp, *a, *y, *gu, *u;
+    uint8_t *causal;
+} dl_scratch;
+
+static void dl_scratch_free(dl_scratch *w)
+{
+    free(w->x), free(w->tmp), free(w->a), free(w->y), free(w->gu), free(w->u), free(w->causal);
+    memset(w, 0, sizeof *w);
+}
+
+/* Scratch for M rows of every plan in plans[0 .. L): x, y [M, hidden], tmp [M, the widest q/k/v call]
+ * (split q/k/v only), a [M, H D], gu [M, 2 inter], u [M, inter]; and where T > 1 the causal [T, S] mask
+ * (row i sees keys j <= S - T + i).  Returns 0, or -2 when out of memory (w freed). */
+static int dl_scratch_new(const dl_plan *const *plans, long L, long M, long T, long S, dl_scratch *w)
+{
+    long hid = 1, tmp = 0, hd = 1, inter = 1;
+    memset(w, 0, sizeof *w);
+    for (long l = 0; l < L; l++) {
+        const dl_plan *p = plans[l];
+        hid = p->hidden > hid ? p->hidden : hid;
+        hd = p->heads * p->head_dim > hd ? p->heads * p->head_dim : hd;
+        inter = p->inter > inter ? p->inter : inter;
+        for (long c = 0; p->n_qkv > 1 && c < p->n_qkv; c++) tmp = p->qkv[c].n > tmp ? p->qkv[c].n : tmp;
+    }
+    w->x = malloc(sizeof(float) * (size_t)(M * hid)), w->y = malloc(sizeof(float) * (size_t)(M * hid));
+    w->a = malloc(sizeof(float) * (size_t)(M * hd)), w->gu = malloc(sizeof(float) * (size_t)(M * 2 * inter));
+    w->u = malloc(sizeof(float) * (size_t)(M * inter));
+    w->tmp = tmp ? malloc(sizeof(float) * (size_t)(M * tmp)) : NULL;
+    w->causal = T > 1 ? malloc((size_t)(T * S)) : NULL;
+    if (!w->x || !w->y || !w->a || !w->gu || !w->u || (tmp && !w->tmp) || (T > 1 && !w->causal)) {
+        dl_scratch_free(w);
+        return -2;
+    }
+    for (long i = 0; i < T && T > 1; i++)
+        for (long j = 0; j < S; j++) w->causal[i * S + j] = j <= S - T + i;
+    return 0;
+}
+
 /* h [M, hidden]; cos, sin_signed [M, D] (each row's position); qkv [M, (H + 2 Hkv) D] out.  Returns
  * 0, -1 for a plan the kernels refuse, -2 when out of memory. */
-DL_API int dl_qkv(const dl_plan *p, const float *h, long M, const float *cos, const float *sin_signed, float *qkv,
-                  int threads)
+static int dl_qkv_ws(const dl_plan *p, const float *h, long M, const float *cos, const float *sin_signed, float *qkv,
+                     int threads, dl_scratch *w)
 {
     const long hid = p->hidden, D = p->head_dim, H = p->heads, Hkv = p->kv_heads, nt = (H + 2 * Hkv) * D;
     if (D > 512 || D % 2 || p->n_qkv < 1 || p->n_qkv > 3) return -1;
-    float *x = malloc(sizeof(float) * (size_t)(M * hid));
-    if (!x) return -2;
+    float *x = w->x;
+#pragma omp parallel for DL_ROWS_OMP(M, hid, threads)
     for (long m = 0; m < M; m++) dl_rms_row(h + m * hid, p->norm_in, p->eps_in, hid, x + m * hid);
     int rc = 0;
     if (p->n_qkv == 1) {
@@ -129,17 +180,15 @@ DL_API int dl_qkv(const dl_plan *p, const float *h, long M, const float *cos, co
         long col = 0;
         for (long c = 0; c < p->n_qkv && !rc; c++) {
             const long n = p->qkv[c].n;
-            float *y = col + n <= nt ? malloc(sizeof(float) * (size_t)(M * n)) : NULL;
-            rc = y ? dl_lin(&p->qkv[c], x, M, y, threads) : (col + n <= nt ? -2 : -1);
+            rc = col + n <= nt ? dl_lin(&p->qkv[c], x, M, w->tmp, threads) : -1;
             if (!rc)
-                for (long m = 0; m < M; m++) memcpy(qkv + m * nt + col, y + m * n, sizeof(float) * (size_t)n);
-            free(y);
+                for (long m = 0; m < M; m++) memcpy(qkv + m * nt + col, w->tmp + m * n, sizeof(float) * (size_t)n);
             col += n;
         }
         if (!rc && col != nt) rc = -1;
     }
-    free(x);
     if (rc) return rc;
+#pragma omp parallel for DL_ROWS_OMP(M, nt, threads)
     for (long m = 0; m < M; m++) {
         float *r = qkv + m * nt;
         for (long hh = 0; hh < H + Hkv; hh++) { /* the query heads, then the key heads */
@@ -155,51 +204,76 @@ DL_API int dl_qkv(const dl_plan *p, const float *h, long M, const float *cos, co
     return 0;
 }
 
+DL_API int dl_qkv(const dl_plan *p, const float *h, long M, const float *cos, const float *sin_signed, float *qkv,
+                  int threads)
+{
+    dl_scratch w;
+    if (dl_scratch_new(&p, 1, M, 1, 1, &w)) return -2;
+    const int rc = dl_qkv_ws(p, h, M, cos, sin_signed, qkv, threads, &w);
+    dl_scratch_free(&w);
+    return rc;
+}
+
 /* h [B * T, hidden] in place; qkv from dl_qkv (rows b * T + i); k, v: the cache after the append,
  * [B, Hkv, S, D] with strides (kb, kh, ks) / (vb, vh, vs), the T new rows its last; mask [B, T, S]
  * bytes with strides (mb, mm), nonzero = may attend; NULL: causal (row i sees keys j <= S - T + i).
  * Returns 0, -1 for a plan the kernels refuse, -2 when out of memory. */
-DL_API int dl_attn_mlp(const dl_plan *p, float *h, long B, long T, const float *qkv, const float *k, long kb, long kh,
-                       long ks, const float *v, long vb, long vh, long vs, long S, const uint8_t *mask, long mb,
-                       long mm, float scale, int threads)
+/* dl_attn_mlp on the scratch w (mask NULL and T > 1: w's causal mask). */
+static int dl_attn_mlp_ws(const dl_plan *p, float *h, long B, long T, const float *qkv, const float *k, long kb,
+                          long kh, long ks, const float *v, long vb, long vh, long vs, long S, const uint8_t *mask,
+                          long mb, long mm, float scale, int threads, dl_scratch *w)
 {
     const long hid = p->hidden, D = p->head_dim, H = p->heads, Hkv = p->kv_heads, I = p->inter, M = B * T;
     const long nt = (H + 2 * Hkv) * D;
     if (S < T || p->o.n != hid || p->o.k != H * D || p->down.n != hid || p->down.k != I) return -1;
-    uint8_t *causal = NULL;
-    if (!mask && T > 1) { /* one [T, S] causal mask shared by the batch */
-        causal = malloc((size_t)(T * S));
-        if (!causal) return -2;
-        for (long i = 0; i < T; i++)
-            for (long j = 0; j < S; j++) causal[i * S + j] = j <= S - T + i;
-        mask = causal, mb = 0, mm = S;
-    }
-    float *a = malloc(sizeof(float) * (size_t)(M * H * D)), *y = malloc(sizeof(float) * (size_t)(M * hid));
-    float *x = malloc(sizeof(float) * (size_t)(M * hid)), *gu = malloc(sizeof(float) * (size_t)(M * 2 * I));
-    float *u = malloc(sizeof(float) * (size_t)(M * I));
-    int rc = (a && y && x && gu && u) ? 0 : -2;
-    if (!rc) /* q[b, head, i] at qkv + (b T + i) nt + head D */
-        rc = ra_attention(qkv, T * nt, D, nt, k, kb, kh, ks, v, vb, vh, vs, mask, mb, mm, B, H, Hkv, T, S, D, scale, a,
+    if (!mask && T > 1) /* one [T, S] causal mask shared by the batch */
+        mask = w->causal, mb = 0, mm = S;
+    float *a = w->a, *y = w->y, *x = w->x, *gu = w->gu, *u = w->u;
+    /* q[b, head, i] at qkv + (b T + i) nt + head D */
+    int rc = ra_attention(qkv, T * nt, D, nt, k, kb, kh, ks, v, vb, vh, vs, mask, mb, mm, B, H, Hkv, T, S, D, scale, a,
                           threads, 0);
     if (!rc) rc = dl_lin(&p->o, a, M, y, threads);
     if (!rc) {
-        for (long i = 0; i < M * hid; i++) h[i] = h[i] + y[i];
-        for (long m = 0; m < M; m++) dl_rms_row(h + m * hid, p->norm_post, p->eps_post, hid, x + m * hid);
+#pragma omp parallel for DL_ROWS_OMP(M, hid, threads)
+        for (long m = 0; m < M; m++) {
+            float *hr = h + m * hid;
+            const float *yr = y + m * hid;
+            for (long i = 0; i < hid; i++) hr[i] = hr[i] + yr[i];
+            dl_rms_row(hr, p->norm_post, p->eps_post, hid, x + m * hid);
+        }
+        const float *g0 = gu, *u0 = gu + I; /* [gate | up] stacked: row m's at gu + m 2I; else gate rows, then up rows */
+        long gs = 2 * I;
         if (p->n_gate_up == 1) {
             rc = p->gate_up[0].n == 2 * I ? dl_lin(&p->gate_up[0], x, M, gu, threads) : -1;
-            for (long m = 0; m < M && !rc; m++) dl_silu_mul(gu + m * 2 * I, gu + m * 2 * I + I, I, u + m * I);
         } else if (p->n_gate_up == 2 && p->gate_up[0].n == I && p->gate_up[1].n == I) {
             rc = dl_lin(&p->gate_up[0], x, M, gu, threads);
             if (!rc) rc = dl_lin(&p->gate_up[1], x, M, gu + M * I, threads);
-            for (long m = 0; m < M && !rc; m++) dl_silu_mul(gu + m * I, gu + M * I + m * I, I, u + m * I);
+            u0 = gu + M * I, gs = I;
         } else {
             rc = -1;
         }
+        if (!rc) {
+#pragma omp parallel for DL_ROWS_OMP(M, I, threads)
+            for (long m = 0; m < M; m++) dl_silu_mul(g0 + m * gs, u0 + m * gs, I, u + m * I);
+        }
     }
     if (!rc) rc = dl_lin(&p->down, u, M, y, threads);
-    if (!rc)
-        for (long i = 0; i < M * hid; i++) h[i] = h[i] + y[i];
-    free(causal), free(a), free(y), free(x), free(gu), free(u);
+    if (!rc) {
+#pragma omp parallel for DL_ROWS_OMP(M, hid, threads)
+        for (long m = 0; m < M; m++)
+            for (long i = 0; i < hid; i++) h[m * hid + i] = h[m * hid + i] + y[m * hid + i];
+    }
+    return rc;
+}
+
+DL_API int dl_attn_mlp(const dl_plan *p, float *h, long B, long T, const float *qkv, const float *k, long kb, long kh,
+                       long ks, const float *v, long vb, long vh, long vs, long S, const uint8_t *mask, long mb,
+                       long mm, float scale, int threads)
+{
+    dl_scratch w;
+    if (dl_scratch_new(&p, 1, B * T, mask ? 1 : T, S, &w)) return -2;
+    const int rc = dl_attn_mlp_ws(p, h, B, T, qkv, k, kb, kh, ks, v, vb, vh, vs, S, mask, mb, mm, scale, threads, &w);
+    dl_scratch_free(&w);
     return rc;
 }
 
@@ -214,21 +288,29 @@ DL_API int dl_layers(const int64_t *io, long L, const double *scale, float *h, l
                      const float *sin_signed, const uint8_t *mask, long mb, long mm, int threads)
 {
     long nt_max = 0;
+    const dl_plan **plans = malloc(sizeof(*plans) * (size_t)(L > 0 ? L : 1));
+    if (!plans) return -2;
     for (long l = 0; l < L; l++) {
-        const dl_plan *p = (const dl_plan *)(intptr_t)io[l * 10];
+        const dl_plan *p = plans[l] = (const dl_plan *)(intptr_t)io[l * 10];
         const long nt = (p->heads + 2 * p->kv_heads) * p->head_dim;
         nt_max = nt > nt_max ? nt : nt_max;
     }
+    dl_scratch w; /* one for every layer (the file's comment); every layer's n the same, so one causal mask */
+    const long S = L > 0 ? io[9] + T : T;
     float *qkv = malloc(sizeof(float) * (size_t)(B * T * (nt_max > 0 ? nt_max : 1)));
-    if (!qkv) return -2;
-    int rc = 0;
+    int rc = qkv && !dl_scratch_new(plans, L, B * T, mask ? 1 : T, S, &w) ? 0 : -2;
+    free(plans);
+    if (rc) {
+        free(qkv);
+        return rc;
+    }
     for (long l = 0; l < L && !rc; l++) {
         const int64_t *r = io + l * 10;
         const dl_plan *p = (const dl_plan *)(intptr_t)r[0];
         float *k = (float *)(intptr_t)r[1], *v = (float *)(intptr_t)r[2];
         const long kb = r[3], kh = r[4], ks = r[5], vb = r[6], vh = r[7], vs = r[8], n = r[9];
         const long D = p->head_dim, H = p->heads, Hkv = p->kv_heads, nt = (H + 2 * Hkv) * D;
-        rc = dl_qkv(p, h, B * T, cos, sin_signed, qkv, threads);
+        rc = dl_qkv_ws(p, h, B * T, cos, sin_signed, qkv, threads, &w);
         for (long b = 0; b < B && !rc; b++)
             for (long t = 0; t < T; t++)
                 for (long g = 0; g < Hkv; g++) {
@@ -236,10 +318,13 @@ DL_API int dl_layers(const int64_t *io, long L, const double *scale, float *h, l
                     memcpy(k + b * kb + g * kh + (n + t) * ks, src, sizeof(float) * (size_t)D);
                     memcpy(v + b * vb + g * vh + (n + t) * vs, src + Hkv * D, sizeof(float) * (size_t)D);
                 }
+        if (!rc && !mask && T > 1 && n + T != S) rc = -1; /* the shared causal mask: every layer's n the same */
         if (!rc)
-            rc = dl_attn_mlp(p, h, B, T, qkv, k, kb, kh, ks, v, vb, vh, vs, n + T, mask, mb, mm, (float)scale[l], threads);
+            rc = dl_attn_mlp_ws(p, h, B, T, qkv, k, kb, kh, ks, v, vb, vh, vs, n + T, mask, mb, mm, (float)scale[l],
+                                threads, &w);
     }
     free(qkv);
+    dl_scratch_free(&w);
     return rc;
 }
 
