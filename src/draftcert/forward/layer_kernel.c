@@ -91,18 +91,24 @@ static void dl_silu_mul(const float *g, const float *u, long n, float *y)
     long i = 0;
 #if defined(__AVX512F__)
     float e[16];
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (; i + 16 <= n; i += 16) {
         const __m512 x = _mm512_loadu_ps(g + i);
         const __m512 a = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)); /* -|g|: exact */
-        _mm512_storeu_ps(e, _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(a))),
-                                               exp8(_mm512_extractf32x8_ps(a, 1)), 1));
+        __m512 ev = _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(a))),
+                                       exp8(_mm512_extractf32x8_ps(a, 1)), 1);
         const __mmask16 low = _mm512_cmp_ps_mask(a, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
-        if (low)
+        if (low) {
+            _mm512_storeu_ps(e, ev);
             for (int l = 0; l < 16; l++) if ((low >> l) & 1) e[l] = expf(a[l]); /* ra_expf outside [-104, 0] */
-        for (int l = 0; l < 16; l++) {
-            const float gi = g[i + l], d = 1.0f + e[l], s = gi >= 0.0f ? 1.0f / d : e[l] / d;
-            y[i + l] = (gi * s) * u[i + l];
+            ev = _mm512_loadu_ps(e);
         }
+        /* the scalar tail's operations lane by lane, each rounded alone: d = 1 + e, s = (g >= 0 ? 1 : e) / d
+         * (one correctly rounded division either way; NaN >= 0 is false in both), y = (g s) u */
+        const __m512 d = _mm512_add_ps(one, ev);
+        const __mmask16 nonneg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+        const __m512 sv = _mm512_div_ps(_mm512_mask_blend_ps(nonneg, ev, one), d);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(x, sv), _mm512_loadu_ps(u + i)));
     }
 #endif
     for (; i < n; i++) {
