@@ -19,7 +19,7 @@
   ``SHAREGPT_MAX_CHARS`` (pasted documents) are skipped.  Ids ``sharegpt/<conversation id>``.
 - ``"sharegpt-train-turns"``: every human turn of the training split's conversations (every piece of
   a split conversation too), each as a prompt of its own, for drafter training beyond the ~8,200
-  first turns (~44,000 turns): a later turn of at least ``SHAREGPT_MIN_TURN_CHARS`` characters (a bare
+  first turns (~51,000 in all): a later turn of at least ``SHAREGPT_MIN_TURN_CHARS`` characters (a bare
   "continue" or "thanks" says nothing of the user's text), at most ``SHAREGPT_MAX_CHARS``.  Ids
   ``sharegpt/<conversation id>`` for a conversation's first turn (as ``sharegpt-train``'s), else
   ``sharegpt/<conversation id>#<n>``, n the turn's index among the piece's human turns.

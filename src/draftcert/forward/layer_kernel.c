@@ -170,7 +170,8 @@ static int dl_scratch_new(const dl_plan *const *plans, long L, long M, long T, l
 }
 
 /* h [M, hidden]; cos, sin_signed [M, D] (each row's position); qkv [M, (H + 2 Hkv) D] out.  Returns
- * 0, -1 for a plan the kernels refuse, -2 when out of memory. */
+ * 0, -1 for a plan the kernels refuse, -2 when out of memory.  dl_qkv_ws: on the scratch w; dl_qkv
+ * allocates one for the call. */
 static int dl_qkv_ws(const dl_plan *p, const float *h, long M, const float *cos, const float *sin_signed, float *qkv,
                      int threads, dl_scratch *w)
 {
@@ -223,8 +224,8 @@ DL_API int dl_qkv(const dl_plan *p, const float *h, long M, const float *cos, co
 /* h [B * T, hidden] in place; qkv from dl_qkv (rows b * T + i); k, v: the cache after the append,
  * [B, Hkv, S, D] with strides (kb, kh, ks) / (vb, vh, vs), the T new rows its last; mask [B, T, S]
  * bytes with strides (mb, mm), nonzero = may attend; NULL: causal (row i sees keys j <= S - T + i).
- * Returns 0, -1 for a plan the kernels refuse, -2 when out of memory. */
-/* dl_attn_mlp on the scratch w (mask NULL and T > 1: w's causal mask). */
+ * Returns 0, -1 for a plan the kernels refuse, -2 when out of memory.  dl_attn_mlp_ws: the same on the
+ * scratch w (mask NULL and T > 1: w's causal mask); dl_attn_mlp allocates one for the call. */
 static int dl_attn_mlp_ws(const dl_plan *p, float *h, long B, long T, const float *qkv, const float *k, long kb,
                           long kh, long ks, const float *v, long vb, long vh, long vs, long S, const uint8_t *mask,
                           long mb, long mm, float scale, int threads, dl_scratch *w)
