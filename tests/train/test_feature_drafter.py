@@ -204,6 +204,51 @@ def test_resumed_run_continues_from_its_checkpoint(tiny, tmp_path):
         assert torch.equal(x, y), k  # the resumed run ends exactly where the uninterrupted one does
 
 
+def test_the_radii_stage_resumes_in_pieces_to_the_same_radii_and_vocabulary(tiny, trained, tmp_path, monkeypatch):
+    """The radii stage saves pieces of RADII_CHUNK examples: one cut short by its deadline and rerun
+    gives the radii and the draft vocabulary of one uninterrupted run (the vocabulary's running score is
+    the same float64 sum as over every example at once), and keeps no example's [V] expected counts."""
+    from draftcert.train.distill_data import draft_vocabulary
+    from draftcert.models.hf import eos_token_ids, vocab_size_of
+
+    target, tok = tiny
+    data = torch.load(trained[1] / "data.pt", weights_only=False)["examples"]
+    examples = [dict(e) for e in data] * 3  # 24 examples: pieces of 5 below
+    cfg = _cfg()
+    n_train = len(examples) - 2
+    monkeypatch.setattr(train_loop, "RADII_CHUNK", 5)
+    whole = [dict(e) for e in examples]
+    radii_of(target, whole, cfg.criterion, lambda m: None)
+    want = draft_vocabulary(whole[:n_train], cfg.draft_vocab, vocab_size_of(target), always=sorted(eos_token_ids(target, tok)))
+    first = [dict(e) for e in examples]
+    cache = tmp_path / "radii.pt"
+    calls = []
+    real = train_loop.radii_of
+
+    def counted(target, chunk, *args, **kw):  # the deadline passes after two pieces
+        calls.append(len(chunk))
+        return real(target, chunk, *args, **kw)
+
+    monkeypatch.setattr(train_loop, "radii_of", counted)
+    import time as real_time
+    from types import SimpleNamespace
+
+    # loop.py's clock: past the deadline once two pieces are done
+    fake = SimpleNamespace(monotonic=lambda: 10.0 if len(calls) >= 2 else 0.0, perf_counter=real_time.perf_counter)
+    monkeypatch.setattr(train_loop, "time", fake)
+    assert train_loop.radii_and_vocabulary(cfg, target, tok, first, n_train, cache, lambda m: None, False,
+                                           deadline=5.0) is None
+    assert calls == [5, 5] and len(list((tmp_path / "radii.parts").glob("radii-*.pt"))) == 2 and not cache.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(train_loop, "RADII_CHUNK", 5)
+    again = [dict(e) for e in examples]
+    got = train_loop.radii_and_vocabulary(cfg, target, tok, again, n_train, cache, lambda m: None, False)
+    assert torch.equal(got, want) and cache.is_file() and not (tmp_path / "radii.parts").exists()
+    for a, b in zip(again, whole):
+        assert torch.equal(a["radius"], b["radius"]) and torch.equal(a["teacher_lse"], b["teacher_lse"])
+        assert "mass" not in a
+
+
 def test_mismatched_drafter_is_refused(trained, tmp_path):
     d, _ = trained
     other, tok = _target(seed=1)

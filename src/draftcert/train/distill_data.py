@@ -356,19 +356,30 @@ def generate_examples(target, tok, n: int, *, max_prompt_tokens: int = 48, max_n
     return examples, {"dropped": dropped, "seconds": time.perf_counter() - t0}
 
 
-def draft_vocabulary(examples, size: int, vocab_size: int, always=()) -> torch.Tensor:
+def vocabulary_score(examples, vocab_size: int, score: torch.Tensor | None = None) -> torch.Tensor:
+    """``draft_vocabulary``'s frequency of every token over ``examples``, added into ``score`` ([V] float64,
+    a new zero one when None) example by example in order: observed count, then expected count
+    (``e["mass"]``, when present).  A running score over consecutive slices of the examples is the
+    same float64 sum as one call over all of them."""
+    if score is None:
+        score = torch.zeros(vocab_size, dtype=torch.float64)
+    for e in examples:
+        score += torch.bincount(torch.tensor(e["ids"]), minlength=vocab_size).double()
+        if "mass" in e:
+            score += e["mass"].double()
+    return score
+
+
+def draft_vocabulary(examples, size: int, vocab_size: int, always=(), score: torch.Tensor | None = None) -> torch.Tensor:
     """The ``size`` most frequent token ids of the examples, plus ``always`` (e.g. EOS).
 
     Frequency = observed count + the target's expected count (the sum of its next-token
     probabilities over every position, ``e["mass"]`` when present): with a few ten thousand
     tokens of data, the expected count also ranks the many tokens the greedy text happens not
-    to contain but the target often predicts.  Ties go to the lower id.
+    to contain but the target often predicts.  Ties go to the lower id.  ``score``: that frequency
+    already summed (``vocabulary_score``; ``examples`` then unused).
     """
-    score = torch.zeros(vocab_size, dtype=torch.float64)
-    for e in examples:
-        score += torch.bincount(torch.tensor(e["ids"]), minlength=vocab_size).double()
-        if "mass" in e:
-            score += e["mass"].double()
+    score = vocabulary_score(examples, vocab_size) if score is None else score.clone()
     size = min(int(size), vocab_size)
     for t in always:
         score[t] = float("inf")  # EOS etc. must be draftable

@@ -34,7 +34,7 @@ from ..models.hf import eos_token_ids, vocab_size_of
 from ..models.loading import transformers_progress
 from ..prompts import load_prompts
 from .distill_data import (HeldOut, answer_prompts, collate, draft_vocabulary, heldout_texts, radii_of, select_prompts,
-                   template_prefix_tokens, token_batches, write_prompts)
+                   template_prefix_tokens, token_batches, vocabulary_score, write_prompts)
 from .objective import OBJECTIVES, TeacherHead, batch_loss, evaluate
 from .user_eval import USER_EVAL_KEY, evaluate_on_user_prompts, user_eval_prompts
 
@@ -208,7 +208,11 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     n_held = min(cfg.heldout_examples, len(examples) - 1)
     train_ex, held_ex = examples[: len(examples) - n_held], examples[len(examples) - n_held :]
     V = vocab_size_of(target)
-    vocab_ids = radii_and_vocabulary(cfg, target, tokenizer, examples, train_ex, out / "radii.pt", log, progress)
+    vocab_ids = radii_and_vocabulary(cfg, target, tokenizer, examples, len(train_ex), out / "radii.pt", log, progress,
+                                     deadline=deadline)
+    if vocab_ids is None:
+        log("stage ended during the radii; rerun the same command to continue")
+        return None
     torch.manual_seed(cfg.seed)
     drafter = EagleDrafter(target, vocab_ids, intermediate_size=cfg.mlp_width)
     dtype = target.get_output_embeddings().weight.dtype
@@ -334,9 +338,21 @@ def train_drafter(cfg: TrainConfig, out, *, target=None, tokenizer=None, progres
     return final
 
 
-def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cache: Path, log, progress: bool):
-    """Each example's radii (``data.radii_of``) and the draft vocabulary of ``train_ex``; both kept in
-    ``cache``, so that a resumed stage does not spend ~10 min per million tokens recomputing them."""
+RADII_CHUNK = 256  # examples per saved piece of the radii stage
+
+
+def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, n_train: int, cache: Path, log, progress: bool,
+                         deadline: float | None = None):
+    """Each example's radii (``data.radii_of``) and the draft vocabulary of the first ``n_train``
+    examples (the training ones); both kept in ``cache``, so that a resumed stage does not spend ~10 min
+    per million tokens recomputing them.  None where ``deadline`` (``time.monotonic()``) ended the
+    stage first.
+
+    In pieces of ``RADII_CHUNK`` examples, each saved as it completes (``cache``'s folder,
+    ``radii.parts/``; deleted once ``cache`` is written): an interrupted stage loses at most one piece,
+    and a stage ends between pieces at its deadline.  A piece keeps no example's ``[V]`` expected
+    counts, only the vocabulary's running score (``vocabulary_score``, the same float64 sum in the same
+    order as over all the examples at once): 24,000 examples' would be 4.7 GB of memory."""
     key = {"criterion": cfg.criterion, "draft_vocab": cfg.draft_vocab, "examples": len(examples),
            "tokens": sum(len(e["ids"]) for e in examples), "teacher_terms": 1}
     if cache.is_file():
@@ -346,15 +362,41 @@ def radii_and_vocabulary(cfg: TrainConfig, target, tok, examples, train_ex, cach
                 e["radius"], e["teacher_lse"], e["teacher_negent"] = r, lse, negent
             log(f"radii and draft vocabulary from {cache}")
             return rec["vocab_ids"]
-    radii_of(target, examples, cfg.criterion, log, progress=progress)
     V = vocab_size_of(target)
-    vocab_ids = draft_vocabulary(train_ex, cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tok)))
-    for e in examples:
-        e.pop("mass", None)  # [V] per example: only the vocabulary needed it
+    parts = cache.parent / "radii.parts"
+    parts.mkdir(exist_ok=True)
+    score = torch.zeros(V, dtype=torch.float64)
+    t0 = time.perf_counter()
+    for i in range(0, len(examples), RADII_CHUNK):
+        chunk, piece = examples[i: i + RADII_CHUNK], parts / f"radii-{i // RADII_CHUNK:05d}.pt"
+        rec = torch.load(piece, weights_only=False) if piece.is_file() else None
+        if rec is not None and rec.get("key") == key:
+            for e, r, lse, negent in zip(chunk, rec["radius"], rec["teacher_lse"], rec["teacher_negent"]):
+                e["radius"], e["teacher_lse"], e["teacher_negent"] = r, lse, negent
+            score = rec["score"]
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            log(f"radii: stage ends at {i}/{len(examples)} (saved in {parts}); rerun to continue")
+            return None
+        radii_of(target, chunk, cfg.criterion, lambda *_: None)
+        vocabulary_score(chunk[: max(0, n_train - i)], V, score)  # the training examples' only
+        for e in chunk:
+            e.pop("mass", None)  # [V] per example: the score has it
+        with atomic_path(piece) as tmp:
+            torch.save({"key": key, "radius": [e["radius"] for e in chunk], "score": score,
+                        "teacher_lse": [e["teacher_lse"] for e in chunk],
+                        "teacher_negent": [e["teacher_negent"] for e in chunk]}, tmp)
+        if progress or i // RADII_CHUNK % 8 == 7:
+            log(f"radii: {min(i + RADII_CHUNK, len(examples))}/{len(examples)} ({time.perf_counter() - t0:.0f} s)")
+    log(f"radii ({cfg.criterion}) for {len(examples)} sequences in {time.perf_counter() - t0:.1f} s")
+    vocab_ids = draft_vocabulary([], cfg.draft_vocab, V, always=sorted(eos_token_ids(target, tok)), score=score)
     with atomic_path(cache) as tmp:
         torch.save({"key": key, "radius": [e["radius"] for e in examples], "vocab_ids": vocab_ids,
                     "teacher_lse": [e["teacher_lse"] for e in examples],
                     "teacher_negent": [e["teacher_negent"] for e in examples]}, tmp)
+    for piece in parts.glob("radii-*.pt"):
+        piece.unlink()
+    parts.rmdir()
     return vocab_ids
 
 
