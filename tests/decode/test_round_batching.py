@@ -9,7 +9,7 @@ import torch
 from draftcert.criteria import Additive, Strict
 from draftcert.decode import CertificateViolation, speculative_generate
 from draftcert.decode import round as round_mod
-from draftcert.decode.round import CertificateBatch, accept, certify, record
+from draftcert.decode.round import CertificateBatch, RowBuffer, accept, certify, record
 from draftcert.decode.stats import DecodeStats
 from draftcert.models.tree_attention import DraftTree
 
@@ -104,6 +104,8 @@ def test_a_batch_certifies_each_round_as_the_round_would(rule):
         assert all(h.checked_positions or not h.num_draft_tokens for h in heard)  # delivered: certified
         if batch.due():
             batch.flush()
+        logits.fill_(float("nan"))  # the next pass may reuse the buffers: the batch holds copies
+        draft.q.fill_(float("nan"))
     batch.flush()
     assert heard == logs  # each once, in order
     want = [r for r in alone.rounds]
@@ -115,6 +117,29 @@ def test_a_batch_certifies_each_round_as_the_round_would(rule):
     assert (together.checked_positions, together.certified_positions, together.kl_count) == \
         (alone.checked_positions, alone.certified_positions, alone.kl_count)
     assert 0 < alone.certified_positions < alone.checked_positions
+
+
+def test_a_row_buffer_holds_what_torch_cat_of_its_rows_would():
+    """``RowBuffer``: rows appended (all of a tensor, or an index list in any order) across growth,
+    clears and a dtype promotion are ``torch.cat`` of the same selections, bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    buf, want = RowBuffer(), []
+    for step, (n, idx, dtype) in enumerate([(3, None, torch.float32), (5, [4, 0, 2], torch.float32), (1, None, torch.float32),
+                                            (40, list(range(39, 0, -3)), torch.float32), ("clear", None, None),
+                                            (2, [1, 1], torch.float32), (6, None, torch.float64), (3, [2], torch.float32)]):
+        if n == "clear":
+            buf.clear()
+            want = []
+            continue
+        src = torch.randn(n, 11, generator=g, dtype=torch.float64).to(dtype)
+        buf.append(src, idx)
+        want.append(src.clone() if idx is None else src[idx])
+        ref = torch.cat(want)
+        assert buf.rows().dtype == ref.dtype and torch.equal(buf.rows(), ref), step
+        src.fill_(float("nan"))  # a copy, not a view
+        assert torch.equal(buf.rows(), ref), step
+    with pytest.raises(ValueError, match="rows of shape"):
+        buf.append(torch.zeros(1, 12))
 
 
 def test_a_batch_raises_on_a_certified_but_rejected_row(monkeypatch):

@@ -42,7 +42,7 @@ from .config import DecodeConfig
 from .stats import CertificateViolation, DecodeStats, RoundLog
 
 __all__ = ["propose_draft", "catch_up", "verify", "accept", "certify", "record", "settle", "emit", "Verdict",
-           "RoundCertificates", "DecodeRow", "CertificateBatch", "CERT_BATCH_ROWS", "CERT_BATCH_SECONDS",
+           "RoundCertificates", "DecodeRow", "CertificateBatch", "RowBuffer", "CERT_BATCH_ROWS", "CERT_BATCH_SECONDS",
            "accept_strict", "certify_summary", "fill_certificates"]
 
 
@@ -360,6 +360,48 @@ CERT_BATCH_ROWS = 16
 CERT_BATCH_SECONDS = 0.25
 
 
+class RowBuffer:
+    """Rows [n, V] appended by copying into one buffer that grows (doubling) and is kept when cleared.
+
+    ``append(src, idx)`` copies ``src[idx]`` (``idx`` None: all of ``src``) after the rows held;
+    ``rows()`` is the rows held, a view [n, V].  The buffer takes the dtype and device of the first
+    rows appended; rows of another dtype are cast as ``torch.cat`` would promote (the buffer is then
+    reallocated in the promoted dtype)."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None
+        self.n = 0
+
+    def append(self, src: torch.Tensor, idx: list[int] | None = None) -> None:
+        m = src.shape[0] if idx is None else len(idx)
+        buf = self.buf
+        if buf is not None and (buf.shape[1:] != src.shape[1:] or buf.device != src.device):
+            raise ValueError(f"RowBuffer: rows of shape {tuple(src.shape[1:])} on {src.device} after "
+                             f"{tuple(buf.shape[1:])} on {buf.device}")
+        dtype = src.dtype if buf is None else torch.promote_types(buf.dtype, src.dtype)
+        if buf is None or self.n + m > buf.shape[0] or dtype != buf.dtype:
+            cap = self.n + m if buf is None else max(self.n + m, 2 * buf.shape[0] if self.n + m > buf.shape[0]
+                                                      else buf.shape[0])
+            new = torch.empty((cap, *src.shape[1:]), dtype=dtype, device=src.device)
+            if self.n:
+                new[: self.n] = buf[: self.n]
+            self.buf = buf = new
+        out = buf[self.n: self.n + m]  # [m, V], contiguous: a slice of the leading dimension
+        if idx is None:
+            out.copy_(src)
+        elif src.dtype == dtype:
+            torch.index_select(src, 0, torch.tensor(idx, device=src.device), out=out)
+        else:
+            out.copy_(src[idx])
+        self.n += m
+
+    def rows(self) -> torch.Tensor:
+        return self.buf[: self.n]
+
+    def clear(self) -> None:
+        self.n = 0
+
+
 class CertificateBatch:
     """The certificates of many rounds, computed together (``engine.decode_loop``).
 
@@ -380,8 +422,11 @@ class CertificateBatch:
         self.rule, self.summary_k, self.stats, self.on_round = rule, summary_k, stats, on_round
         self.max_rows, self.max_seconds = rows, seconds
         self.entries: list[tuple] = []  # (log, reached rows, expanded rows, widths, passed) per waiting round
-        self.logits: list[torch.Tensor] = []  # [E_i, V] per waiting round
-        self.q: list[torch.Tensor] = []  # [E_i, V]
+        # the waiting rounds' rows, copied straight into buffers kept across flushes: a list of
+        # per-round copies joined by ``torch.cat`` at the flush copied every [V] row twice, into
+        # freshly allocated (page-faulted) memory each time
+        self.logits = RowBuffer()  # [n_rows, V]
+        self.q = RowBuffer()  # [n_rows, V]
         self.n_rows = 0
         self.since: float | None = None  # when the oldest waiting round was added
         self.waiting: list[RoundLog] = []  # logs whose on_round waits for an earlier round's certificates
@@ -390,7 +435,7 @@ class CertificateBatch:
         """Keep a round's expanded rows (copies: the next pass may reuse the logits' buffer) and its
         ``draft.q`` (the tree's own, built each round)."""
         er = [e + 1 for e in draft.expanded]
-        self.logits.append(logits[er])  # [E, V], advanced indexing copies
+        self.logits.append(logits, er)  # [E, V] copied: the next pass may reuse the logits' buffer
         self.q.append(draft.q)
         self.entries.append((log, list(verdict.rows), er, list(draft.widths), [verdict.passed[r] for r in er]))
         self.n_rows += len(er)
@@ -413,9 +458,9 @@ class CertificateBatch:
     def flush(self) -> None:
         """Certify every waiting round, fill in and count their logs, then call the waiting ``on_round``s."""
         if self.entries:
-            sub = summarize(logits=torch.cat(self.logits), k=self.summary_k, entropy=self.rule.needs_entropy)  # [R rows]
+            sub = summarize(logits=self.logits.rows(), k=self.summary_k, entropy=self.rule.needs_entropy)  # [R rows]
             widths = [w for entry in self.entries for w in entry[3]]
-            divergence, radius, certified = certify_summary(self.rule, sub, torch.cat(self.q), widths)
+            divergence, radius, certified = certify_summary(self.rule, sub, self.q.rows(), widths)
             i = 0
             for log, rows, er, widths, passed in self.entries:
                 j = i + len(er)
@@ -424,7 +469,9 @@ class CertificateBatch:
                 fill_certificates(log, rows, certs)
                 self.stats.add_certificates(log)
                 i = j
-            self.entries, self.logits, self.q, self.n_rows, self.since = [], [], [], 0, None
+            self.logits.clear()
+            self.q.clear()
+            self.entries, self.n_rows, self.since = [], 0, None
         waiting, self.waiting = self.waiting, []
         for log in waiting:
             self.on_round(log)
