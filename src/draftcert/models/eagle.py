@@ -71,6 +71,7 @@ __all__ = [
     "EagleDrafter",
     "target_fingerprint",
     "target_features",
+    "target_hidden",
     "load_eagle",
     "save_eagle",
     "is_eagle_path",
@@ -145,13 +146,19 @@ def target_fingerprint(target) -> dict:
     return fp
 
 
-def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
-    """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V))."""
-    dec, _, _, head = _parts(target)
+def target_hidden(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
+    """The target's final hidden states (B, T, H), after its final norm: the features a drafter reads."""
+    dec = _parts(target)[0]
     kw = {cache_kwarg(dec): cache} if cache is not None else {}
-    out = dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **kw)
-    f = out.last_hidden_state
-    return f, f @ head.weight.T
+    return dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache,
+               **kw).last_hidden_state
+
+
+def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
+    """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V)).  Where only the
+    features are needed, ``target_hidden``: the logits read the whole output layer (a GGUF one decoded)."""
+    f = target_hidden(target, input_ids, attention_mask, position_ids, cache, use_cache)
+    return f, f @ _parts(target)[3].weight.T
 
 
 def _layer_config(target, intermediate_size: int | None = None):
@@ -421,7 +428,7 @@ class EagleDrafter(nn.Module):
         """
         B, T = input_ids.shape
         with torch.no_grad():
-            f, _ = target_features(self.target, input_ids, attention_mask, position_ids)
+            f = target_hidden(self.target, input_ids, attention_mask, position_ids)
         dt = self.dtype
         keyok = torch.ones(B, T, dtype=torch.bool, device=input_ids.device) if attention_mask is None else attention_mask.bool()
         causal = torch.ones(T - 1, T - 1, dtype=torch.bool, device=input_ids.device).tril()

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from ..models.eagle import EagleDrafter, target_features
+from ..models.eagle import EagleDrafter, target_hidden
 from ..models.hf import left_pad
 from ..summary import topk_lowest_ids
 from .greedy_steps import StepTimer
@@ -69,7 +69,7 @@ def score_feature_drafter(draft, prompts: Sequence[Sequence[int]], continuations
     with timer.section("model"):
         ids, mask, pos = left_pad(seqs, pad_id, dev)
         L = ids.shape[1]
-        f, _ = target_features(draft.target, ids, mask, pos)
+        f = target_hidden(draft.target, ids, mask, pos)
         head = draft.head_layer()
         cache = draft.new_cache()
         # Depth 1: the teacher-forced pass (pair (x_{s+1}, f_s) at row s, position pos[s]), as
