@@ -19,7 +19,7 @@ from draftcert.decode import greedy_generate, speculative_generate
 from draftcert.drafting.feature_drafter import FeatureDrafter
 from draftcert.models import load_drafter, load_target
 from tests.tiny_models import tiny_qwen3
-from draftcert.models.eagle import EagleDrafter, load_eagle, save_eagle, target_features
+from draftcert.models.eagle import EagleDrafter, load_eagle, save_eagle, target_hidden
 from draftcert.prompts import encode_prompt
 from draftcert.train import TrainConfig, train_drafter
 from draftcert.train import loop as train_loop
@@ -387,7 +387,8 @@ def test_features_collected_while_generating_match_a_teacher_forced_pass(tiny, t
     target, _ = tiny
     data = torch.load(trained[1] / "data.pt", weights_only=False)
     for e in data["examples"][:3]:
-        f, logits = target_features(target, torch.tensor([e["ids"]]))
+        f = target_hidden(target, torch.tensor([e["ids"]]))
+        logits = f @ target.get_output_embeddings().weight.T
         assert e["features"].shape == (len(e["ids"]), f.shape[-1])
         assert torch.allclose(e["features"].double(), f[0].double(), atol=1e-6)
         # and the response is the target's greedy continuation: argmax at each response position
@@ -424,7 +425,7 @@ def test_tokens_outside_the_draft_vocabulary_are_never_proposed(tiny, trained, t
     assert set(seen) <= set(d.vocab_ids.tolist())
     # the cap is what kept them out: uncapped, the tail's share per token outranks every draft logit
     ids = torch.tensor([prompt])
-    f, _ = target_features(target, ids)
+    f = target_hidden(target, ids)
     T = len(prompt) - 1
     mask = torch.triu(torch.full((T, T), torch.finfo(d.dtype).min, dtype=d.dtype), 1)[None, None]
     g, red, tail = d.step(ids[:, 1:], f[:, :-1], torch.arange(T)[None], mask)

@@ -70,7 +70,6 @@ PROPOSAL_WIDTH = 8  # the top this many tokens of q are always draft-vocabulary 
 __all__ = [
     "EagleDrafter",
     "target_fingerprint",
-    "target_features",
     "target_hidden",
     "load_eagle",
     "save_eagle",
@@ -147,18 +146,12 @@ def target_fingerprint(target) -> dict:
 
 
 def target_hidden(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
-    """The target's final hidden states (B, T, H), after its final norm: the features a drafter reads."""
+    """The target's final hidden states (B, T, H), after its final norm: the features a drafter reads
+    (its logits are ``f @ target.get_output_embeddings().weight.T``)."""
     dec = _parts(target)[0]
     kw = {cache_kwarg(dec): cache} if cache is not None else {}
     return dec(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache,
                **kw).last_hidden_state
-
-
-def target_features(target, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=False):
-    """(final hidden states (B, T, H) after the target's final norm, logits (B, T, V)).  Where only the
-    features are needed, ``target_hidden``: the logits read the whole output layer (a GGUF one decoded)."""
-    f = target_hidden(target, input_ids, attention_mask, position_ids, cache, use_cache)
-    return f, f @ _parts(target)[3].weight.T
 
 
 def _layer_config(target, intermediate_size: int | None = None):
