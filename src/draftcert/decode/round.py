@@ -424,7 +424,7 @@ class CertificateBatch:
         self.entries: list[tuple] = []  # (log, reached rows, expanded rows, widths, passed) per waiting round
         # the waiting rounds' rows, copied straight into buffers kept across flushes: a list of
         # per-round copies joined by ``torch.cat`` at the flush copied every [V] row twice, into
-        # freshly allocated (page-faulted) memory each time
+        # newly allocated memory each time
         self.logits = RowBuffer()  # [n_rows, V]
         self.q = RowBuffer()  # [n_rows, V]
         self.n_rows = 0
