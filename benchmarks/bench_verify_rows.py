@@ -15,12 +15,23 @@ and ``linear`` wrapped with a CPU clock), the attention (``row_attention.attenti
 The clock calls add a few microseconds per kernel call to the totals of those rounds, not to the
 figures above.
 
+``--in-decode N`` times the passes inside real decodes instead: ``draftcert decode``'s defaults on the
+embedded target (strict, ``-k auto``, its default drafter; ``--drafter`` another spec) over the first N
+of ``bench_default_decode.py``'s held-out prompts, ``--max-new-tokens`` each, ``--repeats`` decodes of each
+after one untimed.  Every verification pass (the engine's ``verify``, wrapped with a wall clock) is
+filed by its rows, the pending tokens plus the draft's nodes; each decode's first pass, the prompt's
+prefill, is left out.  Between passes the drafter runs, so the target's weights, cache and buffers are
+cold as they are in a decode; the isolated passes above run back to back.  Last lines:
+``in_decode_passes[M]=``, ``in_decode_wall_ms[M]=`` (median) and ``in_decode_wall_cost[M]=`` (÷ the
+1-row median), for every M seen at least 5 times.
+
 ``--compare SRC`` runs this script in turns with ``PYTHONPATH=SRC`` (another checkout's ``src``, e.g. main's)
 and with this one's, ``--turns`` processes each, alternating, and prints both sets of figures (the
 baseline's prefixed ``base_``), each the median over its processes of their per-process figures.
 
     python benchmarks/bench_verify_rows.py [--target embedded|qwen2.5-coder-1.5b] [--rows 1,2,3,4,5]
         [--context 128] [--repeats 30] [--threads 1] [--stages] [--compare SRC --turns 3]
+    python benchmarks/bench_verify_rows.py --in-decode 4 --threads 2 --repeats 2 [--drafter SPEC]
 
 Last lines, ``name=value``: ``verify_rows_ms[M]`` (CPU ms of an M-row pass), ``verify_rows_wall_ms[M]``,
 ``verify_rows_cost[M]``, ``verify_rows_wall_cost[M]``, with ``--stages`` ``stage_ms[<stage>][M]`` and
@@ -46,6 +57,55 @@ def _parse_rows(text: str) -> list[int]:
     if not rows or rows[0] < 1 or 1 not in rows:
         raise ValueError("--rows: a comma list of row counts >= 1 that includes 1")
     return rows
+
+
+def measure_in_decode(args) -> dict:
+    """The passes of real decodes, filed by rows (module docstring: ``--in-decode``)."""
+    import draftcert
+    import draftcert.decode.engine as engine
+    from draftcert.cli.decode import DEFAULT_DRAFTER_TRAINED
+    from draftcert.decode import speculative_generate
+    from draftcert.drafting import make_drafter
+    from draftcert.gguf.layers import numerics_of
+    from draftcert.models import load_target, parse_drafter_spec
+    from draftcert.prompts import encode_prompt
+    from bench_default_decode import DEFAULT_PROMPTS, prompt_text
+
+    torch.set_num_threads(args.threads)
+    model, tok = load_target(None)
+    spec = parse_drafter_spec(args.drafter or DEFAULT_DRAFTER_TRAINED).spec
+    drafter = make_drafter(spec, model, tok)
+    prompts = [prompt_text(pid) for pid in DEFAULT_PROMPTS.split(",")[: args.in_decode]]
+    by_rows: dict[int, list[float]] = {}
+    timing = [False]
+    verify = engine.verify
+
+    def timed_verify(target, cache, n_cached, pending, draft, *a, **kw):
+        t0 = time.perf_counter()
+        out = verify(target, cache, n_cached, pending, draft, *a, **kw)
+        if timing[0] and n_cached:  # n_cached 0: the prompt's prefill
+            by_rows.setdefault(len(pending) + len(draft), []).append(time.perf_counter() - t0)
+        return out
+
+    engine.verify = timed_verify
+    try:
+        for rep in range(args.repeats + 1):
+            timing[0] = rep > 0
+            for text in prompts:
+                speculative_generate(model, drafter, [encode_prompt(tok, text)], k="auto", tokenizer=tok,
+                                     max_new_tokens=args.max_new_tokens, eos_token_id=tok.eos_token_id)
+    finally:
+        engine.verify = verify
+    if len(by_rows.get(1, [])) < 5:
+        raise SystemExit("--in-decode: fewer than 5 one-row passes to divide by; more prompts or repeats")
+    out = {"weights": numerics_of(model), "draftcert": str(Path(draftcert.__file__).parent.parent), "drafter": spec}
+    one = statistics.median(by_rows[1])
+    for rows in sorted(r for r, v in by_rows.items() if len(v) >= 5):
+        ms = statistics.median(by_rows[rows])
+        out[f"in_decode_passes[{rows}]"] = len(by_rows[rows])
+        out[f"in_decode_wall_ms[{rows}]"] = 1e3 * ms
+        out[f"in_decode_wall_cost[{rows}]"] = ms / one
+    return out
 
 
 def measure(args) -> dict:
@@ -201,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", action="store_true", help="also time the stages of a pass")
     ap.add_argument("--compare", metavar="SRC", help="another checkout's src folder, timed in turns with this one")
     ap.add_argument("--turns", type=int, default=3, help="processes of each checkout with --compare")
+    ap.add_argument("--in-decode", type=int, metavar="N", help="time the passes inside decodes of N held-out prompts "
+                    "(decode's defaults on the embedded target) instead of isolated passes")
+    ap.add_argument("--drafter", help="with --in-decode: the drafter spec (default: decode's default)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="with --in-decode: tokens per decode")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
@@ -210,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     for opt in ("context", "repeats", "threads", "turns"):
         if getattr(args, opt) < 1:
             ap.error(f"--{opt} must be at least 1")
+    if args.in_decode is not None:
+        if args.in_decode < 1 or args.target != "embedded" or args.compare or args.stages:
+            ap.error("--in-decode: N >= 1, on the embedded target, without --compare or --stages")
+        for key, v in measure_in_decode(args).items():
+            print(f"{key}={v:.3f}" if isinstance(v, float) else f"{key}={v}")
+        return 0
     if args.compare:
         if not (Path(args.compare) / "draftcert").is_dir():
             ap.error(f"--compare: {args.compare} holds no draftcert package")
