@@ -275,8 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, opt) < 1:
             ap.error(f"--{opt} must be at least 1")
     if args.in_decode is not None:
-        if args.in_decode < 1 or args.target != "embedded" or args.compare or args.stages:
-            ap.error("--in-decode: N >= 1, on the embedded target, without --compare or --stages")
+        from bench_default_decode import DEFAULT_PROMPTS
+        n_prompts = len(DEFAULT_PROMPTS.split(","))
+        if not 1 <= args.in_decode <= n_prompts or args.max_new_tokens < 1:
+            ap.error(f"--in-decode: N from 1 to {n_prompts} (the held-out prompts), --max-new-tokens >= 1")
+        if args.target != "embedded" or args.compare or args.stages:
+            ap.error("--in-decode: the embedded target only, without --compare or --stages")
         for key, v in measure_in_decode(args).items():
             print(f"{key}={v:.3f}" if isinstance(v, float) else f"{key}={v}")
         return 0

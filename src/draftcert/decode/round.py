@@ -379,21 +379,21 @@ class RowBuffer:
             raise ValueError(f"RowBuffer: rows of shape {tuple(src.shape[1:])} on {src.device} after "
                              f"{tuple(buf.shape[1:])} on {buf.device}")
         dtype = src.dtype if buf is None else torch.promote_types(buf.dtype, src.dtype)
-        if buf is None or self.n + m > buf.shape[0] or dtype != buf.dtype:
-            cap = self.n + m if buf is None else max(self.n + m, 2 * buf.shape[0] if self.n + m > buf.shape[0]
-                                                      else buf.shape[0])
+        need = self.n + m
+        if buf is None or need > buf.shape[0] or dtype != buf.dtype:
+            cap = need if buf is None else max(need, buf.shape[0] * (2 if need > buf.shape[0] else 1))
             new = torch.empty((cap, *src.shape[1:]), dtype=dtype, device=src.device)
             if self.n:
                 new[: self.n] = buf[: self.n]
             self.buf = buf = new
-        out = buf[self.n: self.n + m]  # [m, V], contiguous: a slice of the leading dimension
+        out = buf[self.n: need]  # [m, V], contiguous: a slice of the leading dimension
         if idx is None:
             out.copy_(src)
         elif src.dtype == dtype:
             torch.index_select(src, 0, torch.tensor(idx, device=src.device), out=out)
         else:
             out.copy_(src[idx])
-        self.n += m
+        self.n = need
 
     def rows(self) -> torch.Tensor:
         return self.buf[: self.n]
@@ -425,9 +425,8 @@ class CertificateBatch:
         # the waiting rounds' rows, copied straight into buffers kept across flushes: a list of
         # per-round copies joined by ``torch.cat`` at the flush copied every [V] row twice, into
         # newly allocated memory each time
-        self.logits = RowBuffer()  # [n_rows, V]
-        self.q = RowBuffer()  # [n_rows, V]
-        self.n_rows = 0
+        self.logits = RowBuffer()  # [rows waiting, V]
+        self.q = RowBuffer()  # [rows waiting, V]
         self.since: float | None = None  # when the oldest waiting round was added
         self.waiting: list[RoundLog] = []  # logs whose on_round waits for an earlier round's certificates
 
@@ -438,7 +437,6 @@ class CertificateBatch:
         self.logits.append(logits, er)  # [E, V] copied: the next pass may reuse the logits' buffer
         self.q.append(draft.q)
         self.entries.append((log, list(verdict.rows), er, list(draft.widths), [verdict.passed[r] for r in er]))
-        self.n_rows += len(er)
         if self.since is None:
             self.since = time.perf_counter()
 
@@ -452,7 +450,7 @@ class CertificateBatch:
             self.on_round(log)
 
     def due(self) -> bool:
-        return self.n_rows >= self.max_rows or (self.since is not None
+        return self.logits.n >= self.max_rows or (self.since is not None
                                                 and time.perf_counter() - self.since >= self.max_seconds)
 
     def flush(self) -> None:
@@ -471,7 +469,7 @@ class CertificateBatch:
                 i = j
             self.logits.clear()
             self.q.clear()
-            self.entries, self.n_rows, self.since = [], 0, None
+            self.entries, self.since = [], None
         waiting, self.waiting = self.waiting, []
         for log in waiting:
             self.on_round(log)
