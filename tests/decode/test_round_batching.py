@@ -120,18 +120,23 @@ def test_a_batch_certifies_each_round_as_the_round_would(rule):
 
 
 def test_a_row_buffer_holds_what_torch_cat_of_its_rows_would():
-    """``RowBuffer``: rows appended (all of a tensor, or an index list in any order) across growth,
-    clears and a dtype promotion are ``torch.cat`` of the same selections, bit for bit."""
+    """``RowBuffer``: rows appended (all of a tensor, a run of rows, or an index list in any order, from
+    contiguous and strided sources) across growth, clears and a dtype promotion are ``torch.cat`` of
+    the same selections, bit for bit."""
     g = torch.Generator().manual_seed(0)
     buf, want = RowBuffer(), []
     for step, (n, idx, dtype) in enumerate([(3, None, torch.float32), (5, [4, 0, 2], torch.float32), (1, None, torch.float32),
                                             (40, list(range(39, 0, -3)), torch.float32), ("clear", None, None),
-                                            (2, [1, 1], torch.float32), (6, None, torch.float64), (3, [2], torch.float32)]):
+                                            (2, [1, 1], torch.float32), (5, [1, 2, 3], torch.float32),
+                                            (4, [0, 1, 2], "strided"), (6, None, torch.float64), (3, [2], torch.float32)]):
         if n == "clear":
             buf.clear()
             want = []
             continue
-        src = torch.randn(n, 11, generator=g, dtype=torch.float64).to(dtype)
+        if dtype == "strided":  # a column-major source: rows that are not contiguous
+            src = torch.randn(11, n, generator=g).t()
+        else:
+            src = torch.randn(n, 11, generator=g, dtype=torch.float64).to(dtype)
         buf.append(src, idx)
         want.append(src.clone() if idx is None else src[idx])
         ref = torch.cat(want)

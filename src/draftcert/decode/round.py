@@ -360,6 +360,9 @@ CERT_BATCH_ROWS = 16
 CERT_BATCH_SECONDS = 0.25
 
 
+_NUMPY_COPY = (torch.float32, torch.float64)  # dtypes RowBuffer copies through numpy on a CPU
+
+
 class RowBuffer:
     """Rows [n, V] appended by copying into one buffer that grows (doubling) and is kept when cleared.
 
@@ -387,7 +390,18 @@ class RowBuffer:
                 new[: self.n] = buf[: self.n]
             self.buf = buf = new
         out = buf[self.n: need]  # [m, V], contiguous: a slice of the leading dimension
-        if idx is None:
+        if src.dtype == dtype and src.device.type == "cpu" and dtype in _NUMPY_COPY:
+            # numpy's copy runs on this thread: torch's copy of a row wider than its 32,768-element grain
+            # wakes the thread pool, which in a decode (the pool idle since the target's pass) cost twice
+            # the copy itself
+            a = src.detach().numpy()
+            if idx is None:
+                out.numpy()[...] = a
+            elif idx == list(range(idx[0], idx[0] + m)):  # a chain's rows: one slice
+                out.numpy()[...] = a[idx[0]: idx[0] + m]
+            else:
+                np.take(a, idx, axis=0, out=out.numpy())
+        elif idx is None:
             out.copy_(src)
         elif src.dtype == dtype:
             torch.index_select(src, 0, torch.tensor(idx, device=src.device), out=out)
