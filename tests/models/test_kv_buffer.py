@@ -101,6 +101,28 @@ def test_appends_within_the_spare_room_move_nothing():
     assert layer._key_buffer is None and layer.get_seq_length() == 0
 
 
+def test_a_native_pass_and_a_crop_make_no_view():
+    """What a native pass does (``reserve``, write the buffers, ``commit``) and a round's roll-back
+    (``crop``) only move the layer's length; ``keys`` / ``values`` are sliced from the buffers when read,
+    and hold what ``DynamicLayer`` would."""
+    pair = _Pair()
+    pair.append(6)
+    layer = pair.spare.layers[0]
+    k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    kb, vb, n = layer.reserve(k, v)
+    kb[..., n: n + 3, :], vb[..., n: n + 3, :] = k, v
+    layer.commit(n + 3)
+    pair.plain.layers[0].update(k.clone(), v.clone())
+    made = layer.__dict__["_keys"]
+    assert n == 6 and layer.get_seq_length() == 9 and made is not None and made.shape[-2] == 6  # the old view, unread
+    pair.both(lambda c: crop_cache(c, 7))
+    assert layer.get_seq_length() == 7 and layer.__dict__["_keys"] is made  # still nothing made
+    pair.check()  # read: views of the buffers' first 7 positions, DynamicLayer's values
+    assert layer.keys.data_ptr() == kb.data_ptr() and layer.keys.shape[-2] == 7
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.keys is None
+
+
 def _engine_passes(model, cache) -> list[torch.Tensor]:
     """A prefill, one-row steps, chain verifications cropped back, a tree pass kept in part, hidden states."""
     gen = torch.Generator().manual_seed(2)

@@ -94,8 +94,7 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
         lc = native_layer.cache_layer(cache, idx)
         if lc is None:
             return None
-        keys = lc.keys if lc.is_initialized else None
-        past = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
+        past = lc.get_seq_length()
     else:
         lc, past = None, 0
     ok, vis = native_layer.visible_rows(mask, B, T, past + T)

@@ -13,6 +13,13 @@ into the room after ``n`` and returns the longer views::
     buffer[..., n : n + t, :] = new       # in place: no cached position moves
     keys = buffer[..., : n + t, :]        # the view attention reads (stride capacity * D per head)
 
+The views are made when they are read, not at every append or crop: while the layer holds the
+buffers' first ``n`` positions (``_length``), ``keys`` / ``values`` are properties that slice the buffers
+to ``n`` on first read, and ``commit(n)`` and a ``crop`` only set ``n``.  A native pass reads the
+length (``get_seq_length``) and writes into the buffers (``reserve``), so a one-row step and a round's
+roll-back make no tensor at all (60 views a pass on a 30-layer model, two a layer, were ~2 % of a
+step on the embedded target).
+
 When the room is short the buffers are reallocated at ``GROWTH`` times the length plus
 ``MIN_SPARE`` positions, so appends cost amortised O(t).  The values stored and read are the same as
 ``DynamicLayer``'s; only their place in memory differs.  Everything transformers and draftcert do
@@ -48,6 +55,42 @@ def spare_layer() -> type:
         (``draftcert.forward.kv_buffer``)."""
 
         _key_buffer = _value_buffer = None  # [B, H_kv, capacity, D] each
+        # n where keys / values are the buffers' first n positions (their views made on read, kept in
+        # _keys / _values while current); None: keys / values are the tensors last assigned
+        _length: int | None = None
+        _keys = _values = None
+
+        def _view(self, name: str):
+            """``keys`` (name "_keys") or ``values``: the buffer's first ``_length`` positions (a view made
+            once per length), or the tensor assigned."""
+            d = self.__dict__
+            t, n = d.get(name), d.get("_length")
+            if n is not None and (t is None or t.shape[-2] != n):
+                buf = d["_key_buffer"] if name == "_keys" else d["_value_buffer"]
+                t = d[name] = buf[..., :n, :]
+            return t
+
+        def _assign(self, name: str, t) -> None:
+            """A tensor of the caller's (``DynamicLayer``'s own code, a roll-back's gather): the other of
+            keys / values keeps what it reads now, and ``_length`` is dropped."""
+            d = self.__dict__
+            if d.get("_length") is not None:
+                self._view("_values" if name == "_keys" else "_keys")
+                d["_length"] = None
+            d[name] = t
+
+        keys = property(lambda self: self._view("_keys"), lambda self, t: self._assign("_keys", t))
+        values = property(lambda self: self._view("_values"), lambda self, t: self._assign("_values", t))
+
+        def get_seq_length(self) -> int:
+            n = self.__dict__.get("_length")
+            return n if n is not None else super().get_seq_length()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            n = self.__dict__.get("_length")
+            if n is None or tokens_to_remove > 0:  # assigned tensors (or transformers' error): its own crop
+                return super().crop(tokens_to_remove)
+            self.__dict__["_length"] = max(0, n - abs(tokens_to_remove))  # DynamicLayer's keys[..., :-r, :]
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
             if key_states.requires_grad or value_states.requires_grad:  # training: autograd needs the copies
@@ -56,19 +99,23 @@ def spare_layer() -> type:
             t = key_states.shape[-2]
             kb[..., n : n + t, :].copy_(key_states)
             vb[..., n : n + t, :].copy_(value_states)
-            return self.commit(n + t)
+            self.commit(n + t)
+            return self.keys, self.values
 
         def reserve(self, key_states: torch.Tensor, value_states: torch.Tensor):
             """(key buffer, value buffer, n): buffers whose first n positions hold the layer's keys and
             values and that have room for ``key_states``' ``t`` positions after them (reallocated,
             with the n copied, when they have not).  Nothing is written after n: the caller writes
             positions n .. n + t - 1 of both buffers and calls ``commit(n + t)``."""
+            d = self.__dict__
+            t = key_states.shape[-2]
+            n, kb, vb = d.get("_length"), d.get("_key_buffer"), d.get("_value_buffer")
+            if (n is not None and n + t <= kb.shape[-2] and _fits(kb, key_states) and _fits(vb, value_states)):
+                return kb, vb, n  # the positions held, room after them: nothing to look at
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             keys, values = self.keys, self.values
             n = keys.shape[-2] if keys.dim() == 4 else 0
-            t = key_states.shape[-2]
-            kb, vb = self._key_buffer, self._value_buffer
             if not (_prefix_view(keys, kb, key_states) and _prefix_view(values, vb, value_states)
                     and n + t <= kb.shape[-2]):
                 cap = n + t + max(MIN_SPARE, int((GROWTH - 1.0) * (n + t)))
@@ -76,15 +123,20 @@ def spare_layer() -> type:
                 if n:
                     kb[..., :n, :].copy_(keys)
                     vb[..., :n, :].copy_(values)
+                if d.get("_length") is not None:
+                    d["_keys"] = d["_values"] = None  # views of the old buffers: made again from the new
                 self._key_buffer, self._value_buffer = kb, vb
             return kb, vb, n
 
-        def commit(self, n: int):
-            """The layer's keys and values are now the buffers' first ``n`` positions: (keys, values)."""
-            self.keys, self.values = self._key_buffer[..., :n, :], self._value_buffer[..., :n, :]
-            return self.keys, self.values
+        def commit(self, n: int) -> None:
+            """The layer's keys and values are now the buffers' first ``n`` positions (views made when read)."""
+            d = self.__dict__
+            if d.get("_length") is None:  # the tensors assigned before (``reserve`` copied them in): not views
+                d["_keys"] = d["_values"] = None
+            d["_length"] = n
 
         def reset(self) -> None:
+            self.__dict__["_length"] = None
             self._key_buffer = self._value_buffer = None
             super().reset()
 
@@ -95,6 +147,12 @@ def spare_layer() -> type:
 def _buffer(like: torch.Tensor, capacity: int) -> torch.Tensor:
     b, h, _, d = like.shape
     return torch.empty(b, h, capacity, d, dtype=like.dtype, device=like.device)
+
+
+def _fits(buf: torch.Tensor, new: torch.Tensor) -> bool:
+    """Can ``new`` [B, H, t, D] be written into ``buf`` [B, H, capacity, D] (the room aside)?"""
+    return (buf.dtype == new.dtype and buf.device == new.device and buf.shape[:2] == new.shape[:2]
+            and buf.shape[-1] == new.shape[-1])
 
 
 def _prefix_view(t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> bool:

@@ -213,8 +213,7 @@ def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache,
         lc = cache_layer(cache, attn.layer_idx)
         if lc is None:
             return None
-        keys = lc.keys if lc.is_initialized else None
-        n = keys.shape[-2] if keys is not None and keys.dim() == 4 else 0
+        n = lc.get_seq_length()
         if past is None:
             past = n
         elif n != past:
