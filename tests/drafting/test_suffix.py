@@ -137,6 +137,31 @@ def test_store_carries_outputs_across_sequences_but_not_the_same_prompt():
     assert len(store) == 2 and _draft(other, [1, 11, 12]) == []
 
 
+def test_the_store_counts_the_outputs_holding_each_ngram_through_evictions():
+    """``SuffixStore.keys`` (which tails ``match`` looks up in the stored outputs at all) is the count,
+    over the outputs held, of those holding each n-gram, as outputs come and the oldest go (by number
+    and by tokens); a match finds what a look-up in every output finds."""
+    import random
+    from collections import Counter
+
+    rnd, store = random.Random(3), SuffixStore(max_sequences=5, max_tokens=60)
+    for step in range(40):
+        store.add(step % 7, [rnd.randint(0, 9) for _ in range(rnd.randint(1, 25))])
+        want = Counter(key for _, index in store.docs for key in index.ends)
+        assert store.keys == dict(want), step
+        ix = _index(store=store)
+        ix.start([1000 + step])
+        seq = [1000 + step] + [rnd.randint(0, 9) for _ in range(6)]
+        ix.sync(seq)
+        m, cands = ix.match(seq)
+        tail = tuple(seq[len(seq) - min(m, ix.max_ngram):]) if m else None
+        full = [(d.tokens, e) for d in [ix.live] + [d for _, d in reversed(store.docs)] if m
+                for e in reversed(d.find(tail)) if e < len(d)]
+        assert [(toks, e) for toks, e, _ in cands] == full[: ix.max_candidates], step
+    store.clear()
+    assert store.keys == {} and len(store) == 0
+
+
 def test_graft_merges_shared_prefixes_without_duplicate_siblings():
     tree = DraftTree()
     a = tree.add(5, -1)

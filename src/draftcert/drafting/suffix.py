@@ -113,6 +113,9 @@ class SuffixStore:
         self.min_match, self.max_ngram = int(min_match), int(max_ngram)
         self.docs: deque[tuple[int, NgramIndex]] = deque()  # (prompt fingerprint, index of the output)
         self.n_tokens = 0
+        # n-gram key -> how many stored outputs hold it: a tail no output holds is looked up in none of
+        # them (a round's match tries up to max_ngram - min_match + 1 tails against up to 64 outputs)
+        self.keys: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -120,13 +123,24 @@ class SuffixStore:
     def add(self, prompt_key: int, output: list[int]) -> None:
         if not output or self.max_sequences == 0 or len(output) > self.max_tokens:
             return
-        self.docs.append((prompt_key, NgramIndex(self.min_match, self.max_ngram, output)))
+        index = NgramIndex(self.min_match, self.max_ngram, output)
+        self.docs.append((prompt_key, index))
+        keys = self.keys
+        for key in index.ends:
+            keys[key] = keys.get(key, 0) + 1
         self.n_tokens += len(output)
         while len(self.docs) > self.max_sequences or self.n_tokens > self.max_tokens:
-            self.n_tokens -= len(self.docs.popleft()[1])
+            old = self.docs.popleft()[1]
+            self.n_tokens -= len(old)
+            for key in old.ends:
+                if keys[key] == 1:
+                    del keys[key]
+                else:
+                    keys[key] -= 1
 
     def clear(self) -> None:
         self.docs.clear()
+        self.keys.clear()
         self.n_tokens = 0
 
 
@@ -190,13 +204,15 @@ class SuffixIndex:
         occurrences as (tokens, end, in the current sequence), the current sequence first, stored
         outputs newest first.  ``sync(seq)`` first."""
         L = len(seq)
-        docs = [self.live] + [d for key, d in reversed(self.store.docs) if key != self.prompt_key]
+        stored = [d for key, d in reversed(self.store.docs) if key != self.prompt_key]
+        held = self.store.keys
         for n in range(min(self.max_ngram, L - 1), self.min_match - 1, -1):
-            tail = tuple(seq[L - n :])
+            key = hash(tuple(seq[L - n :]))  # NgramIndex's key of the tail
+            docs = [self.live] + stored if key in held else (self.live,)
             cands: list[tuple[list[int], int, bool]] = []
             for d in docs:
                 # an occurrence needs a continuation: it ends before the end of its text (excludes the tail itself)
-                ends = (e for e in reversed(d.find(tail)) if e < len(d))
+                ends = (e for e in reversed(d.ends.get(key, ())) if e < len(d))
                 cands += [(d.tokens, e, d is self.live) for e in islice(ends, self.max_candidates - len(cands))]
                 if len(cands) >= self.max_candidates:
                     break
