@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -79,11 +80,11 @@ class Layout:
     module_state: bool = False  # recurrent state kept on the model's modules, outside the cache (RecurrentGemma)
     other: tuple[str, ...] = field(default_factory=tuple)  # cache layer classes of no kind above
 
-    @property
+    @cached_property  # read several times a round (mark, keep, catch_up): worked out once (the fields are frozen)
     def stateful(self) -> bool:
         return any(k in ("recurrent", "hybrid") for k in self.kinds)
 
-    @property
+    @cached_property
     def sliding(self) -> bool:
         return "sliding" in self.kinds
 
@@ -197,7 +198,7 @@ def layout_of(model) -> Layout:
         other=tuple(c for c, k in zip(classes, kinds) if k == "other"), module_state=bool(module_states(model)),
     )
     if layout.stateful and not probe_continuation(model):
-        layout = Layout(**{**layout.__dict__, "stepwise": True})
+        layout = replace(layout, stepwise=True)
     try:
         _LAYOUTS[model] = layout
     except TypeError:
