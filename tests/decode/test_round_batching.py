@@ -127,7 +127,7 @@ def test_a_row_buffer_holds_what_torch_cat_of_its_rows_would():
     buf, want = RowBuffer(), []
     for step, (n, idx, dtype) in enumerate([(3, None, torch.float32), (5, [4, 0, 2], torch.float32), (1, None, torch.float32),
                                             (40, list(range(39, 0, -3)), torch.float32), ("clear", None, None),
-                                            (2, [1, 1], torch.float32), (5, [1, 2, 3], torch.float32),
+                                            (2, [1, 1], torch.float32), (5, [1, 2, 3], torch.float32), (3, [], torch.float32),
                                             (4, [0, 1, 2], "strided"), (6, None, torch.float64), (3, [2], torch.float32)]):
         if n == "clear":
             buf.clear()

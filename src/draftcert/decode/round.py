@@ -397,7 +397,7 @@ class RowBuffer:
             a = src.detach().numpy()
             if idx is None:
                 out.numpy()[...] = a
-            elif idx == list(range(idx[0], idx[0] + m)):  # a chain's rows: one slice
+            elif m and idx == list(range(idx[0], idx[0] + m)):  # a chain's rows: one slice
                 out.numpy()[...] = a[idx[0]: idx[0] + m]
             else:
                 np.take(a, idx, axis=0, out=out.numpy())
