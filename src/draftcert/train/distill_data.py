@@ -393,7 +393,7 @@ def draft_vocabulary(examples, size: int, vocab_size: int, always=(), score: tor
 
 # radii_of hands glibc's freed heap pages back every this many examples: each example's [T, V] temporaries
 # (tens of MB, under glibc's mmap threshold once it has risen) left ~3 MB of a fragmented heap resident, and a
-# 24,000-example run grew past 24 GB (benchmark: 256 synthetic examples, 524 -> 1,372 MB; with it, 545 -> 664)
+# 24,000-example run grew past 24 GB (``benchmarks/bench_radii_memory.py``: 3.8 MB an example without, bounded with)
 RELEASE_EVERY = 32
 
 
