@@ -58,7 +58,12 @@ from itertools import islice, takewhile
 from ..models.tree_attention import DraftTree
 from .protocol import Drafter
 
-__all__ = ["NgramIndex", "SuffixStore", "SuffixIndex", "SuffixDrafter", "HybridDrafter", "graft", "SHARED_STORE"]
+__all__ = ["ngram_key", "NgramIndex", "SuffixStore", "SuffixIndex", "SuffixDrafter", "HybridDrafter", "graft", "SHARED_STORE"]
+
+
+def ngram_key(tokens) -> int:
+    """The key ``NgramIndex`` files an n-gram under: Python's hash of its tuple (deterministic for ints)."""
+    return hash(tuple(tokens))
 
 
 class NgramIndex:
@@ -84,7 +89,7 @@ class NgramIndex:
             toks.append(int(t))
             e = len(toks)
             for n in range(self.min_n, min(self.max_n, e) + 1):
-                key = hash(tuple(toks[e - n : e]))
+                key = ngram_key(toks[e - n : e])
                 hit = ends.get(key)
                 if hit is None:
                     ends[key] = [e]
@@ -93,7 +98,7 @@ class NgramIndex:
 
     def find(self, ngram: tuple) -> list[int]:
         """End positions of ``ngram`` (ascending); [] if it never occurs."""
-        return self.ends.get(hash(ngram), [])
+        return self.ends.get(ngram_key(ngram), [])
 
 
 class SuffixStore:
@@ -207,7 +212,7 @@ class SuffixIndex:
         stored = [d for key, d in reversed(self.store.docs) if key != self.prompt_key]
         held = self.store.keys
         for n in range(min(self.max_ngram, L - 1), self.min_match - 1, -1):
-            key = hash(tuple(seq[L - n :]))  # NgramIndex's key of the tail
+            key = ngram_key(seq[L - n :])
             docs = [self.live] + stored if key in held else (self.live,)
             cands: list[tuple[list[int], int, bool]] = []
             for d in docs:

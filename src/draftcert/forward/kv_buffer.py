@@ -157,14 +157,11 @@ def _fits(buf: torch.Tensor, new: torch.Tensor) -> bool:
 
 def _prefix_view(t: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> bool:
     """Is ``t`` (empty, or 4-D) ``buf[..., :n, :]`` for a buffer that can take ``new`` after it?"""
-    if buf is None or buf.dtype != new.dtype or buf.device != new.device:
-        return False
-    b, h, _, d = buf.shape
-    if tuple(new.shape[:2]) != (b, h) or new.shape[-1] != d:
+    if buf is None or not _fits(buf, new):
         return False
     if t.dim() != 4:
         return t.numel() == 0
-    return (tuple(t.shape[:2]) == (b, h) and t.shape[-1] == d and t.data_ptr() == buf.data_ptr()
+    return (t.shape[:2] == buf.shape[:2] and t.shape[-1] == buf.shape[-1] and t.data_ptr() == buf.data_ptr()
             and t.stride() == buf.stride())
 
 
