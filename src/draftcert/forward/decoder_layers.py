@@ -312,21 +312,24 @@ def _lean_decode(base, cache, input_ids: torch.Tensor, attention_mask, position_
     layers = list(itertools.islice(bm["layers"]._modules.values(), base.config.num_hidden_layers))  # in order
     # (slicing a ModuleList builds a new one: ~100 us)
     plans = _native_plans(layers) if cache is not None else None
+
+    def model_mask():  # transformers' own mask for this call
+        return _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
+                                position_ids=position_ids)
+
     if attention_mask is None and (plans is not None or (input_ids.shape[1] == 1 and native_layer.plan_of(layers[0]) is not None)):
         # what the native layers read None as: row i of T sees every key up to its own position (S - T + i),
         # transformers' causal mask after a cache; a chain's verification then builds no [T, S] mask
         mask = None
     else:
-        mask = _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
-                                position_ids=position_ids)
+        mask = model_mask()
     if plans is not None:  # every layer native: all of them in one C call where the cache allows it
         out = native_layer.forward_layers(plans, [layer._modules["self_attn"] for layer in layers], h, cache,
                                           position_embeddings, mask)
         if out is not None:
             return bm["norm"].forward(out)
         if mask is None and input_ids.shape[1] > 1:  # layer by layer, where one may run transformers' attention
-            mask = _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
-                                    position_ids=position_ids)
+            mask = model_mask()
     for layer in layers:
         h = lean_layer_forward(layer, h, attention_mask=mask, position_embeddings=position_embeddings,
                                position_ids=position_ids, cache=cache, use_cache=cache is not None)
