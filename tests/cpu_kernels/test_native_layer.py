@@ -309,6 +309,55 @@ def test_a_plan_is_made_again_when_a_tensor_it_reads_is_replaced():
     assert native_layer.plan_of(layer) is None
 
 
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])  # biases; head norms
+def test_the_decoders_plans_are_kept_only_while_all_they_read_holds(family):
+    """decoder_layers keeps the decoder's list of plans with a snapshot of what it read; every change the
+    per-layer checks see (a child replaced, a hook, training mode, a parameter or its storage swapped, a
+    projection's computation, forget) makes it decide again."""
+    model = _to_q8(tiny_lm(family, seed=4))
+    base = model.model
+    layers = list(base.layers)
+    first = decoder_layers._native_plans(base, layers)
+    assert first is not None and decoder_layers._native_plans(base, layers) is first  # kept
+    last = layers[-1]
+
+    def again() -> list | None:
+        plans = decoder_layers._native_plans(base, layers)
+        assert plans is not first
+        return plans
+
+    handle = last.self_attn.o_proj.register_forward_pre_hook(lambda *a: None)
+    assert again() is None  # a hooked child: the torch layer runs
+    handle.remove()
+    first = decoder_layers._native_plans(base, layers)
+    handle = last.mlp.act_fn.register_forward_hook(lambda *a: None)
+    assert again() is None
+    handle.remove()
+    first = decoder_layers._native_plans(base, layers)
+    model.train()
+    assert again() is None
+    model.eval()
+    first = decoder_layers._native_plans(base, layers)
+    with torch.no_grad():  # storage swapped under the same object
+        norm = last.self_attn.k_norm.weight if family == "qwen3" else last.self_attn.q_proj.bias
+        norm.data = norm.data * 1.5
+    plans = again()
+    assert plans[-1] is native_layer.plan_of(last) and plans[-1] is not first[-1] and plans[0] is first[0]
+    first = plans
+    last.post_attention_layernorm.weight = torch.nn.Parameter(last.post_attention_layernorm.weight.detach() + 1)
+    first = again()
+    last.mlp.down_proj = copy.deepcopy(last.mlp.down_proj)  # a module replaced
+    plans = again()
+    assert plans[-1].linears[-1].packed.data_ptr() == last.mlp.down_proj.q8weight.data_ptr()
+    first = plans
+    native_layer.forget(model)
+    first = again()
+    assert decoder_layers._native_plans(base, layers[::-1]) is not first  # other layers: not the snapshot's
+    first = decoder_layers._native_plans(base, layers)
+    layers[0].self_attn.v_proj.set_numerics("gguf-exact-f32")  # gguf.layers.generation() moves
+    assert again() is None
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_all_layers_in_one_call_give_the_per_layer_bits(family, monkeypatch):
     """forward_layers (one C call for the decoder, k and v written into kv_buffer's buffers) against the

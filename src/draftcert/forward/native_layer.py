@@ -29,9 +29,10 @@ from . import layer_kernel
 from .kv_buffer import spare_layer
 
 __all__ = ["enabled", "is_q8", "plan_of", "forward", "forward_layers", "forget", "reserve", "cache_layer", "rotary_rows",
-           "visible_rows", "ALL_LAYERS_IN_ONE_CALL"]
+           "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
+PLANS_MEMO = "_draftcert_native_plans"  # a decoder's plans for all its layers (decoder_layers), in its __dict__
 _ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
 _VISIBLE = "_draftcert_visible"  # a mask's (B, uint8 visibility [B, T, S] or None where it has a bias)
 
@@ -120,9 +121,11 @@ def plan_of(layer) -> layer_kernel.Plan | None:
 
 
 def forget(model: torch.nn.Module) -> None:
-    """Drop every layer's plan (the next pass decides again, e.g. after ``DRAFTCERT_NATIVE_LAYERS`` changed)."""
+    """Drop every layer's plan and every decoder's (the next pass decides again, e.g. after
+    ``DRAFTCERT_NATIVE_LAYERS`` changed)."""
     for mod in model.modules():
         mod.__dict__.pop(_PLAN, None)
+        mod.__dict__.pop(PLANS_MEMO, None)
 
 
 def rotary_rows(position_embeddings, B: int, T: int):
