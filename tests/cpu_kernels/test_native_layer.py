@@ -358,6 +358,38 @@ def test_the_decoders_plans_are_kept_only_while_all_they_read_holds(family):
     assert again() is None
 
 
+@pytest.mark.parametrize("head_dim,rope", [(16, None), (64, None), (128, {"rope_type": "llama3", "factor": 8.0,
+                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                           "original_max_position_embeddings": 64}), (64, {"rope_type": "linear", "factor": 2.0})])
+def test_a_rotary_tables_rows_are_the_modules_bits(head_dim, rope):
+    """position_rows (what the native decoder reads) against rotary_rows of the module's own call for the same
+    positions: a one-row step's, a chain's, a tree's (a repeated position), across a table block and far out."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    extra = {"rope_parameters": {"rope_theta": 10000.0, **rope}} if rope else {}
+    cfg = transformers.LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                                   max_position_embeddings=4096, **extra)
+    rotary = LlamaRotaryEmbedding(cfg)
+    x = torch.zeros(1, 1, 4 * head_dim)
+    with torch.inference_mode():
+        for ids in ([0], [7], list(range(3, 12)), [250, 251, 252, 252, 253, 256, 257], [1500], list(range(900, 1000))):
+            pos = torch.tensor([ids])
+            cos, sin = native_layer.position_rows(rotary, pos, x)
+            ref_cos, ref_sin = native_layer.rotary_rows(rotary(x, pos), 1, len(ids))
+            assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin), ids
+        assert rotary.__dict__[native_layer._TABLE][1] == 1536  # grown in blocks, to the highest position seen
+        with torch.no_grad():  # the frequencies changed in place: a new table
+            rotary.inv_freq.mul_(0.5)
+        cos, _ = native_layer.position_rows(rotary, torch.tensor([[40]]), x)
+        assert torch.equal(cos, native_layer.rotary_rows(rotary(x, torch.tensor([[40]])), 1, 1)[0])
+        assert rotary.__dict__[native_layer._TABLE][1] == native_layer.TABLE_BLOCK
+        assert native_layer.position_rows(rotary, torch.tensor([[-1, 0]]), x) is None
+        assert native_layer.position_rows(rotary, torch.tensor([[1, 2]]), torch.zeros(2, 2, 4 * head_dim)) is None  # a batch
+    rotary.rope_type = "dynamic"  # frequencies that follow the sequence length: the module's call
+    assert native_layer.position_rows(rotary, torch.tensor([[3]]), x) is None
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_all_layers_in_one_call_give_the_per_layer_bits(family, monkeypatch):
     """forward_layers (one C call for the decoder, k and v written into kv_buffer's buffers) against the

@@ -310,10 +310,12 @@ def decoder_ready(model) -> bool:
 def _lean_decode(base, cache, input_ids: torch.Tensor, attention_mask, position_ids: torch.Tensor) -> torch.Tensor:
     bm = base._modules
     h = bm["embed_tokens"].forward(input_ids)  # [B, T, hidden]
-    position_embeddings = bm["rotary_emb"](h, position_ids)
     layers = list(itertools.islice(bm["layers"]._modules.values(), base.config.num_hidden_layers))  # in order
     # (slicing a ModuleList builds a new one: ~100 us)
     plans = _native_plans(base, layers) if cache is not None else None
+    # the native layers read the rotary's rows from its kept table; the module is called where another path runs
+    rows = native_layer.position_rows(bm["rotary_emb"], position_ids, h) if plans is not None else None
+    position_embeddings = bm["rotary_emb"](h, position_ids) if rows is None else None
 
     def model_mask():  # transformers' own mask for this call
         return _mask_function()(config=base.config, inputs_embeds=h, attention_mask=attention_mask, cache=cache,
@@ -327,9 +329,11 @@ def _lean_decode(base, cache, input_ids: torch.Tensor, attention_mask, position_
         mask = model_mask()
     if plans is not None:  # every layer native: all of them in one C call where the cache allows it
         out = native_layer.forward_layers(plans, [layer._modules["self_attn"] for layer in layers], h, cache,
-                                          position_embeddings, mask)
+                                          position_embeddings, mask, rows)
         if out is not None:
             return bm["norm"].forward(out)
+        if position_embeddings is None:
+            position_embeddings = bm["rotary_emb"](h, position_ids)
         if mask is None and input_ids.shape[1] > 1:  # layer by layer, where one may run transformers' attention
             mask = model_mask()
     for layer in layers:

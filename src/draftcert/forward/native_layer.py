@@ -29,12 +29,15 @@ from . import layer_kernel
 from .kv_buffer import spare_layer
 
 __all__ = ["enabled", "is_q8", "plan_of", "forward", "forward_layers", "forget", "reserve", "cache_layer", "rotary_rows",
-           "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO"]
+           "position_rows", "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO", "TABLE_BLOCK"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 PLANS_MEMO = "_draftcert_native_plans"  # a decoder's plans for all its layers (decoder_layers), in its __dict__
 _ROWS = "_draftcert_rotary_rows"  # a rotary sin table's (B, cos rows, signed sin rows)
 _VISIBLE = "_draftcert_visible"  # a mask's (B, uint8 visibility [B, T, S] or None where it has a bias)
+_TABLE = "_draftcert_rotary_table"  # a rotary module's [key, positions filled, cos rows, signed sin rows, inv_freq]
+TABLE_BLOCK = 256  # positions a rotary table grows by
+_CHANGING_ROPE = ("dynamic", "longrope")  # rope types whose frequencies follow the sequence length
 
 
 def enabled() -> bool:
@@ -142,6 +145,51 @@ def rotary_rows(position_embeddings, B: int, T: int):
     return memo[1], memo[2]
 
 
+def position_rows(rotary, position_ids: torch.Tensor, x: torch.Tensor):
+    """:func:`rotary_rows` of ``rotary(x, position_ids)`` for one sequence's ``position_ids`` ``[1, T]``,
+    read from a table kept on the rotary module: each position's pair computed alone (``[[p]]``, the
+    call a one-row pass makes; an element depends on its own position only) and filled ``TABLE_BLOCK``
+    positions at a time.  Why: the module's call and the rows it makes are ~10 small torch operations,
+    ~0.15 ms of a pass on caches the pass has just evicted; two row gathers replace them.  None (the
+    caller calls the module) for several sequences, negative positions, or a rope type whose
+    frequencies follow the sequence length."""
+    if (position_ids.dim() != 2 or position_ids.shape[0] != 1 or x.shape[0] != 1
+            or str(getattr(rotary, "rope_type", "")) in _CHANGING_ROPE):
+        return None
+    inv = rotary._buffers.get("inv_freq")
+    if inv is None:
+        return None
+    key = (type(rotary), inv.data_ptr(), inv._version, getattr(rotary, "attention_scaling", None), x.dtype, x.device)
+    memo = rotary.__dict__.get(_TABLE)
+    if memo is None or memo[0] != key or memo[4] is not inv:  # the frequencies changed, or their storage
+        memo = rotary.__dict__[_TABLE] = [key, 0, None, None, inv]
+    ids = position_ids[0]
+    while True:
+        if memo[1]:
+            try:
+                return memo[2].index_select(0, ids), memo[3].index_select(0, ids)  # [T, D] each
+            except (IndexError, RuntimeError):  # a position past the table (or negative: below)
+                pass
+        if ids.numel() == 0 or int(ids.min()) < 0:
+            return None
+        top = int(ids.max()) + 1
+        if top <= memo[1]:
+            return None
+        _grow_table(rotary, memo, -(-top // TABLE_BLOCK) * TABLE_BLOCK, x)
+
+
+def _grow_table(rotary, memo: list, n: int, x: torch.Tensor) -> None:
+    one = x.new_empty((1, 1, 1))  # what the module reads of x: its dtype and device
+    pairs = [rotary(one, torch.tensor([[p]], device=x.device)) for p in range(memo[1], n)]
+    cos = torch.cat([c.reshape(1, -1) for c, _ in pairs]).to(torch.float32)  # [n - filled, D]
+    sin = torch.cat([s.reshape(1, -1) for _, s in pairs]).to(torch.float32)
+    half = sin.shape[-1] // 2
+    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    if memo[2] is not None:
+        cos, sin = torch.cat((memo[2], cos)), torch.cat((memo[3], sin))
+    memo[1], memo[2], memo[3] = n, cos.contiguous(), sin.contiguous()
+
+
 def visible_rows(mask, B: int, T: int, S: int):
     """(ok, uint8 ``[B, T, S]`` visibility or None for causal) of the mask the layer was handed."""
     if mask is None:
@@ -204,11 +252,12 @@ ALL_LAYERS_IN_ONE_CALL = True  # ``forward_layers``' path (tests turn it off to 
 
 
 def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache, position_embeddings,
-                   mask) -> torch.Tensor | None:
+                   mask, rows=None) -> torch.Tensor | None:
     """Every layer of a decoder, all native, in one C call (``layer_kernel.layers``: the per-layer
     calls' operations in the same order, so the same bits as :func:`forward` layer after layer),
     where every layer's cache is ``kv_buffer``'s layer with the same length; the hidden states after the
-    last layer, or None (before anything was changed) where the call is not that case."""
+    last layer, or None (before anything was changed) where the call is not that case.  ``rows``: the
+    rotary's (cos, signed sin) rows (:func:`position_rows`) in place of ``position_embeddings``."""
     if cache is None or not ALL_LAYERS_IN_ONE_CALL or hidden_states.dtype != torch.float32:
         return None
     B, T, _ = hidden_states.shape
@@ -226,7 +275,7 @@ def forward_layers(plans: list, attns: list, hidden_states: torch.Tensor, cache,
     ok, vis = visible_rows(mask, B, T, past + T)
     if not ok:
         return None
-    cos, sin_signed = rotary_rows(position_embeddings, B, T)
+    cos, sin_signed = rows if rows is not None else rotary_rows(position_embeddings, B, T)
     io, scales, likes = [], [], {}
     for plan, attn, lc in zip(plans, attns, mine):
         io.append(reserve(lc, plan, B, T, likes))
