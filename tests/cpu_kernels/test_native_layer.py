@@ -358,6 +358,23 @@ def test_the_decoders_plans_are_kept_only_while_all_they_read_holds(family):
     assert again() is None
 
 
+def test_a_pass_reuses_the_last_passs_layer_table_while_the_buffers_have_room():
+    """forward_layers keeps the int64 table it hands dl_layers on the cache: a pass whose layers keep their
+    buffers (with room for its rows) only writes the new length into it; a reallocation makes it again.
+    (That the bits are the per-layer path's either way: test_all_layers_in_one_call_give_the_per_layer_bits.)"""
+    model = _to_q8(tiny_lm("llama", seed=6))
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model_forward(model, cache, list(range(3, 13)), 1)
+        first = cache.__dict__[native_layer._IO]
+        model_forward(model, cache, [5], 1)
+        kept = cache.__dict__[native_layer._IO]
+        assert kept is first and int(kept[6][0, 9]) == 10  # the same table, the new length written in
+        room = kept[2]
+        model_forward(model, cache, [t % model.config.vocab_size for t in range(room)], 1)  # past the room: buffers made again
+        assert cache.__dict__[native_layer._IO] is not first
+
+
 @pytest.mark.parametrize("head_dim,rope", [(16, None), (64, None), (128, {"rope_type": "llama3", "factor": 8.0,
                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                            "original_max_position_embeddings": 64}), (64, {"rope_type": "linear", "factor": 2.0})])

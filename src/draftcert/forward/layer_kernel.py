@@ -141,19 +141,20 @@ def attn_mlp(plan: Plan, h: torch.Tensor, qkv_rows: torch.Tensor, k: torch.Tenso
         raise RuntimeError(f"layer_kernel.attn_mlp failed ({rc}: {'out of memory' if rc == -2 else 'a plan the kernels refuse'})")
 
 
-def layers(io: list[list[int]], scales: list[float], h: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+def layers(io, scales, h: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
            visible: torch.Tensor | None) -> None:
     """Every layer of a decoder on ``h [B, T, hidden]`` (contiguous float32, in place), in one call: per
     layer :func:`qkv`, the append of its k and v rows to its cache buffers, :func:`attn_mlp`, the same
     bits.  ``io``: per layer ``[plan.ref, key buffer, value buffer, kb, kh, ks, vb, vh, vs, n]`` (the
     buffers' pointers and strides in floats, n the positions they hold before the pass; positions
-    n .. n + T - 1 reserved), ``scales`` the attentions' scales; ``visible`` as :func:`attn_mlp`'s."""
+    n .. n + T - 1 reserved; lists, or that int64 table ``[L, 10]`` made already), ``scales`` the
+    attentions' scales (a list or float64 ``[L]``); ``visible`` as :func:`attn_mlp`'s."""
     B, T, _ = h.shape
-    table = torch.tensor(io, dtype=torch.int64)  # [L, 10]
-    sc = torch.tensor(scales, dtype=torch.float64)
+    table = io if isinstance(io, torch.Tensor) else torch.tensor(io, dtype=torch.int64)  # [L, 10]
+    sc = scales if isinstance(scales, torch.Tensor) else torch.tensor(scales, dtype=torch.float64)
     m = visible
     rc = LIBRARY.require().dl_layers(
-        table.data_ptr(), len(io), sc.data_ptr(), h.data_ptr(), B, T, cos.data_ptr(), sin_signed.data_ptr(),
+        table.data_ptr(), table.shape[0], sc.data_ptr(), h.data_ptr(), B, T, cos.data_ptr(), sin_signed.data_ptr(),
         m.data_ptr() if m is not None else None, m.stride(0) if m is not None else 0, m.stride(1) if m is not None else 0,
         torch.get_num_threads())
     if rc:
