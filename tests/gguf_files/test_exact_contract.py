@@ -24,7 +24,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from gguf.quants import dequantize  # noqa: E402
 
 from draftcert.kernels import block_matmul  # noqa: E402
-from draftcert.gguf.layers import GGUFEmbedding, GGUFLinear, numerics_of  # noqa: E402
+from draftcert.gguf.layers import KEPT_ROWS_CALL, GGUFEmbedding, GGUFLinear, numerics_of  # noqa: E402
 from draftcert.gguf.blocks import KERNEL_TYPES, block_type, dequantize_gguf  # noqa: E402
 from draftcert.gguf.loader import load_gguf_causal_lm  # noqa: E402
 from draftcert.gguf.reader import read_gguf  # noqa: E402
@@ -147,6 +147,16 @@ def test_gguf_embedding_looks_up_the_dequantised_rows_bit_for_bit(qtype):
     assert torch.equal(emb(ids[1, 2]), table[36]) and emb(ids[:, :0]).shape == (2, 0, D)
     with pytest.raises(IndexError, match=r"\[0, 37\)"):
         emb(torch.tensor([3, 37]))
+    with pytest.raises(IndexError, match=r"\[0, 37\)"):
+        emb(torch.tensor([-1]))
+    many = torch.arange(V).repeat(2)  # past KEPT_ROWS_CALL: one lookup of the blocks, the same rows
+    assert many.numel() > KEPT_ROWS_CALL and torch.equal(emb(many), table[many])
+    first = emb(ids[0])
+    first.add_(1)  # a caller writing into what it got leaves the kept rows alone
+    assert torch.equal(emb(ids[0]), table[ids[0]])
+    with torch.no_grad():  # blocks changed in place: rows decoded again
+        emb.qweight[5] = emb.qweight[6]
+    assert torch.equal(emb(torch.tensor([5])), table[6:7])
     with pytest.raises(ValueError, match="do not hold"):
         GGUFEmbedding(torch.from_numpy(blocks[:, :-1]), qtype, V, D)
 
