@@ -395,6 +395,10 @@ def test_a_rotary_tables_rows_are_the_modules_bits(head_dim, rope):
             cos, sin = native_layer.position_rows(rotary, pos, x)
             ref_cos, ref_sin = native_layer.rotary_rows(rotary(x, pos), 1, len(ids))
             assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin), ids
+            pair = native_layer.position_pair(rotary, pos, x)  # the module's (cos, sin), its rows kept on sin
+            assert all(torch.equal(a, b) for a, b in zip(pair, rotary(x, pos)))
+            rows = native_layer.rotary_rows(pair, 1, len(ids))
+            assert torch.equal(rows[0], ref_cos) and torch.equal(rows[1], ref_sin)
         assert rotary.__dict__[native_layer._TABLE][1] == 1536  # grown in blocks, to the highest position seen
         with torch.no_grad():  # the frequencies changed in place: a new table
             rotary.inv_freq.mul_(0.5)

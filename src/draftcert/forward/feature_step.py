@@ -165,6 +165,10 @@ def keep(rows: dict, item, value):
 def kept_rotary(kept: dict, rotary, x: torch.Tensor, position_ids: torch.Tensor):
     """``rotary(x, position_ids)``'s (cos, sin) ``[1, T, D]`` for ``position_ids`` ``[1, T]``, from each position's
     pair computed alone once and kept in ``kept`` (an element depends on its own position only)."""
+    if position_ids.shape[-1] > 1:  # several rows: gathered from the rotary's table (the same bits), rows kept on it
+        pair = native_layer.position_pair(rotary, position_ids, x)
+        if pair is not None:
+            return pair
     pairs = []
     for pos in position_ids.reshape(-1).tolist():
         pair = kept.get(pos)

@@ -30,7 +30,7 @@ from . import layer_kernel
 from .kv_buffer import spare_layer
 
 __all__ = ["enabled", "is_q8", "plan_of", "forward", "forward_layers", "forget", "reserve", "cache_layer", "rotary_rows",
-           "position_rows", "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO", "TABLE_BLOCK"]
+           "position_rows", "position_pair", "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO", "TABLE_BLOCK"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 PLANS_MEMO = "_draftcert_native_plans"  # a decoder's plans for all its layers (decoder_layers), in its __dict__
@@ -39,7 +39,7 @@ _VISIBLE = "_draftcert_visible"  # a mask's (B, uint8 visibility [B, T, S] or No
 _IO = "_draftcert_layers_io"  # a cache's last forward_layers table (plans, B, room, layers, buffers, tables)
 _is = operator.is_
 _LENGTH, _KEY_BUFFER, _VALUE_BUFFER = (operator.attrgetter(a) for a in ("_length", "_key_buffer", "_value_buffer"))
-_TABLE = "_draftcert_rotary_table"  # a rotary module's [key, positions filled, cos rows, signed sin rows, inv_freq]
+_TABLE = "_draftcert_rotary_table"  # a rotary module's [key, positions filled, cos, signed sin, inv_freq, sin] rows
 TABLE_BLOCK = 256  # positions a rotary table grows by
 _CHANGING_ROPE = ("dynamic", "longrope")  # rope types whose frequencies follow the sequence length
 
@@ -157,6 +157,25 @@ def position_rows(rotary, position_ids: torch.Tensor, x: torch.Tensor):
     ~0.15 ms of a pass on caches the pass has just evicted; two row gathers replace them.  None (the
     caller calls the module) for several sequences, negative positions, or a rope type whose
     frequencies follow the sequence length."""
+    return _rows(rotary, position_ids, x, (2, 3))
+
+
+def position_pair(rotary, position_ids: torch.Tensor, x: torch.Tensor):
+    """``rotary(x, position_ids)`` (cos, sin) ``[1, T, D]`` of float32 ``x`` from the same table (each
+    position's pair computed alone), with :func:`rotary_rows`' rows kept on the sin tensor, so a native
+    step reads them without making them; None where :func:`position_rows` is, or for another dtype."""
+    rows = _rows(rotary, position_ids, x, (2, 5, 3)) if x.dtype == torch.float32 else None
+    if rows is None:
+        return None
+    cos, sin, signed = rows  # [T, D] each
+    sin.__dict__[_ROWS] = (1, cos, signed)
+    return cos[None], sin[None]
+
+
+def _rows(rotary, position_ids: torch.Tensor, x: torch.Tensor, parts: tuple) -> list | None:
+    """Rows of the rotary module's table ``[key, positions filled, cos, signed sin, inv_freq, sin]`` (its
+    entries ``parts``) for ``position_ids`` ``[1, T]``, the table grown first where it does not reach
+    them; None where it cannot serve them (see :func:`position_rows`)."""
     if (position_ids.dim() != 2 or position_ids.shape[0] != 1 or x.shape[0] != 1
             or str(getattr(rotary, "rope_type", "")) in _CHANGING_ROPE):
         return None
@@ -166,12 +185,12 @@ def position_rows(rotary, position_ids: torch.Tensor, x: torch.Tensor):
     key = (type(rotary), inv.data_ptr(), inv._version, getattr(rotary, "attention_scaling", None), x.dtype, x.device)
     memo = rotary.__dict__.get(_TABLE)
     if memo is None or memo[0] != key or memo[4] is not inv:  # the frequencies changed, or their storage
-        memo = rotary.__dict__[_TABLE] = [key, 0, None, None, inv]
+        memo = rotary.__dict__[_TABLE] = [key, 0, None, None, inv, None]
     ids = position_ids[0]
     while True:
         if memo[1]:
             try:
-                return memo[2].index_select(0, ids), memo[3].index_select(0, ids)  # [T, D] each
+                return [memo[i].index_select(0, ids) for i in parts]
             except (IndexError, RuntimeError):  # a position past the table (or negative: below)
                 pass
         if ids.numel() == 0 or int(ids.min()) < 0:
@@ -188,10 +207,10 @@ def _grow_table(rotary, memo: list, n: int, x: torch.Tensor) -> None:
     cos = torch.cat([c.reshape(1, -1) for c, _ in pairs]).to(torch.float32)  # [n - filled, D]
     sin = torch.cat([s.reshape(1, -1) for _, s in pairs]).to(torch.float32)
     half = sin.shape[-1] // 2
-    sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
     if memo[2] is not None:
-        cos, sin = torch.cat((memo[2], cos)), torch.cat((memo[3], sin))
-    memo[1], memo[2], memo[3] = n, cos.contiguous(), sin.contiguous()
+        cos, signed, sin = torch.cat((memo[2], cos)), torch.cat((memo[3], signed)), torch.cat((memo[5], sin))
+    memo[1], memo[2], memo[3], memo[5] = n, cos.contiguous(), signed.contiguous(), sin.contiguous()
 
 
 def visible_rows(mask, B: int, T: int, S: int):
