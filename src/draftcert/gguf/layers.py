@@ -326,10 +326,10 @@ class GGUFEmbedding(nn.Module):
         kept per token: a row decodes alone, so it is the same bits, without the ~7 small operations of a
         lookup (each several times its hot-loop cost after a pass has evicted the caches)."""
         q = self._buffers["qweight"]
-        key = (q, q.data_ptr(), q._version, self.qtype)
+        key = (q.data_ptr(), q._version, self.qtype)  # blocks written in place or swapped: decoded again
         memo = self.__dict__.get("_kept_rows")
-        if memo is None or memo[0] != key[1:] or memo[1] is not q:
-            memo = self.__dict__["_kept_rows"] = (key[1:], q, {})
+        if memo is None or memo[0] != key or memo[1] is not q:
+            memo = self.__dict__["_kept_rows"] = (key, q, {})
         rows = memo[2]
         out = []
         for t in toks:
