@@ -356,12 +356,7 @@ def _native_plans(base, layers: list) -> list | None:
         return memo.plans
     plans = []
     for layer in layers:
-        mods = layer._modules
-        attn, mlp = mods["self_attn"], mods["mlp"]
-        am, mm = attn._modules, mlp._modules
-        if layer.training or _hooked(attn, mlp, mods["input_layernorm"], mods["post_attention_layernorm"], mm["act_fn"],
-                                     am["q_proj"], am["k_proj"], am["v_proj"], am["o_proj"], mm["gate_proj"],
-                                     mm["up_proj"], mm["down_proj"], am.get("q_norm"), am.get("k_norm")):
+        if layer.training or _hooked(*(owner.get(name) for owner, name in _watched(layer))):
             return None
         plan = native_layer.plan_of(layer)
         if plan is None:
@@ -379,6 +374,14 @@ _WATCHED = (("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"),
             ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"), ("gate_proj", "up_proj", "down_proj", "act_fn"))
 
 
+def _watched(layer) -> list[tuple[dict, str]]:
+    """(module dict, name) of every child of ``layer`` a native plan depends on: the layer's, its attention's
+    and its MLP's (q_norm / k_norm may be absent: ``dict.get`` gives None)."""
+    mods = layer._modules
+    owners = (mods, mods["self_attn"]._modules, mods["mlp"]._modules)
+    return [(owner, name) for owner, names in zip(owners, _WATCHED) for name in names]
+
+
 class _PlansMemo:
     """What ``_native_plans`` and ``native_layer.plan_of`` read to give ``plans``, and :meth:`holds` to
     tell it still holds: the layers (by identity), ``gguf.layers.generation()``, each child they read
@@ -390,17 +393,15 @@ class _PlansMemo:
         self.layers, self.plans, self.generation = tuple(layers), plans, generation()
         dicts, keys, hooks = [], [], []
         for layer in layers:
-            attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-            for owner, names in zip((layer, attn, mlp), _WATCHED):
-                for name in names:
-                    dicts.append(owner._modules)
-                    keys.append(name)
-                    child = owner._modules.get(name)
-                    if child is not None:
-                        hooks += [child._forward_hooks, child._forward_pre_hooks]
-                        for pname in ("weight", "bias") if "norm" in name else ("bias",) if "proj" in name else ():
-                            dicts.append(child._parameters)
-                            keys.append(pname)
+            for owner, name in _watched(layer):
+                dicts.append(owner)
+                keys.append(name)
+                child = owner.get(name)
+                if child is not None:
+                    hooks += [child._forward_hooks, child._forward_pre_hooks]
+                    for pname in ("weight", "bias") if "norm" in name else ("bias",) if "proj" in name else ():
+                        dicts.append(child._parameters)
+                        keys.append(pname)
         self.dicts, self.keys, self.hooks = tuple(dicts), tuple(keys), tuple(hooks)
         self.values = tuple(map(_get, self.dicts, self.keys))
         self.params = tuple(v for v in self.values if isinstance(v, torch.Tensor))
