@@ -15,6 +15,7 @@ under ``gguf-q8``, with ``block_matmul.c`` and ``row_attention.c`` included and 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -161,6 +162,22 @@ class NativeLibrary:
         if lib is None:
             raise RuntimeError(f"the native kernel {self.source.name} is unavailable: {self.reason()}")
         return lib
+
+    @contextlib.contextmanager
+    def built_with(self, *flags: str):
+        """This source built with ``flags`` after its own is the loaded library inside the block,
+        then the build before again (benchmarks: two builds in one process, in turns, where timing
+        them in two processes would measure the processes).  Objects the other build made stay
+        valid: the builds share the source, so its structures are the same."""
+        before = self._load()
+        lib, why, ident = build_native(self.source, (*self.source_flags, *flags), self.includes)
+        if lib is None:
+            raise RuntimeError(f"{self.source.name} with {' '.join(flags)}: {why}")
+        self._loaded = (self._declare(lib), "", ident)
+        try:
+            yield self._loaded[0]
+        finally:
+            self._loaded = before
 
     def load_other(self, source: str | Path) -> ctypes.CDLL:
         """Another revision of this source (for benchmarks against it), built and declared as this

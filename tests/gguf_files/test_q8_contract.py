@@ -314,6 +314,28 @@ def test_the_256_bit_x86_builds_give_the_same_bits(path, x86_builds):
 
 
 @needs_kernel
+def test_the_weight_stream_and_a_build_swapped_in_leave_the_bits():
+    """The one-row tiles' non-temporal weight stream (Q8NTA) is a prefetch, not arithmetic: the build
+    without it (-DQ8NTA=0), swapped in for a block by ``NativeLibrary.built_with``, gives the same bits
+    for one row and for several; the build before is loaded again after the block, and after a failure."""
+    before = block_matmul.LIBRARY.build_id()
+    for qtype in TYPES:
+        n, k = 48, 256
+        packed = block_matmul.pack_q8(torch.from_numpy(random_blocks(qtype, n, k, seed=7)), qtype, n, k)
+        x = torch.randn(3, k, generator=torch.Generator().manual_seed(qtype))
+        ours = [block_matmul.linear_q8(x[:m], packed, qtype, n, k) for m in (1, 3)]
+        with block_matmul.LIBRARY.built_with("-DQ8NTA=0"):
+            assert block_matmul.LIBRARY.build_id() != before  # another build runs inside
+            other = [block_matmul.linear_q8(x[:m], packed, qtype, n, k) for m in (1, 3)]
+        assert block_matmul.LIBRARY.build_id() == before
+        assert all(torch.equal(a, b) for a, b in zip(ours, other)), QT(qtype).name
+    with pytest.raises(RuntimeError, match="block_matmul.c with -DQ8NTA="):
+        with block_matmul.LIBRARY.built_with("-DQ8NTA=)"):  # does not compile
+            pass
+    assert block_matmul.LIBRARY.build_id() == before
+
+
+@needs_kernel
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 def test_activations_never_quantise_to_minus_128(qtype):
     """The AVX2 code's Q8_0 dot product (|w| against sign(w) q) relies on |q| <= 127: q = rne(x * id)

@@ -381,6 +381,7 @@ DL_API int dl_feature_step(const dl_linear *fc, const int64_t *io, double scale,
         memcpy(ef + m * 2 * hid, e + m * se, sizeof(float) * (size_t)hid);
         memcpy(ef + m * 2 * hid + hid, f + m * sf, sizeof(float) * (size_t)hid);
     }
+    q8_stream_weights = 0; /* the drafter's weights are read again next step: keep them cached (block_matmul.c) */
     if (!rc) rc = dl_lin(fc, ef, M, x, threads);
     if (!rc) rc = dl_layers(io, 1, &scale, x, B, T, cos, sin_signed, mask, mb, mm, threads);
     for (long r = 0; r < nr && !rc; r++) /* row r: x's row r, or sequence r's last */
@@ -393,6 +394,7 @@ DL_API int dl_feature_step(const dl_linear *fc, const int64_t *io, double scale,
         float tail = (float)s + *b_tail;
         t[r] = width > 0 ? dl_cap(zr, Vd, tail, width, spread) : tail;
     }
+    q8_stream_weights = 1;
     free(ef), free(x);
     return rc;
 }

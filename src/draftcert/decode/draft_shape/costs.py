@@ -55,10 +55,11 @@ from ...summary import argmax_lowest
 __all__ = ["Costs", "ROUND_CATCH_UP", "CATCH_UP_TOKENS", "round_key", "round_seconds", "forward_count_costs", "tree_for", "overhead_inputs", "verify_and_keep", "chain_for",
            "round_work", "overhead_rounds", "EngineJobs", "time_interleaved", "measure", "engine_costs", "costs_key", "COSTS_VERSION"]
 
-COSTS_VERSION = 6  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest); 3: certificates in
+COSTS_VERSION = 7  # 2: plain rounds and greedy steps without torch.argmax (summary.argmax_lowest); 3: certificates in
 # batches; 4: a model drafter's catch-up per token (drafter_catch_up); 5: rounds that make no KV views or causal
 # mask, copy certificate rows through numpy, and look suffix tails up only in outputs that hold them; 6: passes
-# that keep their layer plans, rotary rows, layer table and embedding rows between calls
+# that keep their layer plans, rotary rows, layer table and embedding rows between calls; 7: one-row passes
+# that stream the 32-weight block types' weights past the caches (block_matmul.c, Q8NTA)
 ROUND_CATCH_UP = 3  # tokens a timed drafting round's drafter catches up on first (the pending token, two accepted drafts)
 CATCH_UP_TOKENS = 64  # the extra tokens the catch-up job runs a model drafter over
 
