@@ -225,3 +225,21 @@ def test_a_replaced_weight_makes_the_plan_again(pair):
             d.norm.weight = old
         g3, _, _ = d.step(tokens, feats, torch.arange(3)[None], None, cache=d.new_cache())
     assert torch.equal(g2, 2 * g1) and torch.equal(g3, g1)
+
+
+def test_the_full_rows_are_full_logits_bit_for_bit(pair):
+    """The native step also writes q, ``EagleDrafter.full_logits`` of its z and t (z at the draft vocabulary's
+    ids, t - log(V - V_d) at every other): the bits of full_logits' own computation.  It is taken once, and
+    only for the tensors that step returned."""
+    target, d = pair
+    assert d.n_draft_vocab < d.vocab_size
+    tokens, feats = step_inputs(d, 4, seed=3)
+    with torch.inference_mode():  # as decoding runs it: no version counters
+        g, z, t = d.step(tokens, feats, torch.arange(4)[None], None, cache=d.new_cache())
+        assert feature_step.take_full_logits(d, z.clone(), t) is None  # another tensor
+        q = feature_step.take_full_logits(d, z, t)
+        assert q is not None and q.shape == (1, 4, d.vocab_size)
+        assert torch.equal(q, d.full_logits(z, t)) and torch.equal(q[0], d.full_logits(z[0], t[0]))
+        assert feature_step.take_full_logits(d, z, t) is None  # taken once
+        g2, z2, t2 = d.step(tokens, feats, torch.arange(4)[None], None, cache=d.new_cache(), last_only=True)
+        assert torch.equal(feature_step.take_full_logits(d, z2, t2), d.full_logits(z2, t2))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from .tree_growth import grow_tree
+from ..forward import feature_step
 from ..forward.kv_buffer import append_rows
 from ..models.tree_attention import DraftTree, crop_cache
 from .protocol import Drafter
@@ -77,7 +78,8 @@ class FeatureDrafter(Drafter):
             torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask, cache=self.cache,
             head_weight=self._head, last_only=last_only,
         )
-        return g[0], self.model.full_logits(red[0], tail[0])
+        q = feature_step.take_full_logits(self.model, red, tail)  # [1, R, V]: the native step wrote them
+        return g[0], (q[0] if q is not None else self.model.full_logits(red[0], tail[0]))
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
         n_feat = self.n_feat

@@ -7,6 +7,8 @@
     g = rms(x; w_norm)                        # [B, R, hidden]         R = T, or 1 (last_only)
     z = W_d g                                 # [B, R, V_d]            the draft vocabulary's head rows
     t = min(w_t . g + b_t, cap(z))            # [B, R]                 EagleDrafter.capped_tail's cap
+    q = z at the draft vocabulary's ids,      # [B, R, V]              EagleDrafter.full_logits, where V_d < V:
+        t - log(V - V_d) at every other id    #                        take_full_logits
 
 Why: a drafted token on the embedded target is about one target pass in ten, and most of a step was
 the ~15 torch operations and module calls around four small kernels (the layer itself already ran
@@ -31,7 +33,7 @@ import torch
 
 from . import layer_kernel, native_layer
 
-__all__ = ["Plan", "plan_of", "step", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
+__all__ = ["Plan", "plan_of", "step", "take_full_logits", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
 
 _PLAN = "_draftcert_feature_plan"  # the drafter's (parts, values, Plan or None), in its __dict__
 
@@ -40,7 +42,7 @@ class Plan:
     """What ``dl_feature_step`` reads of a drafter: its fc and head calls, its layer's plan, its final norm's
     and tail's weights (pointers into tensors kept alive here), the cap's width and spread."""
 
-    def __init__(self, fc, layer, layer_plan, norm, head, tail, width: int, spread: float):
+    def __init__(self, fc, layer, layer_plan, norm, head, tail, width: int, spread: float, vocab_ids=None, vocab_size=0):
         self.fc = layer_kernel.Linear(fc.qtype, fc.q8weight, fc.out_features, fc.in_features, None)
         self.head = layer_kernel.Linear(head.qtype, head.q8weight, head.out_features, head.in_features, None)
         self.fc_struct, self.head_struct = self.fc.struct(), self.head.struct()
@@ -49,20 +51,23 @@ class Plan:
         self.norm_weight, self.eps = norm.weight.detach(), float(norm.variance_epsilon)
         self.tail_weight, self.tail_bias = tail.weight.detach().reshape(-1), tail.bias.detach()
         self.width, self.spread, self.n_vocab = int(width), float(spread), int(head.out_features)
+        # the full rows' scatter: the draft vocabulary's ids (V_d < V only), and the last step's (z, t, q)
+        self.vocab, self.vocab_size, self.last = vocab_ids, int(vocab_size), None
 
 
 def _float_vector(t, n: int) -> bool:
     return t is not None and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() and t.numel() == n
 
 
-def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) -> Plan | None:
+def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int, vocab_ids=None) -> Plan | None:
     """The plan of the drafter ``owner`` (kept in its ``__dict__``, made again when a part was replaced):
     its ``fc``, decoder ``layer``, final ``norm``, ``head`` (the draft vocabulary's rows of the target's
-    output layer, ``V_d`` of ``vocab_size``) and ``tail``; the cap keeps the top ``width`` of q in the draft
-    vocabulary.  None where they do not run from ``gguf-q8`` blocks on the CPU or the native path is off."""
+    output layer, ``V_d`` of ``vocab_size``, their ids ``vocab_ids``) and ``tail``; the cap keeps the top
+    ``width`` of q in the draft vocabulary.  None where they do not run from ``gguf-q8`` blocks on the CPU
+    or the native path is off."""
     layer_plan = native_layer.plan_of(layer)
     nw, tw, tb = norm._parameters.get("weight"), tail._parameters.get("weight"), tail._parameters.get("bias")
-    parts = (fc, layer_plan, head, nw, tw, tb)  # compared by identity
+    parts = (fc, layer_plan, head, nw, tw, tb, vocab_ids)  # compared by identity
     values = tuple(None if t is None else t.data_ptr() for t in (nw, tw, tb)) + (vocab_size, width)  # by value
     memo = owner.__dict__.get(_PLAN)
     if memo is not None and memo[1] == values and all(a is b for a, b in zip(memo[0], parts)):
@@ -75,7 +80,12 @@ def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int) 
             and hasattr(norm, "variance_epsilon")):
         V, Vd = int(vocab_size), head.out_features
         width = 0 if Vd >= V else min(int(width), Vd)
-        plan = Plan(fc, layer, layer_plan, norm, head, tail, width, math.log(V - Vd) if width else 0.0)
+        ids = None
+        if width and vocab_ids is not None and vocab_ids.numel() == Vd and vocab_ids.device.type == "cpu":
+            ids = vocab_ids.to(torch.int64).contiguous()
+            if not (int(ids.min()) >= 0 and int(ids.max()) < V and ids.unique().numel() == Vd):
+                ids = None  # not a draft vocabulary of this target: full_logits scatters it in torch
+        plan = Plan(fc, layer, layer_plan, norm, head, tail, width, math.log(V - Vd) if width else 0.0, ids, V)
     owner.__dict__[_PLAN] = (parts, values, plan)
     return plan
 
@@ -118,6 +128,7 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
     g = torch.empty(B, R, H)
     z = torch.empty(B, R, plan.n_vocab)
     t = torch.empty(B, R)
+    q = None if plan.vocab is None else torch.empty(B, R, plan.vocab_size)  # [B, R, V]
     table = torch.tensor(io, dtype=torch.int64)
     rc = layer_kernel.LIBRARY.require().dl_feature_step(
         plan.fc_ref, table.data_ptr(), float(attn.scaling), e.data_ptr(), e.stride(0), f.data_ptr(), f.stride(0),
@@ -125,13 +136,29 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
         vis.stride(0) if vis is not None else 0, vis.stride(1) if vis is not None else 0, int(last_only),
         plan.norm_weight.data_ptr(), plan.eps, plan.head_ref, plan.tail_weight.data_ptr(),
         plan.tail_bias.data_ptr(), plan.width, plan.spread, g.data_ptr(), z.data_ptr(), t.data_ptr(),
+        None if q is None else plan.vocab.data_ptr(), plan.vocab_size, None if q is None else q.data_ptr(),
         torch.get_num_threads())
     if rc:
         raise RuntimeError(f"feature_step: the native step failed ({rc}: "
                            f"{'out of memory' if rc == -2 else 'a plan the kernel refuses'})")
     if lc is not None:
         lc.commit(past + T)
+    plan.last = None if q is None else (z, t, q)
     return g, z, t
+
+
+def take_full_logits(owner, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor | None:
+    """The full-vocabulary rows ``q [B, R, V]`` that the drafter ``owner``'s last native step wrote of the
+    ``z`` and ``t`` it returned (``EagleDrafter.full_logits(z, t)``, the same bits), taken once: ask right
+    after the step, before anything writes into them; None for other tensors (the torch path's, a second
+    ask).  Inference tensors keep no version counter, so "unchanged since" is the caller's to keep."""
+    memo = owner.__dict__.get(_PLAN)
+    plan = memo[2] if memo is not None else None
+    last = plan.last if plan is not None else None
+    if last is None or last[0] is not z or last[1] is not t:
+        return None
+    plan.last = None
+    return last[2]
 
 
 def causal_mask(T: int, past: int, dtype: torch.dtype) -> torch.Tensor:

@@ -362,6 +362,7 @@ static float dl_cap(const float *z, long n, float tail, long w, float spread)
  *   z = g W_d^T                          [nr, V_d]       (dq8_linear: the draft vocabulary's head rows)
  *   t = min(w_t . g + b_t, cap)          [nr]            (V_d < V only; else no cap)
  *   cap = (z_(w) + spread) - 8 eps (1 + |z_(w)| + spread)   z_(w): the w-th largest of the row of z
+ *   q[vocab[j]] = z[j], q[i] = t - spread elsewhere    [nr, V]  (q non-NULL, V_d < V: EagleDrafter.full_logits)
  * e, f [B T, hidden] with row strides se, sf (floats).  The tail's dot product sums w_t[i] g[i] in double,
  * i increasing, then rounds to float and adds b_t; the cap is evaluated in float32, operation by operation,
  * as the torch expression of EagleDrafter.capped_tail (spread: float32 log(V - V_d), eps: float32's, 2^-23).
@@ -370,7 +371,7 @@ DL_API int dl_feature_step(const dl_linear *fc, const int64_t *io, double scale,
                            const float *f, long sf, long B, long T, const float *cos, const float *sin_signed,
                            const uint8_t *mask, long mb, long mm, long last, const float *w_norm, float eps,
                            const dl_linear *head, const float *w_tail, const float *b_tail, long width, float spread,
-                           float *g, float *z, float *t, int threads)
+                           float *g, float *z, float *t, const int64_t *vocab, long V, float *q, int threads)
 {
     const dl_plan *p = (const dl_plan *)(intptr_t)io[0];
     const long hid = p->hidden, M = B * T, nr = last ? B : M, Vd = head->n;
@@ -393,6 +394,12 @@ DL_API int dl_feature_step(const dl_linear *fc, const int64_t *io, double scale,
         for (long i = 0; i < hid; i++) s += (double)w_tail[i] * (double)gr[i];
         float tail = (float)s + *b_tail;
         t[r] = width > 0 ? dl_cap(zr, Vd, tail, width, spread) : tail;
+    }
+    for (long r = 0; r < nr && !rc && q && width > 0; r++) { /* every token outside the draft vocabulary: t - spread */
+        float *qr = q + r * V;
+        const float fill = t[r] - spread, *zr = z + r * Vd;
+        for (long i = 0; i < V; i++) qr[i] = fill;
+        for (long j = 0; j < Vd; j++) qr[vocab[j]] = zr[j];
     }
     q8_stream_weights = 1;
     free(ef), free(x);

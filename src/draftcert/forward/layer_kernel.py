@@ -26,7 +26,7 @@ _KERNELS = _HERE.parent / "kernels"
 LIBRARY = NativeLibrary(_HERE / "layer_kernel.c", "dl_", {
     "dl_qkv": ("PPLPPPI", "I"), "dl_attn_mlp": ("PPLLPPLLLPLLLLPLLFI", "I"), "dl_layers": ("PLPPLLPPPLLI", "I"),
     "dl_rms": ("PPFLLP", "I"),
-    "dl_feature_step": ("PPDPLPLLLPPPLLLPFPPPLFPPPI", "I"), "dl_capped_tail": ("PLLPLFP", "I"),
+    "dl_feature_step": ("PPDPLPLLLPPPLLLPFPPPLFPPPPLPI", "I"), "dl_capped_tail": ("PLLPLFP", "I"),
     "dl_silu": ("PPLP", "I")}, source_flags=("-fvisibility=hidden",),
     includes=(_KERNELS / "block_matmul.c", _KERNELS / "row_attention.c"))
 

@@ -229,8 +229,7 @@ def probe_continuation(model, n_prefix: int = 3, n_more: int = 3) -> bool:
     return bool((chunk - step).abs().max() <= tol)
 
 
-# ---------------------------------------------------------------------------
-# masks per layer kind
+# ---- masks per layer kind ---------------------------------------------------
 
 
 def layer_masks(layout: Layout, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype):
@@ -255,8 +254,7 @@ def layer_masks(layout: Layout, allowed: torch.Tensor, q_pos: torch.Tensor, k_po
     return full
 
 
-# ---------------------------------------------------------------------------
-# rollback
+# ---- rollback ---------------------------------------------------------------
 
 
 def _copy(value):

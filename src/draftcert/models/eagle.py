@@ -364,7 +364,7 @@ class EagleDrafter(nn.Module):
         e = self._embed(tokens)
         plan = None if torch.is_grad_enabled() or w is not self._block_head else feature_step.plan_of(
             self, fc=self.fc, layer=self.layer, norm=self.norm, head=w, tail=self.tail, vocab_size=self.vocab_size,
-            width=PROPOSAL_WIDTH)  # gguf-q8 blocks: the step in one native call (forward/feature_step.py)
+            width=PROPOSAL_WIDTH, vocab_ids=self.vocab_ids)  # gguf-q8 blocks: one native call (forward/feature_step.py)
         out = plan and feature_step.step(plan, e, feats.to(self.dtype), self._rope(e, position_ids), mask, cache, last_only)
         if out:
             return out
