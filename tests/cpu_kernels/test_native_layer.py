@@ -411,6 +411,46 @@ def test_a_rotary_tables_rows_are_the_modules_bits(head_dim, rope):
     assert native_layer.position_rows(rotary, torch.tensor([[3]]), x) is None
 
 
+def test_a_rotary_module_made_under_inference_mode_keeps_a_right_table():
+    """A module made inside ``torch.inference_mode`` (a model loaded there) holds inference tensors, which
+    keep no version counter: its table is kept while the frequencies' values are the same, made again when
+    they change in place, and every row is still the module's own bits."""
+    import transformers
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=512)
+    x = torch.zeros(1, 1, 64)
+    with torch.inference_mode():
+        rotary = LlamaRotaryEmbedding(cfg)
+        assert rotary.inv_freq.is_inference()
+        pos = torch.tensor([[5, 6, 7]])
+        cos, _ = native_layer.position_rows(rotary, pos, x)
+        assert torch.equal(cos, native_layer.rotary_rows(rotary(x, pos), 1, 3)[0])
+        table = rotary.__dict__[native_layer._TABLE]
+        native_layer.position_rows(rotary, pos, x)
+        assert rotary.__dict__[native_layer._TABLE] is table  # the same values: kept
+        rotary.inv_freq.mul_(0.5)  # in place, and no version counter says so
+        cos, _ = native_layer.position_rows(rotary, pos, x)
+        assert rotary.__dict__[native_layer._TABLE] is not table
+        assert torch.equal(cos, native_layer.rotary_rows(rotary(x, pos), 1, 3)[0])
+
+
+def test_a_model_made_under_inference_mode_decodes_natively():
+    """A q8 model whose every tensor was made inside ``torch.inference_mode`` (its embedding's blocks, its
+    rotary frequencies) decodes: the same logits as the same model made outside it."""
+    outside = _to_q8(tiny_lm("llama", seed=11))
+    with torch.inference_mode():
+        inside = _to_q8(tiny_lm("llama", seed=11))
+    ids = list(range(3, 12))
+    out = []
+    for model in (outside, inside):
+        with torch.inference_mode():
+            cache = new_cache(model)
+            rows = [model_forward(model, cache, ids, 2)] + [model_forward(model, cache, [t], 1) for t in (5, 9, 2)]
+        out.append(rows)
+    assert all(torch.equal(a, b) for a, b in zip(*out))
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_all_layers_in_one_call_give_the_per_layer_bits(family, monkeypatch):
     """forward_layers (one C call for the decoder, k and v written into kv_buffer's buffers) against the

@@ -182,10 +182,13 @@ def _rows(rotary, position_ids: torch.Tensor, x: torch.Tensor, parts: tuple) -> 
     inv = rotary._buffers.get("inv_freq")
     if inv is None:
         return None
-    key = (type(rotary), inv.data_ptr(), inv._version, getattr(rotary, "attention_scaling", None), x.dtype, x.device)
+    inference = inv.is_inference()  # made under inference_mode: no version counter, so its values are compared
+    key = (type(rotary), inv.data_ptr(), None if inference else inv._version, getattr(rotary, "attention_scaling", None),
+           x.dtype, x.device)
     memo = rotary.__dict__.get(_TABLE)
-    if memo is None or memo[0] != key or memo[4] is not inv:  # the frequencies changed, or their storage
-        memo = rotary.__dict__[_TABLE] = [key, 0, None, None, inv, None]
+    if (memo is None or memo[0] != key or memo[4] is not inv  # the frequencies changed, or their storage
+            or (inference and not torch.equal(memo[6], inv))):
+        memo = rotary.__dict__[_TABLE] = [key, 0, None, None, inv, None, inv.clone() if inference else None]
     ids = position_ids[0]
     while True:
         if memo[1]:

@@ -326,6 +326,8 @@ class GGUFEmbedding(nn.Module):
         kept per token: a row decodes alone, so it is the same bits, without the ~7 small operations of a
         lookup (each several times its hot-loop cost after a pass has evicted the caches)."""
         q = self._buffers["qweight"]
+        if q.is_inference():  # made under inference_mode: no version counter to tell a write in place, so no memo
+            return decode_rows(q.index_select(0, torch.tensor(toks)), self.qtype, self.embedding_dim)
         key = (q.data_ptr(), q._version, self.qtype)  # blocks written in place or swapped: decoded again
         memo = self.__dict__.get("_kept_rows")
         if memo is None or memo[0] != key or memo[1] is not q:
