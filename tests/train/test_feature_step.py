@@ -243,3 +243,7 @@ def test_the_full_rows_are_full_logits_bit_for_bit(pair):
         assert feature_step.take_full_logits(d, z, t) is None  # taken once
         g2, z2, t2 = d.step(tokens, feats, torch.arange(4)[None], None, cache=d.new_cache(), last_only=True)
         assert torch.equal(feature_step.take_full_logits(d, z2, t2), d.full_logits(z2, t2))
+        n = feature_step.FULL_ROWS_MAX + 1  # a teacher-forced batch's rows: no full rows written
+        tokens, feats = step_inputs(d, n, seed=4)
+        g3, z3, t3 = d.step(tokens, feats, torch.arange(n)[None], None, cache=d.new_cache())
+        assert feature_step.take_full_logits(d, z3, t3) is None

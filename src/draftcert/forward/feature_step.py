@@ -33,9 +33,11 @@ import torch
 
 from . import layer_kernel, native_layer
 
-__all__ = ["Plan", "plan_of", "step", "take_full_logits", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL"]
+__all__ = ["Plan", "plan_of", "step", "take_full_logits", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL",
+           "FULL_ROWS_MAX"]
 
 _PLAN = "_draftcert_feature_plan"  # the drafter's (parts, values, Plan or None), in its __dict__
+FULL_ROWS_MAX = 16  # result rows (B R) up to which a step also writes q's full-vocabulary rows (take_full_logits)
 
 
 class Plan:
@@ -82,7 +84,7 @@ def plan_of(owner, *, fc, layer, norm, head, tail, vocab_size: int, width: int, 
         width = 0 if Vd >= V else min(int(width), Vd)
         ids = None
         if width and vocab_ids is not None and vocab_ids.numel() == Vd and vocab_ids.device.type == "cpu":
-            ids = vocab_ids.to(torch.int64).contiguous()
+            ids = vocab_ids.to(torch.int64).clone()  # the ids the head's rows were taken at
             if not (int(ids.min()) >= 0 and int(ids.max()) < V and ids.unique().numel() == Vd):
                 ids = None  # not a draft vocabulary of this target: full_logits scatters it in torch
         plan = Plan(fc, layer, layer_plan, norm, head, tail, width, math.log(V - Vd) if width else 0.0, ids, V)
@@ -128,7 +130,8 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
     g = torch.empty(B, R, H)
     z = torch.empty(B, R, plan.n_vocab)
     t = torch.empty(B, R)
-    q = None if plan.vocab is None else torch.empty(B, R, plan.vocab_size)  # [B, R, V]
+    # [B, R, V]: a decode's few rows (a teacher-forced batch's full rows would be written for nothing)
+    q = None if plan.vocab is None or B * R > FULL_ROWS_MAX else torch.empty(B, R, plan.vocab_size)
     table = torch.tensor(io, dtype=torch.int64)
     rc = layer_kernel.LIBRARY.require().dl_feature_step(
         plan.fc_ref, table.data_ptr(), float(attn.scaling), e.data_ptr(), e.stride(0), f.data_ptr(), f.stride(0),
