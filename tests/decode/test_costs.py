@@ -233,3 +233,31 @@ def test_a_model_drafters_catch_up_is_timed_and_a_model_free_drafters_is_not(tin
     assert Costs.from_dict(json.loads(json.dumps(c.as_dict()))).drafter_catch_up == c.drafter_catch_up
     lookup = costs_mod.measure(target, make_drafter("prompt-lookup", target), [((1,), False)], repeats=1)
     assert lookup.drafter_catch_up is None
+
+
+def test_the_target_rows_are_fitted_non_decreasing():
+    """``rows_non_decreasing``: a curve that already rises is kept as measured; a greedy step timed dearer than
+    the passes of 1-3 rows (the curve that made every draft look free) is pooled with them; and on random
+    curves the fit is scipy's isotonic regression (an independent least-squares solver), non-decreasing, with
+    the same total."""
+    import numpy as np
+
+    from draftcert.decode.draft_shape.costs import rows_non_decreasing
+
+    assert rows_non_decreasing(5.0, {1: 5.2, 2: 5.5, 4: 6.0}) == (5.0, {1: 5.2, 2: 5.5, 4: 6.0})
+    step, rows = rows_non_decreasing(8.79, {1: 7.01, 2: 6.906, 3: 7.064, 4: 8.106, 5: 8.431})
+    pooled = (8.79 + 7.01 + 6.906 + 7.064) / 4
+    assert step == pytest.approx(pooled) and [rows[n] for n in (1, 2, 3)] == pytest.approx([pooled] * 3)
+    assert (rows[4], rows[5]) == (8.106, 8.431)
+    try:
+        from scipy.optimize import isotonic_regression
+    except ImportError:  # scipy < 1.12
+        pytest.skip("scipy.optimize.isotonic_regression needs scipy >= 1.12")
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        v = (5 + np.arange(n + 1) * 0.3 + rng.normal(0, 1.0, n + 1)).tolist()
+        step, rows = rows_non_decreasing(v[0], dict(zip(range(1, n + 1), v[1:])))
+        got = [step] + [rows[k] for k in range(1, n + 1)]
+        assert np.allclose(got, isotonic_regression(v).x, rtol=0, atol=1e-12)
+        assert all(a <= b + 1e-12 for a, b in zip(got, got[1:])) and sum(got) == pytest.approx(sum(v))
