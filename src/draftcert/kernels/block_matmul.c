@@ -55,7 +55,7 @@
 #endif
 #ifndef Q8NTA
 /* "gguf-q8", one input row, 32-weight block types (Q4_1, Q5_0, Q8_0): every line of the packing is
- * prefetched Q8NTA bytes ahead as non-temporal.  The lines go to L1 and are not kept in L2 or L3
+ * prefetched Q8NTA bytes ahead as non-temporal (tiles of 2+ rows: Q8PF ahead, on AVX-512).  The lines go to L1 and are not kept in L2 or L3
  * after use, so a pass's stream of weights (read once) no longer evicts what the code around the
  * pass reads next: the caller's Python, the KV cache, a drafter's few MB of weights (on a 2-core
  * AMD EPYC, Zen 4, the embedded target decoded alone in 0.87 of the time:
@@ -1035,7 +1035,9 @@ q8_tile(int qtype, const uint8_t *restrict grp, long nb, const q8act *A, long m0
                 for (long l = 0; l < blk; l += 64) _mm_prefetch((const char *)(h + Q8NTA + l), _MM_HINT_NTA);
             else if (b + 1 < nb)
                 _mm_prefetch((const char *)(h + blk), _MM_HINT_T0);
-        } else
+        } else if (stream) /* 2+ rows: the same lines Q8PF ahead, streamed too */
+            for (long l = 0; l < blk; l += 64) _mm_prefetch((const char *)(h + Q8PF + l), _MM_HINT_NTA);
+        else
             for (long l = 0; l < blk; l += 64) _mm_prefetch((const char *)(h + Q8PF + l), _MM_HINT_T0);
         if (qtype == Q4_1 || qtype == Q5_0 || qtype == Q8_0) {
             const long k0 = b * 32;
