@@ -58,7 +58,7 @@
  * prefetched Q8NTA bytes ahead as non-temporal (tiles of 2+ rows: Q8PF ahead, on AVX-512).  The lines go to L1 and are not kept in L2 or L3
  * after use, so a pass's stream of weights (read once) no longer evicts what the code around the
  * pass reads next: the caller's Python, the KV cache, a drafter's few MB of weights (on a 2-core
- * AMD EPYC, Zen 4, the embedded target decoded alone in 0.87 of the time:
+ * AMD EPYC, Zen 4, the embedded target decoded alone in 0.83-0.87 of the time:
  * benchmarks/bench_weight_stream.py).  The K-quant types keep the one-line prefetch below: a
  * prefetch of every line made the pair's 1.5B target's one-row passes 4-9 % slower. */
 #define Q8NTA 256
