@@ -247,3 +247,39 @@ def test_the_full_rows_are_full_logits_bit_for_bit(pair):
         tokens, feats = step_inputs(d, n, seed=4)
         g3, z3, t3 = d.step(tokens, feats, torch.arange(n)[None], None, cache=d.new_cache())
         assert feature_step.take_full_logits(d, z3, t3) is None
+
+
+def test_a_decode_step_gives_the_steps_bits(pair):
+    """``DecodeStep`` (a decode's steps with their lookups made once: kept embedding rows, rotary rows sliced
+    from the table) gives ``step``'s g, z, t and full rows bit for bit, for chains of 1..16 rows at positions
+    running past the rotary table's first block, with or without ``last_only``; the two caches stay equal.
+    It declines what it does not take: more than 16 rows, autograd on."""
+    from draftcert.drafting.feature_drafter import FeatureDrafter
+
+    target, d = pair
+    fd = FeatureDrafter(d)
+    fd.start([1, 2, 3])
+    assert isinstance(fd._native, feature_step.DecodeStep)
+    fast, ref = d.new_cache(), d.new_cache()
+    head = d.head_layer()
+    gen = torch.Generator().manual_seed(11)
+    pos = 0
+    with torch.inference_mode():
+        while pos < native_layer.TABLE_BLOCK + 40:
+            T = int(torch.randint(1, 17, (1,), generator=gen))
+            last = bool(torch.randint(0, 2, (1,), generator=gen))
+            tokens, feats = step_inputs(d, T, seed=pos)
+            got = fd._native(tokens[0].tolist(), feats[0], pos, fast, last)
+            q_got = feature_step.take_full_logits(d, got[1], got[2])
+            want = d.step(tokens, feats, torch.arange(pos, pos + T)[None], None, cache=ref, head_weight=head,
+                          last_only=last)
+            q_want = feature_step.take_full_logits(d, want[1], want[2])
+            for a, b in zip(got + (q_got,), want + (q_want,)):
+                assert torch.equal(a, b), (pos, T, last)
+            pos += T
+        for a, b in ((fast.layers[0].keys, ref.layers[0].keys), (fast.layers[0].values, ref.layers[0].values)):
+            assert torch.equal(a, b)
+        tokens, feats = step_inputs(d, 17)
+        assert fd._native(tokens[0].tolist(), feats[0], pos, fast) is None  # a prompt's catch-up: step's own call
+    with torch.enable_grad():
+        assert fd._native([1], feats[0, :1], pos, fast) is None

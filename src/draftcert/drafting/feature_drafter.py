@@ -40,6 +40,7 @@ class FeatureDrafter(Drafter):
         self.feats = None
         self._feat_buffer = None
         self.n_valid = 0
+        self._native = None  # start's feature_step.DecodeStep
 
     @property
     def model_drafter(self) -> "FeatureDrafter":
@@ -51,7 +52,12 @@ class FeatureDrafter(Drafter):
 
     def start(self, prompt_ids: list[int]) -> None:
         self.cache = self.model.new_cache()
-        self._head = self.model.head_layer()  # the draft vocabulary's rows of the target's head, gathered once
+        m = self.model
+        self._head = m.head_layer()  # the draft vocabulary's rows of the target's head, gathered once
+        # gguf-q8 blocks: a step's plan, embedding and rotary rows looked up once per decode (feature_step.DecodeStep)
+        plan = m.native_plan(self._head) if m.dtype == torch.float32 else None
+        self._native = plan and feature_step.DecodeStep(m, plan, m.target.get_input_embeddings(), m.rotary, m.dtype,
+                                                        m.norm.weight)
         self.feats = None
         self._feat_buffer = None
         self.n_valid = 0  # pairs (x_{s+1}, f_s), s < n_valid, are in the drafter's cache
@@ -69,15 +75,19 @@ class FeatureDrafter(Drafter):
         return 0 if self.feats is None else int(self.feats.shape[0])
 
     def _step(self, tokens, feats, pos, mask, last_only: bool = False):
-        """One drafter step over ``tokens``: (features g [T, H], full-vocabulary logits q [T, V]);
-        ``last_only``: g and q of the last row only (a catch-up step drafts from its last row: the
-        other rows' norm, head and [V]-wide logits would be computed for nothing)."""
+        """One drafter step over ``tokens`` at positions ``pos`` (an int p: p, p + 1, ...; or ``[1, T]``):
+        (features g [T, H], full-vocabulary logits q [T, V]); ``last_only``: g and q of the last row only (a
+        catch-up step drafts from its last row: the other rows' norm, head and [V]-wide logits would be
+        computed for nothing)."""
         self.forwards += 1
-        dev = self.model.device
-        g, red, tail = self.model.step(
-            torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask, cache=self.cache,
-            head_weight=self._head, last_only=last_only,
-        )
+        chain = isinstance(pos, int) and mask is None
+        out = self._native(tokens, feats, pos, self.cache, last_only) if chain and self._native else None
+        if out is None:
+            dev = self.model.device
+            pos = torch.arange(pos, pos + len(tokens), device=dev)[None] if isinstance(pos, int) else pos
+            out = self.model.step(torch.as_tensor(tokens, dtype=torch.long, device=dev)[None], feats[None], pos, mask,
+                                  cache=self.cache, head_weight=self._head, last_only=last_only)
+        g, red, tail = out
         q = feature_step.take_full_logits(self.model, red, tail)  # [1, R, V]: the native step wrote them
         return g[0], (q[0] if q is not None else self.model.full_logits(red[0], tail[0]))
 
@@ -93,8 +103,7 @@ class FeatureDrafter(Drafter):
         new = n_feat - self.n_valid
         if new <= 0:
             raise RuntimeError("feature drafter: no new target features since the last round")
-        pos = torch.arange(self.n_valid, n_feat, device=dev)[None]
-        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], pos, None,
+        g, q = self._step(seq[self.n_valid + 1 : n_feat + 1], self.feats[self.n_valid : n_feat], self.n_valid, None,
                           last_only=True)  # causal over the cache; q [1, V]: the root's
         self.n_valid = n_feat
         # g_of[n]: the feature the drafter guessed at node n (-1: the root); a node is fed its parent's.
@@ -102,7 +111,8 @@ class FeatureDrafter(Drafter):
 
         def feed(tree, nodes, mask, pos):
             feats = torch.stack([g_of[tree.parents[n]] for n in nodes])  # [len(nodes), H]
-            g, q = self._step([tree.tokens[n] for n in nodes], feats, pos, mask)
+            chain = mask is None and len(nodes) == 1  # one node after the cache: its position, an int
+            g, q = self._step([tree.tokens[n] for n in nodes], feats, int(pos[0, 0]) if chain else pos, mask)
             g_of.update(zip(nodes, g))
             return q
 

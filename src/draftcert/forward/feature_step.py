@@ -33,7 +33,7 @@ import torch
 
 from . import layer_kernel, native_layer
 
-__all__ = ["Plan", "plan_of", "step", "take_full_logits", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL",
+__all__ = ["Plan", "plan_of", "step", "DecodeStep", "take_full_logits", "causal_mask", "kept_rows", "keep", "kept_rotary", "ROW_CACHE_SIZE", "ROW_CACHE_MAX_CALL",
            "FULL_ROWS_MAX"]
 
 _PLAN = "_draftcert_feature_plan"  # the drafter's (parts, values, Plan or None), in its __dict__
@@ -119,22 +119,35 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
     if f.stride(-1) != 1:
         f = f.contiguous()
     cos, sin_signed = native_layer.rotary_rows(position_embeddings, B, T)
+    return _native_step(plan, e, f, B, T, cos, sin_signed, vis, lc, past, last_only)
+
+
+def _native_step(plan: Plan, e, f, B: int, T: int, cos, sin_signed, vis, lc, past: int, last_only: bool,
+                 kept: tuple | None = None):
+    """``dl_feature_step`` on rows ``e``, ``f`` ``[B * T, hidden]`` (unit stride within a row), rotary rows
+    ``[B * T, D]``, visibility ``vis`` (None: causal) and cache layer ``lc`` holding ``past`` rows (None: none).
+    ``kept``: (``reserve``'s buffers by shape, an int64 ``[10]`` for the layer's io row) reused call to call."""
     lp = plan.layer_plan
     if lc is not None:
-        io = native_layer.reserve(lc, lp, B, T)
+        io = native_layer.reserve(lc, lp, B, T, kept[0] if kept is not None else None)
     else:  # no cache: the T rows' keys and values in buffers of their own
         kb = torch.empty(B, lp.kv_heads, T, lp.head_dim)
         vb = torch.empty_like(kb)
         io = [lp.ref, kb.data_ptr(), vb.data_ptr(), *kb.stride()[:3], *vb.stride()[:3], 0]
     R = 1 if last_only else T
+    H = e.shape[-1]
     g = torch.empty(B, R, H)
     z = torch.empty(B, R, plan.n_vocab)
     t = torch.empty(B, R)
     # [B, R, V]: a decode's few rows (a teacher-forced batch's full rows would be written for nothing)
     q = None if plan.vocab is None or B * R > FULL_ROWS_MAX else torch.empty(B, R, plan.vocab_size)
-    table = torch.tensor(io, dtype=torch.int64)
+    if kept is not None and len(io) == kept[1].numel():
+        table = kept[1]
+        table.numpy()[:] = io
+    else:
+        table = torch.tensor(io, dtype=torch.int64)
     rc = layer_kernel.LIBRARY.require().dl_feature_step(
-        plan.fc_ref, table.data_ptr(), float(attn.scaling), e.data_ptr(), e.stride(0), f.data_ptr(), f.stride(0),
+        plan.fc_ref, table.data_ptr(), float(plan.attn.scaling), e.data_ptr(), e.stride(0), f.data_ptr(), f.stride(0),
         B, T, cos.data_ptr(), sin_signed.data_ptr(), vis.data_ptr() if vis is not None else None,
         vis.stride(0) if vis is not None else 0, vis.stride(1) if vis is not None else 0, int(last_only),
         plan.norm_weight.data_ptr(), plan.eps, plan.head_ref, plan.tail_weight.data_ptr(),
@@ -148,6 +161,47 @@ def step(plan: Plan, emb: torch.Tensor, feats: torch.Tensor, position_embeddings
         lc.commit(past + T)
     plan.last = None if q is None else (z, t, q)
     return g, z, t
+
+
+class DecodeStep:
+    """A decode's drafter steps as :func:`step` computes them, with what a step looks up made once per
+    decode: ``__call__(tokens, feats, pos0, cache, last_only)`` is ``step`` of the rows ``tokens`` (a list
+    of at most ``ROW_CACHE_MAX_CALL`` ids) and ``feats`` ``[T, hidden]`` at positions ``pos0 ..
+    pos0 + T - 1``, causal over ``cache``.  Each token's embedding row is kept (the owner's ``_embed``
+    rows, ``kept_rows(owner, "embed", ...)``); the rotary rows are a slice of the rotary module's table
+    (``native_layer.position_table``: each position's pair computed alone, as a one-row step computes
+    it).  So the bits are ``step``'s.  Why: around a 0.23 ms kernel, a one-token step spent 0.2 ms in
+    Python finding its plan, embedding, rotary and cache rows (a drafted token on the embedded target
+    is about a tenth of a target pass).  The plan, modules and weights are taken as they are when the
+    decode starts (``FeatureDrafter.start``); None for a call it does not take (more rows, no native cache)."""
+
+    def __init__(self, owner, plan: Plan, embedding, rotary, dtype: torch.dtype, kept_key):
+        self.owner, self.plan, self.embedding, self.rotary, self.dtype = owner, plan, embedding, rotary, dtype
+        self.kept_key = kept_key  # the owner's ``kept_rows`` key: the rows its ``_embed`` keeps
+        self.like = torch.empty(1, 1, 1, dtype=dtype)  # what the rotary reads of x: dtype and device
+        self.cos = self.signed = None  # the rotary table's rows [n, D] (position_table), refreshed to grow
+        self.kept = ({}, torch.empty(10, dtype=torch.int64))  # _native_step's reused buffers
+
+    def __call__(self, tokens: list[int], feats: torch.Tensor, pos0: int, cache, last_only: bool = False):
+        T = len(tokens)
+        if not 0 < T <= ROW_CACHE_MAX_CALL or torch.is_grad_enabled() or feats.dtype != self.dtype:
+            return None
+        lc = native_layer.cache_layer(cache, self.plan.attn.layer_idx)
+        if lc is None:
+            return None
+        top = pos0 + T
+        if self.cos is None or top > self.cos.shape[0]:
+            table = native_layer.position_table(self.rotary, top, self.like)
+            if table is None:
+                return None
+            self.cos, self.signed = table
+        kept = kept_rows(self.owner, "embed", self.embedding, self.kept_key)
+        rows = [kept[t] if t in kept else
+                keep(kept, t, self.embedding(torch.tensor([t])).to(self.dtype)[0]) for t in tokens]
+        e = rows[0].view(1, -1) if T == 1 else torch.stack(rows)  # [T, hidden]
+        f = feats if feats.stride(-1) == 1 else feats.contiguous()
+        return _native_step(self.plan, e, f, 1, T, self.cos[pos0:top], self.signed[pos0:top], None, lc,
+                            lc.get_seq_length(), last_only, self.kept)
 
 
 def take_full_logits(owner, z: torch.Tensor, t: torch.Tensor) -> torch.Tensor | None:

@@ -30,7 +30,7 @@ from . import layer_kernel
 from .kv_buffer import spare_layer
 
 __all__ = ["enabled", "is_q8", "plan_of", "forward", "forward_layers", "forget", "reserve", "cache_layer", "rotary_rows",
-           "position_rows", "position_pair", "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO", "TABLE_BLOCK"]
+           "position_rows", "position_pair", "position_table", "visible_rows", "ALL_LAYERS_IN_ONE_CALL", "PLANS_MEMO", "TABLE_BLOCK"]
 
 _PLAN = "_draftcert_native_plan"  # a layer's (generation, sources, Plan or None), in its __dict__
 PLANS_MEMO = "_draftcert_native_plans"  # a decoder's plans for all its layers (decoder_layers), in its __dict__
@@ -170,6 +170,16 @@ def position_pair(rotary, position_ids: torch.Tensor, x: torch.Tensor):
     cos, sin, signed = rows  # [T, D] each
     sin.__dict__[_ROWS] = (1, cos, signed)
     return cos[None], sin[None]
+
+
+def position_table(rotary, top: int, x: torch.Tensor):
+    """(cos, signed sin) ``[n, D]`` (n >= ``top``) of the table :func:`position_rows` reads, grown first to hold
+    positions ``0 .. top - 1``: row p is :func:`rotary_rows` of ``rotary(x, [[p]])``, so a slice
+    ``[p0 : p0 + T]`` is a sequence's rows without a gather.  None where :func:`position_rows` is."""
+    if top < 1 or _rows(rotary, torch.tensor([[top - 1]]), x, (2,)) is None:  # a gather past the table grows it
+        return None
+    memo = rotary.__dict__[_TABLE]
+    return memo[2], memo[3]
 
 
 def _rows(rotary, position_ids: torch.Tensor, x: torch.Tensor, parts: tuple) -> list | None:

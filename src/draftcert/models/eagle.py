@@ -87,10 +87,8 @@ def _parts(target):
     head = target.get_output_embeddings() if hasattr(target, "get_output_embeddings") else None
     if layers is None or norm is None or head is None or (getattr(head, "qweight", None) is None
                                                           and getattr(head, "weight", None) is None):
-        raise ValueError(
-            f"eagle drafter: {type(target).__name__} is not a Llama/Qwen-style causal LM "
-            "(expected model.layers, model.norm and an output embedding)"
-        )
+        raise ValueError(f"eagle drafter: {type(target).__name__} is not a Llama/Qwen-style causal LM "
+                         "(expected model.layers, model.norm and an output embedding)")
     if getattr(head, "bias", None) is not None:
         raise ValueError("eagle drafter: targets whose LM head has a bias are not supported")
     if getattr(target.config, "final_logit_softcapping", None):
@@ -362,9 +360,7 @@ class EagleDrafter(nn.Module):
         """
         w = self.head_layer() if head_weight is None else head_weight
         e = self._embed(tokens)
-        plan = None if torch.is_grad_enabled() or w is not self._block_head else feature_step.plan_of(
-            self, fc=self.fc, layer=self.layer, norm=self.norm, head=w, tail=self.tail, vocab_size=self.vocab_size,
-            width=PROPOSAL_WIDTH, vocab_ids=self.vocab_ids)  # gguf-q8 blocks: one native call (forward/feature_step.py)
+        plan = None if torch.is_grad_enabled() else self.native_plan(w)  # gguf-q8 blocks: one native call
         out = plan and feature_step.step(plan, e, feats.to(self.dtype), self._rope(e, position_ids), mask, cache, last_only)
         if out:
             return out
@@ -381,6 +377,12 @@ class EagleDrafter(nn.Module):
         g = self.norm(x)
         red = g @ w.T if isinstance(w, torch.Tensor) else w(g)
         return g, red, self.capped_tail(red, self.tail(g).squeeze(-1))
+
+    def native_plan(self, head):
+        """``forward.feature_step``'s plan of a step with ``head`` (one native call), None unless it is ``head_layer``'s blocks."""
+        return None if head is not self._block_head else feature_step.plan_of(
+            self, fc=self.fc, layer=self.layer, norm=self.norm, head=head, tail=self.tail, vocab_size=self.vocab_size,
+            width=PROPOSAL_WIDTH, vocab_ids=self.vocab_ids)
 
     def capped_tail(self, red, tail):
         """``min(tail, z_(w) + log(V - V_d) - margin)`` (module docstring): no token outside the draft
