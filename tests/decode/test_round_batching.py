@@ -26,8 +26,11 @@ def _random_tree(g: torch.Generator, V: int, n: int, chain: bool) -> DraftTree:
     return t
 
 
-def _verdict_fields(v):
-    return v.passed, v.path, v.rows, v.emitted, v.drift, v.divergence_spent
+def _verdict_fields(v, draft):
+    """What the engine reads of a verdict: ``passed`` at the rows ``record`` (the reached rows with
+    children) and the certificates (the expanded nodes' rows) read, and the walk's fields."""
+    read = sorted(set(v.rows) | {e + 1 for e in draft.expanded})
+    return [v.passed[r] for r in read], v.path, v.rows, v.emitted, v.drift, v.divergence_spent
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -35,10 +38,11 @@ def _verdict_fields(v):
 def test_strict_walk_without_a_summary_is_the_summary_walk(dtype, chain):
     """On coarse logits (many exact ties: drafts that tie the maximum above its lowest index, rows
     whose every child ties), with EOS among the tokens, and with NaN and infinite rows, strict's
-    walk from the rows' maxima gives the summary walk's verdict field for field, and decides
-    many of those rounds itself."""
+    walk from the rows' maxima gives the summary walk's verdict in every field the engine reads, and
+    decides many of those rounds itself.  A non-finite row it reads is refused (the summary's walk
+    raises); one it does not read (past the walk, not expanded) decides nothing."""
     g = torch.Generator().manual_seed(3)
-    V, decided = 12, 0
+    V, decided, unread = 12, 0, 0
     for case in range(400):
         n = int(torch.randint(1, 7, (1,), generator=g))
         draft = _random_tree(g, V, n, chain)
@@ -50,17 +54,29 @@ def test_strict_walk_without_a_summary_is_the_summary_walk(dtype, chain):
         if case % 5 == 2:  # masked tokens (-inf) are allowed, drafted ones included
             logits[int(torch.randint(0, n + 1, (1,), generator=g)), int(torch.randint(0, V, (1,), generator=g))] = -torch.inf
         eos = frozenset({5}) if case % 3 == 0 else frozenset()
-        if case % 50 in (7, 19):  # NaN or +inf: refused by both walks (strict's own defers to the summary's)
-            logits[int(torch.randint(0, n + 1, (1,), generator=g)), 0] = float("nan") if case % 50 == 7 else torch.inf
-            assert round_mod.accept_strict(logits, draft, eos) is None
+        if n > 1:  # the drafter's expanded nodes: the root, and (a chain) its first node
+            draft.expanded.extend([-1, 0] if chain else [-1])
+        if case % 50 in (7, 19):  # NaN or +inf in a row: refused by both walks where strict's walk reads it
+            bad = int(torch.randint(0, n + 1, (1,), generator=g))
+            finite = logits.clone()
+            logits[bad, 0] = float("nan") if case % 50 == 7 else torch.inf
             with pytest.raises(ValueError, match="NaN or \\+inf"):
-                accept(Strict(), logits, draft, 16, eos)
+                accept(_Summarised(), logits, draft, 16, eos)
+            fast = round_mod.accept_strict(logits, draft, eos)
+            if fast is None:  # it read that row (deferring to the summary's walk, which refuses it)
+                with pytest.raises(ValueError, match="NaN or \\+inf"):
+                    accept(Strict(), logits, draft, 16, eos)
+            else:  # a row no decision reads: the verdict of the same logits with that row finite
+                assert bad not in set(fast.rows) | {e + 1 for e in draft.expanded} | {fast.path[-1] + 1 if fast.path else 0}
+                assert _verdict_fields(fast, draft) == _verdict_fields(accept(_Summarised(), finite, draft, 16, eos), draft)
+                unread += 1
             continue
         want = accept(_Summarised(), logits, draft, 16, eos)
         got = accept(Strict(), logits, draft, 16, eos)
-        assert _verdict_fields(got) == _verdict_fields(want)
+        assert _verdict_fields(got, draft) == _verdict_fields(want, draft)
         decided += round_mod.accept_strict(logits, draft, eos) is not None
     assert decided > 100  # a third of these tie-heavy rounds; rounds without ties are all its own
+    assert unread >= 2  # a non-finite row past the walk: decided without it
 
 
 def _rounds(n_rounds: int, V: int = 300, seed: int = 0):

@@ -25,6 +25,8 @@ ends; at a leaf it is the bonus token.  Certificates: see ``certify``.
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -148,7 +150,7 @@ class Verdict:
     """What the accept stage decided on one round's verification logits."""
 
     summary: Summary | None  # the target's top-k view of the 1 + N verification rows (row 0: root, row 1 + i: node i); None: no draft
-    passed: list[bool]  # [1 + N]: some drafted child of the row passes the rule
+    passed: list[bool]  # [1 + N]: some drafted child of the row passes the rule (accept_strict: rows it scanned)
     path: list[int]  # accepted nodes, root downwards
     rows: list[int]  # rows reached whose children were drafted: one per attempted depth 1, 2, ...
     emitted: list[int]  # the accepted draft tokens, then the target's greedy token (none after an accepted EOS)
@@ -224,24 +226,36 @@ def accept_strict(logits: torch.Tensor, draft: DraftTree, eos) -> Verdict | None
     numpy's argmax, the lowest index of the maximum, as ``summarize``'s top-1 and ``argmax_lowest``.
     An accepted child that ties the maximum but is not that token is drift, whose divergence the
     summary's walk accounts for: None then (and for rows with a NaN or an infinite maximum, or
-    logits numpy cannot read)."""
+    logits numpy cannot read).
+
+    Only the rows the walk reaches and the expanded nodes' rows (what ``record`` and the certificates
+    read of ``passed``) are scanned: a [V] argmax a row, and a round with a long suffix graft verifies
+    up to 17 rows, most of them past a rejection.  ``passed`` is False at the rows not scanned."""
     if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64):
         return None
     a = logits.detach().numpy()  # [1 + N, V]
     n = a.shape[0] - 1
-    top = a.argmax(axis=1)  # [1 + N] first index of the maximum (of the first NaN, if any)
-    mx = a[np.arange(n + 1), top]  # [1 + N]
-    if not np.isfinite(mx).all():
-        return None
     children, tokens = draft.children_table(), draft.tokens
-    passed, best = [False] * (n + 1), [0] * (n + 1)
-    for r in range(n + 1):
+    passed, best, top = [False] * (n + 1), [0] * (n + 1), {}
+
+    def scan(r: int) -> bool:
+        """passed[r], best[r] and top[r] (the row's argmax) filled in; False where its maximum is not finite."""
+        t = top[r] = int(a[r].argmax())  # first index of the maximum (of the first NaN, if any)
+        mx = a[r, t]
+        if not math.isfinite(mx):
+            return False
         for i, c in enumerate(children[r]):
-            if a[r, tokens[c]] >= mx[r]:
+            if a[r, tokens[c]] >= mx:
                 passed[r], best[r] = True, i
                 break
+        return True
+
     path, reached, r = [], [0], 0
-    while passed[r]:
+    while True:
+        if not scan(r):
+            return None
+        if not passed[r]:
+            break
         node = children[r][best[r]]
         if tokens[node] != top[r]:
             return None  # a tied maximum above the lowest index: drift, counted by the summary's walk
@@ -251,9 +265,12 @@ def accept_strict(logits: torch.Tensor, draft: DraftTree, eos) -> Verdict | None
         if tokens[node] in eos:
             reached.pop()
             break
+    for e in draft.expanded:  # rows the certificates check (certified but rejected is a bug)
+        if e + 1 not in top and not scan(e + 1):
+            return None
     emitted = [tokens[i] for i in path]
     if len(reached) > len(path):
-        emitted.append(int(top[r]))
+        emitted.append(top[r])
     return Verdict(None, passed, path, [row for row in reached if children[row]], emitted, 0, 0.0)
 
 
