@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from itertools import islice, takewhile
+from itertools import takewhile
 
 from ..models.tree_attention import DraftTree
 from .protocol import Drafter
@@ -78,6 +78,7 @@ class NgramIndex:
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
         self.ends: dict[int, list[int]] = {}
+        self.tail_keys: dict[int, int] = {}  # n -> key of the n-gram ending at the last token (extend's last)
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -88,8 +89,9 @@ class NgramIndex:
         for t in new_tokens:
             toks.append(int(t))
             e = len(toks)
+            keys = self.tail_keys = {}
             for n in range(self.min_n, min(self.max_n, e) + 1):
-                key = ngram_key(toks[e - n : e])
+                key = keys[n] = ngram_key(toks[e - n : e])
                 hit = ends.get(key)
                 if hit is None:
                     ends[key] = [e]
@@ -209,16 +211,26 @@ class SuffixIndex:
         occurrences as (tokens, end, in the current sequence), the current sequence first, stored
         outputs newest first.  ``sync(seq)`` first."""
         L = len(seq)
-        stored = [d for key, d in reversed(self.store.docs) if key != self.prompt_key]
+        stored = [d for key, d in reversed(self.store.docs) if key != self.prompt_key] if self.store.docs else []
         held = self.store.keys
+        # the tail's keys as sync's extend filed them (seq is the live sequence), else hashed here
+        tail = self.live.tail_keys if len(self.live) == L else {}
         for n in range(min(self.max_ngram, L - 1), self.min_match - 1, -1):
-            key = ngram_key(seq[L - n :])
+            key = tail.get(n)
+            if key is None:
+                key = ngram_key(seq[L - n :])
             docs = [self.live] + stored if key in held else (self.live,)
             cands: list[tuple[list[int], int, bool]] = []
             for d in docs:
-                # an occurrence needs a continuation: it ends before the end of its text (excludes the tail itself)
-                ends = (e for e in reversed(d.ends.get(key, ())) if e < len(d))
-                cands += [(d.tokens, e, d is self.live) for e in islice(ends, self.max_candidates - len(cands))]
+                hit = d.ends.get(key)
+                if not hit:
+                    continue
+                # an occurrence needs a continuation: it ends before the end of its text (excludes the tail
+                # itself); the ends ascend, so only the last can be the text's end.  The most recent first.
+                stop = len(hit) - (hit[-1] >= len(d))
+                room = self.max_candidates - len(cands)
+                toks, own = d.tokens, d is self.live
+                cands += [(toks, e, own) for e in reversed(hit[max(0, stop - room): stop])]
                 if len(cands) >= self.max_candidates:
                     break
             if not cands:
