@@ -283,3 +283,27 @@ def test_a_decode_step_gives_the_steps_bits(pair):
         assert fd._native(tokens[0].tolist(), feats[0], pos, fast) is None  # a prompt's catch-up: step's own call
     with torch.enable_grad():
         assert fd._native([1], feats[0, :1], pos, fast) is None
+
+
+def test_the_drafters_confidence_from_its_draft_vocabulary_is_top_probability(pair):
+    """``FeatureDrafter._confidence`` (softmax(q)[argmax] from z [V_d] and the tail t) equals
+    ``top_probability`` of the full row up to float32 rounding, on rows whose tail is at the cap (the
+    drafter's head scaled up: a peaked z) and below it; another tensor gets ``top_probability`` itself."""
+    from draftcert.drafting.feature_drafter import FeatureDrafter
+    from draftcert.drafting.tree_growth import top_probability
+
+    target, d = pair
+    fd = FeatureDrafter(d)
+    fd.start([1, 2, 3])
+    seen = []
+    with torch.inference_mode():
+        for seed in range(6):
+            tokens, feats = step_inputs(d, 2, seed=seed)
+            _, q = fd._step(tokens[0].tolist(), feats[0] * (1 + 4 * seed), 2 * seed, None)
+            row = q[-1:]
+            got, want = fd._confidence(row), top_probability(row)
+            assert got == pytest.approx(want, rel=1e-5), seed
+            seen.append(want)
+        other = q[-1:].clone()
+        assert fd._confidence(other) == top_probability(other)
+    assert max(seen) - min(seen) > 0.05  # rows of different confidence

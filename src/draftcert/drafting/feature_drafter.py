@@ -17,9 +17,10 @@ The first round has no feature yet, so it drafts nothing: its verification pass 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .tree_growth import grow_tree
+from .tree_growth import grow_tree, top_probability
 from ..forward import feature_step
 from ..forward.kv_buffer import append_rows
 from ..models.tree_attention import DraftTree, crop_cache
@@ -41,6 +42,7 @@ class FeatureDrafter(Drafter):
         self._feat_buffer = None
         self.n_valid = 0
         self._native = None  # start's feature_step.DecodeStep
+        self._last = None  # the last step's (q row, z row, t): _confidence's
 
     @property
     def model_drafter(self) -> "FeatureDrafter":
@@ -89,7 +91,23 @@ class FeatureDrafter(Drafter):
                                   cache=self.cache, head_weight=self._head, last_only=last_only)
         g, red, tail = out
         q = feature_step.take_full_logits(self.model, red, tail)  # [1, R, V]: the native step wrote them
-        return g[0], (q[0] if q is not None else self.model.full_logits(red[0], tail[0]))
+        q = q[0] if q is not None else self.model.full_logits(red[0], tail[0])
+        self._last = (q[-1], red[0, -1], tail[0, -1])  # _confidence's: the last row's q, z [V_d] and t
+        return g[0], q
+
+    def _confidence(self, q_row: torch.Tensor) -> float:
+        """``top_probability`` of a q row [1, V], from the draft-vocabulary logits z and tail t of the step
+        that made it where it is the last step's last row: the V - V_d tokens outside the draft vocabulary
+        share ``exp(t)`` (each ``t - log(V - V_d)``) and the cap keeps t below max z, so
+        ``softmax(q)[argmax] = 1 / (sum_z exp(z - m) + exp(t - m))``, m = max z: a [V_d] sum, not a [V] one
+        (the same value up to float32 rounding; 0.06 ms of a drafting round on the embedded target)."""
+        last, m = self._last, self.model
+        if (last is None or m.n_draft_vocab >= m.vocab_size or q_row.data_ptr() != last[0].data_ptr()
+                or last[1].dtype != torch.float32 or last[1].device.type != "cpu"):
+            return top_probability(q_row)
+        z = last[1].numpy()
+        top = z.max()
+        return float(1.0 / (np.exp(z - top).sum() + np.exp(np.float32(last[2].item()) - top)))
 
     def propose(self, seq: list[int], widths: list[int], expand_all: bool = False) -> DraftTree:
         n_feat = self.n_feat
@@ -117,7 +135,8 @@ class FeatureDrafter(Drafter):
             return q
 
         tree, _ = grow_tree(q[-1:], widths, expand_all, feed, n_prefix=n_feat, device=dev, dtype=dt,
-                            min_margin=self.min_margin, keep_drafting=self.keep_drafting)
+                            min_margin=self.min_margin, keep_drafting=self.keep_drafting,
+                            confidence=self._confidence)
         return tree
 
     def accept(self, path: list[int]) -> None:

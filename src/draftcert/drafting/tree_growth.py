@@ -80,7 +80,8 @@ def top2_margin(q: torch.Tensor) -> float:
 
 def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: Feed, *, n_prefix: int,
               device, dtype: torch.dtype, min_margin: float | None = None,
-              keep_drafting: Callable[[Sequence[float]], bool] | None = None) -> tuple[DraftTree, list[int]]:
+              keep_drafting: Callable[[Sequence[float]], bool] | None = None,
+              confidence: Callable[[torch.Tensor], float] | None = None) -> tuple[DraftTree, list[int]]:
     """The draft tree (with ``tree.q``: the q rows it was expanded from, [len(expanded), V]) and the
     nodes fed to the drafter, in the order they were fed.
 
@@ -94,6 +95,8 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
     min_margin the confidence stop (module docstring); None: none (static trees never stop).
     keep_drafting  the draft length from confidence (module docstring): called after each depth but the
                last with the greedy children's probabilities so far (a tuple); False stops the tree.  None: none.
+    confidence the greedy child's probability of a q row [1, V] (None: ``top_probability``; a drafter that
+               knows a cheaper form of the same value passes its own).
     """
     tree = DraftTree()
     fed: list[int] = []
@@ -112,7 +115,7 @@ def grow_tree(root_q: torch.Tensor, widths: list[int], expand_all: bool, feed: F
         if d == len(widths):
             break
         if keep_drafting is not None and not expand_all:
-            pis.append(top_probability(front_q[:1]))
+            pis.append((confidence or top_probability)(front_q[:1]))
             if not keep_drafting(tuple(pis)):
                 break
         front = [n for group in children for n in group] if expand_all else [children[0][0]]
