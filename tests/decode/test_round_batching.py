@@ -191,3 +191,19 @@ def test_a_decode_streams_its_rounds_certified_and_in_order(tiny, prompts):
     assert all(c is not None for log in drafted for c in log.certified)
     assert st.checked_positions == sum(log.checked_positions for log in heard) > 0
     assert st.certified_positions == sum(log.certified_positions for log in heard)
+
+
+def test_a_batch_waits_on_time_only_for_a_listener():
+    """``due``: rows reaching the batch size always; the oldest row's wait only where ``on_round`` hears
+    the rounds (its lag is bounded), not where nobody does (a decode drafting now and then then pays one
+    batch's fixed cost, not one per round)."""
+    rule = Strict()
+    (logits, draft), = _rounds(1)
+    for listener, want in ((None, False), ([].append, True)):
+        batch = CertificateBatch(rule, 16, DecodeStats("x", 4, None), listener, rows=99, seconds=0.0)
+        verdict = accept(rule, logits, draft, 16)
+        batch.add(verdict, draft, logits, record(DecodeStats("x", 4, None), draft, verdict, None))
+        assert batch.due() is want
+        full = CertificateBatch(rule, 16, DecodeStats("x", 4, None), listener, rows=1, seconds=1e9)
+        full.add(verdict, draft, logits, record(DecodeStats("x", 4, None), draft, verdict, None))
+        assert full.due()

@@ -442,7 +442,8 @@ class CertificateBatch:
     certificate (the accepted tokens are ``accept``'s), so the engine keeps each round's expanded
     rows (``add``: the verification logits and the drafter's q of those rows) and certifies them in
     one ``summarize`` and one ``certify_summary`` once ``CERT_BATCH_ROWS`` rows wait or the oldest has
-    waited ``CERT_BATCH_SECONDS`` (``due``), and at the end of the decode (``flush``).  The round logs
+    waited ``CERT_BATCH_SECONDS`` (``due``; the time only where ``on_round`` listens), and at the end of the
+    decode (``flush``).  The round logs
     are then filled in and counted into the statistics, and a certified-but-rejected row raises
     ``CertificateViolation`` as ``certify`` does.  ``on_round`` hears the rounds in order, each
     once its own and every earlier round's certificates are in (``deliver``).
@@ -481,7 +482,10 @@ class CertificateBatch:
             self.on_round(log)
 
     def due(self) -> bool:
-        return self.logits.n >= self.max_rows or (self.since is not None
+        """``max_rows`` rows wait, or (someone hears the rounds: ``on_round``) the oldest has waited
+        ``max_seconds``.  Without a listener the time does not count: a decode that drafts a round now and
+        then (``-k auto``'s probes) paid a batch's fixed cost, about half a target step, for each one."""
+        return self.logits.n >= self.max_rows or (self.on_round is not None and self.since is not None
                                                 and time.perf_counter() - self.since >= self.max_seconds)
 
     def flush(self) -> None:
